@@ -1,0 +1,1 @@
+//! Test-only support (being written).
