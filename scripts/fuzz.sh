@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs every wire-layer fuzz target for a bounded time; fails on any crash.
+#
+#   scripts/fuzz.sh [SECONDS_PER_TARGET]      (default 30)
+#
+# Seeds come from the golden vectors in ../shared/testdata/iwarp/golden.txt
+# (next to this repository), written fresh into target/fuzz-seeds/ each run.
+# A crash leaves its input in fuzz/artifacts/<target>/ and stops the script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-30}
+targets=(mpa_frame fpdu_deframer segment datagram)
+
+command -v cargo-fuzz >/dev/null || { echo "cargo-fuzz missing: run scripts/install-test-deps.sh" >&2; exit 1; }
+
+# libFuzzer instrumentation needs nightly flags: use the nightly toolchain if
+# rustup has one, otherwise let stable accept them.
+if rustup run nightly rustc --version >/dev/null 2>&1; then
+    fuzz=(cargo +nightly fuzz)
+else
+    export RUSTC_BOOTSTRAP=1
+    fuzz=(cargo fuzz)
+fi
+
+golden=../shared/testdata/iwarp/golden.txt
+seeds=target/fuzz-seeds
+rm -rf "$seeds"
+python3 scripts/fuzz-seeds.py "$golden" "$seeds"
+
+echo "building fuzz targets"
+"${fuzz[@]}" build --sanitizer none --debug-assertions
+for t in "${targets[@]}"; do
+    mkdir -p "fuzz/corpus/$t"
+    printf 'fuzz %-14s %3ss ... ' "$t" "$secs"
+    log="target/fuzz-$t.log"
+    if "${fuzz[@]}" run --sanitizer none --debug-assertions "$t" "fuzz/corpus/$t" "$seeds/$t" -- \
+        -max_total_time="$secs" -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1; then
+        runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo '?')
+        echo "ok ($runs runs)"
+    else
+        echo "FAILED"
+        tail -40 "$log"
+        exit 1
+    fi
+done

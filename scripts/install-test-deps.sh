@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Install the system packages the softrdma test suites need (Debian/Ubuntu).
+#
+# Idempotent and non-interactive (never reads stdin; fine under CI=true):
+# packages already installed (per `dpkg -s`) are left alone, and
+# `apt-get update` runs only when something is missing. Runs as root, or
+# through `sudo -n` when not root. apt's output goes to a log that is shown
+# only if a step fails.
+#
+# To add a dependency, append the Debian package name to APT_PACKAGES below,
+# with a comment saying which tests need it. Per-package setup (debconf
+# preseeding and the like) goes in preseed().
+set -euo pipefail
+
+APT_PACKAGES=(
+    tshark # softrdma-sim: decodes MPA/DDP/RDMAP captures (shared/docs/wire.md §12)
+)
+
+# Wait up to 10 minutes if another apt/dpkg holds the lock.
+APT_OPTS=(-q -y -o DPkg::Lock::Timeout=600)
+
+log() { printf 'install-test-deps: %s\n' "$*" >&2; }
+die() {
+    log "$*"
+    exit 1
+}
+
+command -v dpkg >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 ||
+    die "apt-get/dpkg not found; install these packages by hand: ${APT_PACKAGES[*]}"
+
+is_installed() {
+    dpkg -s "$1" 2>/dev/null | grep -q '^Status: install ok installed'
+}
+
+# Answers package questions in advance so nothing prompts.
+preseed() {
+    case "$1" in
+        tshark)
+            # Do not install dumpcap setuid (and do not ask about it).
+            echo "wireshark-common wireshark-common/install-setuid boolean false" |
+                as_root debconf-set-selections
+            ;;
+    esac
+}
+
+as_root() {
+    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive "$@"
+}
+
+LOG="$(mktemp "${TMPDIR:-/tmp}/install-test-deps.XXXXXX")"
+trap 'rm -f "$LOG"' EXIT
+
+# Runs a command with its output in $LOG; shows the log if it fails.
+quietly() {
+    if ! "$@" >>"$LOG" 2>&1 </dev/null; then
+        log "failed: $*"
+        tail -n 40 "$LOG" >&2
+        exit 1
+    fi
+}
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    is_installed "$pkg" || missing+=("$pkg")
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+    log "already installed: ${APT_PACKAGES[*]}"
+else
+    if [ "$(id -u)" -eq 0 ]; then
+        SUDO=()
+    elif command -v sudo >/dev/null 2>&1; then
+        SUDO=(sudo -n)
+    else
+        die "not root and sudo is not available; cannot install: ${missing[*]}"
+    fi
+    log "installing: ${missing[*]}"
+    for pkg in "${missing[@]}"; do
+        quietly preseed "$pkg"
+    done
+    quietly as_root apt-get "${APT_OPTS[@]}" update
+    quietly as_root apt-get "${APT_OPTS[@]}" install --no-install-recommends "${missing[@]}"
+    for pkg in "${missing[@]}"; do
+        is_installed "$pkg" || die "$pkg is still not installed"
+    done
+    log "installed: ${missing[*]}"
+fi
+
+command -v tshark >/dev/null 2>&1 || die "tshark is not on PATH after installation"
+# As root tshark warns "Running as user root" on stderr; only stdout matters.
+tshark --version 2>/dev/null | head -n 1

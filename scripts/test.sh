@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The whole softrdma test suite, as README.md documents it and .ci/run calls it.
+#
+#   scripts/test.sh            install what the tests need, then run everything
+#   FUZZ_SECONDS=5 scripts/test.sh   shorter fuzzing (default 30 s per target)
+#
+# Steps: install test dependencies (tshark, cargo-fuzz, ...), rustfmt check,
+# clippy with warnings denied, the workspace tests, then every fuzz target for
+# a bounded time. Any failure stops the run with a non-zero exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "installing test dependencies"
+scripts/install-test-deps.sh
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test"
+cargo test --workspace --locked 2>&1 | tee target/test-output.txt
+# cargo's own exit status is checked by pipefail; sum the result lines so the
+# run ends with one plain total.
+awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "\nsummary: %d passed, %d failed, %d skipped\n", p, f, i }' target/test-output.txt
+
+step "fuzzing (${FUZZ_SECONDS:-30} s per target)"
+scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
+
+step "all tests passed"
