@@ -38,6 +38,8 @@
 //! * Read Request, Atomic Request, Atomic Response and Immediate Data are
 //!   single-segment messages whose whole content is their header part: any
 //!   octet after it is [`Error::Malformed`].
+//! * Octets after a Terminate's attachments are left as payload, not an
+//!   error (see [`TerminateRepr::parse`] for the siw case behind this).
 //!
 //! It does not reject opcodes the peer must answer with a Terminate
 //! ("unexpected opcode": 0xC in stream mode, 0xD–0xF, RFC 7306 opcodes a QP
@@ -742,11 +744,11 @@ impl SegmentRepr {
             return Err(Error::Truncated);
         }
         let seg = DdpSegment::new_unchecked(ulpdu, mode);
-        seg.check_control()?;
         let rctl = seg.rdmap_control();
-        if rctl >> 6 != RDMAP_VERSION {
+        if seg.dv() != crate::ddp::DDP_VERSION || rctl >> 6 != RDMAP_VERSION {
             return Err(Error::BadVersion);
         }
+        seg.check_control()?;
         let opcode = Opcode::from(rctl & OPCODE_MASK);
         let tagged = seg.tagged();
         if opcode.is_defined_in(mode) {
@@ -1501,6 +1503,14 @@ pub(crate) mod tests {
         assert_eq!(
             SegmentRepr::parse(&s, Mode::Datagram),
             Err(Error::Malformed)
+        );
+        // Versions are checked before reserved bits.
+        let mut s = send.clone();
+        s[0] |= 0x04;
+        s[1] &= 0x3F;
+        assert_eq!(
+            SegmentRepr::parse(&s, Mode::Datagram),
+            Err(Error::BadVersion)
         );
         // Datagram: X on an untagged segment.
         let mut s = send.clone();
