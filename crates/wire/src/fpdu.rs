@@ -104,7 +104,10 @@ pub struct Inline {
 
 impl Inline {
     fn new() -> Self {
-        Inline { buf: [0; 8], len: 0 }
+        Inline {
+            buf: [0; 8],
+            len: 0,
+        }
     }
     fn push(&mut self, bytes: &[u8]) {
         let at = self.len as usize;
@@ -238,11 +241,7 @@ impl Framer {
         if let Some(m) = g.due_marker() {
             trailer.push(&m);
         }
-        let crc = if self.crc {
-            g.crc.wire_bytes()
-        } else {
-            [0; 4]
-        };
+        let crc = if self.crc { g.crc.wire_bytes() } else { [0; 4] };
         g.use_crc = false;
         g.small(&crc, &mut trailer, &mut sink);
         if trailer.len > 0 {
@@ -554,7 +553,8 @@ impl Deframer {
                     self.hdr_have += n;
                     used += n;
                     if self.hdr_need == 0 && self.hdr_have == LEN_FIELD {
-                        self.ulpdu_len = usize::from(u16::from_be_bytes([self.hdr[0], self.hdr[1]]));
+                        self.ulpdu_len =
+                            usize::from(u16::from_be_bytes([self.hdr[0], self.hdr[1]]));
                         if self.ulpdu_len < 2 {
                             self.hdr_need = LEN_FIELD + self.ulpdu_len;
                         }
@@ -596,7 +596,8 @@ impl Deframer {
                     if self.trailer_have < self.trailer_need {
                         continue;
                     }
-                    if self.crc_enabled && self.trailer[pad..pad + CRC_LEN] != self.crc.wire_bytes() {
+                    if self.crc_enabled && self.trailer[pad..pad + CRC_LEN] != self.crc.wire_bytes()
+                    {
                         return Err(Error::BadCrc);
                     }
                     let ulpdu_len = self.ulpdu_len;
@@ -789,7 +790,10 @@ mod tests {
             assert_eq!(seen.len(), g.len());
             for (s, (fpdu, hlen)) in seen.iter().zip(&g) {
                 assert_eq!(s.header, fpdu[2..2 + hlen]);
-                assert_eq!(s.ulpdu_len, usize::from(u16::from_be_bytes([fpdu[0], fpdu[1]])));
+                assert_eq!(
+                    s.ulpdu_len,
+                    usize::from(u16::from_be_bytes([fpdu[0], fpdu[1]]))
+                );
                 assert_eq!(s.payload, fpdu[2 + hlen..2 + s.ulpdu_len]);
             }
             assert!(d.at_boundary());
@@ -850,7 +854,9 @@ mod tests {
             hdr[3] = 0x40;
             set_ulpdu_len(&mut hdr, len).unwrap();
             let before = stream.len();
-            let n = f.frame_to_vec(&hdr, &[&payload[..len]], &mut stream).unwrap();
+            let n = f
+                .frame_to_vec(&hdr, &[&payload[..len]], &mut stream)
+                .unwrap();
             assert_eq!(n, stream.len() - before);
         }
         assert_eq!(f.stream_position(), stream.len() as u64);
