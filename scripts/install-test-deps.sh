@@ -86,6 +86,14 @@ else
     log "installed: ${missing[*]}"
 fi
 
+# Cargo tools, from crates.io. cargo-fuzz drives the wire-layer fuzz targets
+# (scripts/fuzz.sh); it builds from source, about two minutes the first time.
+if ! command -v cargo-fuzz >/dev/null 2>&1; then
+    log "installing cargo-fuzz (cargo install --locked)"
+    quietly cargo install --locked cargo-fuzz
+    command -v cargo-fuzz >/dev/null 2>&1 || die "cargo-fuzz is not on PATH after installation (is ~/.cargo/bin on PATH?)"
+fi
+
 command -v tshark >/dev/null 2>&1 || die "tshark is not on PATH after installation"
 # As root tshark warns "Running as user root" on stderr; only stdout matters.
 tshark --version 2>/dev/null | head -n 1
