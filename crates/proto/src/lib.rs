@@ -6,5 +6,13 @@
 //! timeout, completion and connection events). Memory is reached only through
 //! a trait that checks STag, PD, access rights and bounds.
 //!
-//! This crate is empty until the RC transport lands (issue 3).
+//! * [`wr`]: work requests and completions in verbs terms;
+//! * [`memory`]: the memory-access trait and a `Vec`-backed implementation;
+//! * [`mpa`]: MPA connection setup (initiator and responder);
+//! * [`rc`]: the RC queue pair over an MPA stream.
 #![forbid(unsafe_code)]
+
+pub mod memory;
+pub mod mpa;
+pub mod rc;
+pub mod wr;

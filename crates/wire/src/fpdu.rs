@@ -428,6 +428,12 @@ impl Deframer {
         self.pos
     }
 
+    /// The ULPDU length of the FPDU being received, once its length field
+    /// has arrived (valid from [`Event::Header`] to [`Event::End`]).
+    pub fn ulpdu_len(&self) -> usize {
+        self.ulpdu_len
+    }
+
     /// True between FPDUs (no partial FPDU buffered or in progress).
     pub fn at_boundary(&self) -> bool {
         self.state == RxState::Header && self.hdr_have == 0 && self.marker_have == 0

@@ -1,0 +1,913 @@
+//! Two RC queue pairs joined by in-memory byte pipes that split the stream
+//! at random points and accept partial writes, as TCP may. Every operation is
+//! checked end to end: data placed, completions, and errors at both ends.
+
+use std::io;
+
+use softrdma_proto::memory::{Access, VecMemory};
+use softrdma_proto::rc::{CqKind, RcConfig, RcEvent, RcQp, RcState, RtrKind, RtrRole};
+use softrdma_proto::wr::{
+    InlineData, Payload, RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus,
+    WorkCompletion,
+};
+use softrdma_wire::rdmap::TerminateCause;
+
+/// xorshift64*: a small seeded generator.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// A writer that takes a random number of octets per call, sometimes none.
+struct Pipe<'r> {
+    buf: Vec<u8>,
+    rng: &'r mut Rng,
+}
+impl io::Write for Pipe<'_> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        match self.rng.below(8) {
+            0 => Err(io::ErrorKind::WouldBlock.into()),
+            1 => {
+                let n = (self.rng.below(7) as usize).min(b.len());
+                self.buf.extend_from_slice(&b[..n]);
+                Ok(n)
+            }
+            _ => {
+                self.buf.extend_from_slice(b);
+                Ok(b.len())
+            }
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let limit = match self.rng.below(6) {
+            0 => return Err(io::ErrorKind::WouldBlock.into()),
+            1 => self.rng.below(total as u64 + 1) as usize,
+            _ => total,
+        };
+        let mut n = 0;
+        for b in bufs {
+            let take = (limit - n).min(b.len());
+            self.buf.extend_from_slice(&b[..take]);
+            n += take;
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+struct End {
+    qp: RcQp,
+    mem: VecMemory,
+    wire_in: Vec<u8>,
+    send_wc: Vec<WorkCompletion>,
+    recv_wc: Vec<WorkCompletion>,
+    events: Vec<RcEvent>,
+}
+
+impl End {
+    fn new(cfg: RcConfig) -> End {
+        End {
+            qp: RcQp::new(cfg),
+            mem: VecMemory::new(),
+            wire_in: Vec::new(),
+            send_wc: Vec::new(),
+            recv_wc: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+    fn drain(&mut self) {
+        while let Some((k, wc)) = self.qp.poll_completion() {
+            match k {
+                CqKind::Send => self.send_wc.push(wc),
+                CqKind::Recv => self.recv_wc.push(wc),
+            }
+        }
+        while let Some(e) = self.qp.poll_event() {
+            self.events.push(e);
+        }
+    }
+}
+
+struct Pair {
+    a: End,
+    b: End,
+    rng: Rng,
+}
+
+impl Pair {
+    fn new(seed: u64, a: RcConfig, b: RcConfig) -> Pair {
+        Pair {
+            a: End::new(a),
+            b: End::new(b),
+            rng: Rng(seed | 1),
+        }
+    }
+
+    fn rc(seed: u64) -> Pair {
+        Pair::new(seed, RcConfig::default(), RcConfig::default())
+    }
+
+    /// Moves octets both ways until nothing moves any more.
+    fn run(&mut self) {
+        for _ in 0..1_000_000 {
+            let mut moved = false;
+            for dir in 0..2 {
+                let (src, dst) = if dir == 0 {
+                    (&mut self.a, &mut self.b)
+                } else {
+                    (&mut self.b, &mut self.a)
+                };
+                let mut pipe = Pipe {
+                    buf: std::mem::take(&mut dst.wire_in),
+                    rng: &mut self.rng,
+                };
+                src.qp
+                    .poll_transmit(&mut src.mem, &mut pipe)
+                    .expect("pipe never fails");
+                dst.wire_in = pipe.buf;
+                // Deliver a random prefix in random pieces.
+                if !dst.wire_in.is_empty() {
+                    let n = 1 + self.rng.below(dst.wire_in.len() as u64) as usize;
+                    let chunk: Vec<u8> = dst.wire_in.drain(..n).collect();
+                    let mut at = 0;
+                    while at < chunk.len() {
+                        let k = 1 + self.rng.below((chunk.len() - at) as u64) as usize;
+                        dst.qp.handle_bytes(&chunk[at..at + k], &mut dst.mem);
+                        at += k;
+                    }
+                    moved = true;
+                }
+                if src.qp.wants_transmit() {
+                    moved = true;
+                }
+            }
+            self.a.drain();
+            self.b.drain();
+            if !moved {
+                return;
+            }
+        }
+        panic!("pair did not settle");
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn signaled() -> SendFlags {
+    SendFlags {
+        signaled: true,
+        ..SendFlags::default()
+    }
+}
+
+fn send(wr_id: u64, lkey: u32, addr: u64, len: u32) -> SendWr {
+    SendWr {
+        wr_id,
+        op: SendOp::Send {
+            imm: None,
+            invalidate: None,
+        },
+        payload: Payload::Sgl(SgList::single(addr, len, lkey)),
+        flags: signaled(),
+    }
+}
+
+const RW: Access = Access(
+    Access::LOCAL_WRITE.0
+        | Access::REMOTE_WRITE.0
+        | Access::REMOTE_READ.0
+        | Access::REMOTE_ATOMIC.0,
+);
+
+#[test]
+fn sends_of_every_size_arrive_intact_under_random_splits() {
+    for (seed, len) in [
+        (1u64, 0usize),
+        (2, 1),
+        (3, 13),
+        (4, 1424),
+        (5, 1425),
+        (6, 5000),
+        (7, 300_000),
+    ] {
+        for cfg in [(true, false), (false, false), (true, true), (false, true)] {
+            let c = RcConfig {
+                crc: cfg.0,
+                markers_tx: cfg.1,
+                markers_rx: cfg.1,
+                ..RcConfig::default()
+            };
+            let mut p = Pair::new(seed * 7 + cfg.0 as u64, c, c);
+            let src = p.a.mem.register(0, 0x10000, len.max(1), RW);
+            p.a.mem.bytes_mut(src)[..len].copy_from_slice(&pattern(len, seed as u8));
+            let dst = p.b.mem.register(0, 0x20000, len + 16, RW);
+            p.b.qp
+                .post_recv(RecvWr {
+                    wr_id: 77,
+                    sgl: SgList::single(0x20000, len as u32 + 16, dst),
+                })
+                .unwrap();
+            p.a.qp.post_send(send(5, src, 0x10000, len as u32)).unwrap();
+            p.run();
+            assert_eq!(
+                p.a.send_wc,
+                vec![WorkCompletion::new(
+                    5,
+                    WcStatus::Success,
+                    WcOpcode::Send,
+                    len as u32
+                )]
+            );
+            assert_eq!(
+                p.b.recv_wc,
+                vec![WorkCompletion::new(
+                    77,
+                    WcStatus::Success,
+                    WcOpcode::Recv,
+                    len as u32
+                )]
+            );
+            assert_eq!(&p.b.mem.bytes(dst)[..len], &pattern(len, seed as u8)[..]);
+            assert!(p.b.mem.bytes(dst)[len..].iter().all(|&x| x == 0));
+            assert_eq!(p.a.qp.state(), RcState::Rts);
+            assert_eq!(p.b.qp.state(), RcState::Rts);
+        }
+    }
+}
+
+#[test]
+fn multi_sge_gather_and_scatter_and_inline() {
+    let mut p = Pair::rc(11);
+    let a = p.a.mem.register(0, 0x1000, 4096, RW);
+    p.a.mem.bytes_mut(a).copy_from_slice(&pattern(4096, 3));
+    let b = p.b.mem.register(0, 0x9000, 4096, RW);
+    // Gather 3 pieces, scatter into 4.
+    let gather = SgList::from_slice(&[
+        Sge {
+            addr: 0x1000,
+            length: 100,
+            lkey: a,
+        },
+        Sge {
+            addr: 0x1800,
+            length: 0,
+            lkey: a,
+        },
+        Sge {
+            addr: 0x1100,
+            length: 2000,
+            lkey: a,
+        },
+        Sge {
+            addr: 0x1010,
+            length: 7,
+            lkey: a,
+        },
+    ])
+    .unwrap();
+    let scatter = SgList::from_slice(&[
+        Sge {
+            addr: 0x9000,
+            length: 50,
+            lkey: b,
+        },
+        Sge {
+            addr: 0x9100,
+            length: 1000,
+            lkey: b,
+        },
+        Sge {
+            addr: 0x9800,
+            length: 1057,
+            lkey: b,
+        },
+        Sge {
+            addr: 0x9f00,
+            length: 200,
+            lkey: b,
+        },
+    ])
+    .unwrap();
+    p.b.qp
+        .post_recv(RecvWr {
+            wr_id: 1,
+            sgl: scatter,
+        })
+        .unwrap();
+    p.b.qp
+        .post_recv(RecvWr {
+            wr_id: 2,
+            sgl: SgList::single(0x9f00, 100, b),
+        })
+        .unwrap();
+    p.a.qp
+        .post_send(SendWr {
+            wr_id: 9,
+            op: SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+            payload: Payload::Sgl(gather),
+            flags: signaled(),
+        })
+        .unwrap();
+    p.a.qp
+        .post_send(SendWr {
+            wr_id: 10,
+            op: SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+            payload: Payload::Inline(InlineData::new(b"inline!").unwrap()),
+            flags: signaled(),
+        })
+        .unwrap();
+    p.run();
+    let src = p.a.mem.bytes(a).to_vec();
+    let mut expect = Vec::new();
+    expect.extend_from_slice(&src[0..100]);
+    expect.extend_from_slice(&src[0x100..0x100 + 2000]);
+    expect.extend_from_slice(&src[0x10..0x17]);
+    let d = p.b.mem.bytes(b);
+    let mut got = Vec::new();
+    got.extend_from_slice(&d[0..50]);
+    got.extend_from_slice(&d[0x100..0x100 + 1000]);
+    got.extend_from_slice(&d[0x800..0x800 + 1057]);
+    assert_eq!(got, expect);
+    assert_eq!(&d[0xf00..0xf07], b"inline!");
+    assert_eq!(p.b.recv_wc.len(), 2);
+    assert_eq!(p.b.recv_wc[0].byte_len, 2107);
+    assert_eq!(p.b.recv_wc[1].byte_len, 7);
+}
+
+#[test]
+fn write_read_and_atomics() {
+    let mut p = Pair::rc(21);
+    let a = p.a.mem.register(0, 0x1000, 1 << 20, RW);
+    let b = p.b.mem.register(0, 0x5_0000, 1 << 20, RW);
+    p.a.mem.bytes_mut(a).copy_from_slice(&pattern(1 << 20, 1));
+    p.b.mem.bytes_mut(b).copy_from_slice(&pattern(1 << 20, 2));
+    // Write 700 KiB to b at offset 100.
+    p.a.qp
+        .post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Write {
+                remote_addr: 0x5_0000 + 100,
+                rkey: b,
+                imm: None,
+            },
+            payload: Payload::Sgl(SgList::single(0x1000, 700 << 10, a)),
+            flags: signaled(),
+        })
+        .unwrap();
+    // Read 200 KiB from b into a at offset 800 KiB, two SGEs.
+    let sink = SgList::from_slice(&[
+        Sge {
+            addr: 0x1000 + (800 << 10),
+            length: 100 << 10,
+            lkey: a,
+        },
+        Sge {
+            addr: 0x1000 + (900 << 10),
+            length: 100 << 10,
+            lkey: a,
+        },
+    ])
+    .unwrap();
+    p.a.qp
+        .post_send(SendWr {
+            wr_id: 2,
+            op: SendOp::Read {
+                remote_addr: 0x5_0000 + (724 << 10),
+                rkey: b,
+            },
+            payload: Payload::Sgl(sink),
+            flags: signaled(),
+        })
+        .unwrap();
+    // Fetch-add and compare-swap on b's first word, results into a.
+    p.a.qp
+        .post_send(SendWr {
+            wr_id: 3,
+            op: SendOp::FetchAdd {
+                remote_addr: 0x5_0000 + 8,
+                rkey: b,
+                add: 5,
+            },
+            payload: Payload::Sgl(SgList::single(0x1000, 8, a)),
+            flags: signaled(),
+        })
+        .unwrap();
+    p.run();
+    let bw = pattern(1 << 20, 2);
+    let aw = pattern(1 << 20, 1);
+    assert_eq!(&p.b.mem.bytes(b)[100..100 + (700 << 10)], &aw[..700 << 10]);
+    assert_eq!(&p.b.mem.bytes(b)[..8], &bw[..8]);
+    assert_eq!(&p.b.mem.bytes(b)[16..100], &bw[16..100]);
+    assert_eq!(
+        &p.b.mem.bytes(b)[100 + (700 << 10)..],
+        &bw[100 + (700 << 10)..]
+    );
+    // The write landed before the read (ordering within the connection).
+    let b_now = p.b.mem.bytes(b).to_vec();
+    let got = &p.a.mem.bytes(a)[800 << 10..1000 << 10];
+    let want = &b_now[724 << 10..924 << 10];
+    let first_bad = got.iter().zip(want).position(|(x, y)| x != y);
+    assert_eq!(first_bad, None, "read data differs");
+    let ops: Vec<_> =
+        p.a.send_wc
+            .iter()
+            .map(|w| (w.wr_id, w.status, w.opcode, w.byte_len))
+            .collect();
+    assert_eq!(
+        ops,
+        vec![
+            (1, WcStatus::Success, WcOpcode::RdmaWrite, 700 << 10),
+            (2, WcStatus::Success, WcOpcode::RdmaRead, 200 << 10),
+            (3, WcStatus::Success, WcOpcode::FetchAdd, 8)
+        ]
+    );
+    let orig = u64::from_ne_bytes(b_now[8..16].try_into().unwrap()).wrapping_sub(5);
+    assert_eq!(
+        u64::from_ne_bytes(p.a.mem.bytes(a)[0..8].try_into().unwrap()),
+        orig
+    );
+    assert!(
+        p.b.recv_wc.is_empty(),
+        "one-sided operations consume no receive"
+    );
+}
+
+#[test]
+fn immediate_data_invalidate_and_solicited() {
+    let mut p = Pair::rc(31);
+    let a = p.a.mem.register(0, 0, 4096, RW);
+    let b = p.b.mem.register(0, 0x8000, 4096, RW);
+    let victim = p.b.mem.register(0, 0xc000, 64, RW);
+    for i in 0..4 {
+        p.b.qp
+            .post_recv(RecvWr {
+                wr_id: 100 + i,
+                sgl: SgList::single(0x8000 + i * 512, 512, b),
+            })
+            .unwrap();
+    }
+    p.a.qp
+        .post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Send {
+                imm: Some(0xdead_beef),
+                invalidate: None,
+            },
+            payload: Payload::Sgl(SgList::single(0, 10, a)),
+            flags: signaled(),
+        })
+        .unwrap();
+    p.a.qp
+        .post_send(SendWr {
+            wr_id: 2,
+            op: SendOp::Write {
+                remote_addr: 0x8000 + 2048,
+                rkey: b,
+                imm: Some(7),
+            },
+            payload: Payload::Sgl(SgList::single(0, 33, a)),
+            flags: signaled(),
+        })
+        .unwrap();
+    p.a.qp
+        .post_send(SendWr {
+            wr_id: 3,
+            op: SendOp::Send {
+                imm: None,
+                invalidate: Some(victim),
+            },
+            payload: Payload::Sgl(SgList::single(0, 3, a)),
+            flags: SendFlags {
+                signaled: true,
+                solicited: true,
+                fence: false,
+            },
+        })
+        .unwrap();
+    p.run();
+    let r = &p.b.recv_wc;
+    assert_eq!(r.len(), 3, "{r:?}");
+    assert_eq!(
+        (r[0].wr_id, r[0].opcode, r[0].byte_len, r[0].imm),
+        (100, WcOpcode::Recv, 10, Some(0xdead_beef))
+    );
+    assert_eq!(
+        (r[1].wr_id, r[1].opcode, r[1].byte_len, r[1].imm),
+        (101, WcOpcode::RecvRdmaWithImm, 33, Some(7))
+    );
+    assert_eq!(
+        (r[2].wr_id, r[2].invalidated, r[2].solicited, r[2].imm),
+        (102, Some(victim), true, None)
+    );
+    assert!(!p.b.mem.is_valid(victim));
+    assert_eq!(p.a.send_wc.len(), 3);
+}
+
+#[test]
+fn unsignaled_work_completes_silently_and_in_order() {
+    let mut p = Pair::rc(41);
+    let a = p.a.mem.register(0, 0, 64, RW);
+    let b = p.b.mem.register(0, 0, 64, RW);
+    for i in 0..10 {
+        p.b.qp
+            .post_recv(RecvWr {
+                wr_id: i,
+                sgl: SgList::single(0, 64, b),
+            })
+            .unwrap();
+        let mut wr = send(i, a, 0, 8);
+        wr.flags.signaled = i % 3 == 0;
+        p.a.qp.post_send(wr).unwrap();
+    }
+    p.run();
+    assert_eq!(
+        p.a.send_wc.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+        vec![0, 3, 6, 9]
+    );
+    assert_eq!(p.b.recv_wc.len(), 10);
+}
+
+#[test]
+fn ord_limits_outstanding_reads_and_fence_waits() {
+    let c = RcConfig {
+        ord: 2,
+        ird: 2,
+        ..RcConfig::default()
+    };
+    let mut p = Pair::new(51, c, c);
+    let a = p.a.mem.register(0, 0, 1 << 16, RW);
+    let b = p.b.mem.register(0, 0, 1 << 16, RW);
+    p.b.mem.bytes_mut(b).copy_from_slice(&pattern(1 << 16, 9));
+    for i in 0..20u64 {
+        p.a.qp
+            .post_send(SendWr {
+                wr_id: i,
+                op: SendOp::Read {
+                    remote_addr: i * 1000,
+                    rkey: b,
+                },
+                payload: Payload::Sgl(SgList::single(i * 1000, 1000, a)),
+                flags: signaled(),
+            })
+            .unwrap();
+    }
+    let mut fenced = SendWr {
+        wr_id: 99,
+        op: SendOp::Write {
+            remote_addr: 0,
+            rkey: b,
+            imm: None,
+        },
+        payload: Payload::Sgl(SgList::single(0, 16, a)),
+        flags: signaled(),
+    };
+    fenced.flags.fence = true;
+    p.a.qp.post_send(fenced).unwrap();
+    p.run();
+    assert_eq!(p.a.send_wc.len(), 21);
+    assert!(p.a.send_wc.iter().all(|w| w.status == WcStatus::Success));
+    assert_eq!(&p.a.mem.bytes(a)[..20_000], &pattern(1 << 16, 9)[..20_000]);
+}
+
+#[test]
+fn bad_stag_bounds_and_rights_terminate_without_writing_outside() {
+    for case in 0..4 {
+        let mut p = Pair::rc(61 + case);
+        let a = p.a.mem.register(0, 0, 4096, RW);
+        let guard_lo = p.b.mem.register(0, 0x1000 - 64, 64, RW);
+        let b = p.b.mem.register(
+            0,
+            0x1000,
+            1024,
+            Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0),
+        );
+        let guard_hi = p.b.mem.register(0, 0x1400, 64, RW);
+        p.b.qp
+            .post_recv(RecvWr {
+                wr_id: 500,
+                sgl: SgList::single(0x1000, 8, b),
+            })
+            .unwrap();
+        let op = match case {
+            0 => SendOp::Write {
+                remote_addr: 0x1000,
+                rkey: b ^ 0x40,
+                imm: None,
+            }, // wrong key
+            1 => SendOp::Write {
+                remote_addr: 0x1000 + 1000,
+                rkey: b,
+                imm: None,
+            }, // runs past the end
+            2 => SendOp::Read {
+                remote_addr: 0x1000,
+                rkey: b,
+            }, // no REMOTE_READ
+            _ => SendOp::Write {
+                remote_addr: 0x1000 - 10,
+                rkey: b,
+                imm: None,
+            }, // starts before
+        };
+        p.a.mem.bytes_mut(a).fill(0xEE);
+        p.a.qp
+            .post_send(SendWr {
+                wr_id: 1,
+                op,
+                payload: Payload::Sgl(SgList::single(0, 100, a)),
+                flags: signaled(),
+            })
+            .unwrap();
+        p.a.qp.post_send(send(2, a, 0, 10)).unwrap();
+        p.run();
+        assert!(
+            p.b.mem.bytes(b).iter().all(|&x| x == 0),
+            "case {case}: nothing placed"
+        );
+        assert!(p.b.mem.bytes(guard_lo).iter().all(|&x| x == 0));
+        assert!(p.b.mem.bytes(guard_hi).iter().all(|&x| x == 0));
+        assert_eq!(p.a.qp.state(), RcState::Error, "case {case}");
+        assert_eq!(p.b.qp.state(), RcState::Error, "case {case}");
+        // The requester: a Read fails itself; a Write completed when it was
+        // handed to the stream (iWARP semantics, as siw), so the error
+        // lands on the next outstanding work request.
+        assert_eq!(p.a.send_wc.len(), 2, "case {case}: {:?}", p.a.send_wc);
+        if case == 2 {
+            assert_eq!(p.a.send_wc[0].status, WcStatus::RemAccessErr, "case {case}");
+            assert_eq!(p.a.send_wc[1].status, WcStatus::WrFlushErr);
+        } else {
+            assert_eq!(p.a.send_wc[0].status, WcStatus::Success, "case {case}");
+        }
+        // Work posted after the Terminate arrived completes in error.
+        p.a.qp.post_send(send(3, a, 0, 1)).unwrap();
+        p.a.drain();
+        assert_eq!(p.a.send_wc.last().unwrap().status, WcStatus::WrFlushErr);
+        // The target: its receive flushes.
+        assert_eq!(p.b.recv_wc.len(), 1);
+        assert_eq!(p.b.recv_wc[0].status, WcStatus::WrFlushErr);
+        let cause = p.b.events.iter().find_map(|e| match e {
+            RcEvent::Error {
+                cause,
+                remote: false,
+            } => *cause,
+            _ => None,
+        });
+        let expect = match case {
+            0 => TerminateCause::DdpTaggedInvalidStag,
+            1 | 3 => TerminateCause::DdpTaggedBaseBounds,
+            _ => TerminateCause::RdmapAccessRights,
+        };
+        assert_eq!(cause, Some(expect), "case {case}");
+        assert!(p.a.events.contains(&RcEvent::Error {
+            cause: Some(expect),
+            remote: true
+        }));
+    }
+}
+
+#[test]
+fn send_without_receive_is_a_terminate() {
+    let mut p = Pair::rc(71);
+    let a = p.a.mem.register(0, 0, 64, RW);
+    p.a.qp.post_send(send(1, a, 0, 8)).unwrap();
+    p.a.qp.post_send(send(2, a, 0, 8)).unwrap();
+    p.run();
+    // The Sends completed at hand-off; the Terminate puts the QP in error.
+    assert_eq!(p.a.send_wc[0].status, WcStatus::Success);
+    assert_eq!(p.a.qp.state(), RcState::Error);
+    assert!(p.a.events.contains(&RcEvent::Error {
+        cause: Some(TerminateCause::DdpUntaggedNoBuffer),
+        remote: true
+    }));
+    assert!(p.b.events.contains(&RcEvent::Error {
+        cause: Some(TerminateCause::DdpUntaggedNoBuffer),
+        remote: false
+    }));
+}
+
+#[test]
+fn message_longer_than_the_receive_buffer() {
+    let mut p = Pair::rc(72);
+    let a = p.a.mem.register(0, 0, 64, RW);
+    let b = p.b.mem.register(0, 0, 64, RW);
+    let guard = p.b.mem.register(0, 64, 64, RW);
+    p.b.qp
+        .post_recv(RecvWr {
+            wr_id: 3,
+            sgl: SgList::single(0, 16, b),
+        })
+        .unwrap();
+    p.a.qp.post_send(send(1, a, 0, 64)).unwrap();
+    p.a.qp.post_send(send(2, a, 0, 1)).unwrap();
+    p.run();
+    assert_eq!(p.b.recv_wc[0].status, WcStatus::LocLenErr);
+    assert!(p.a.events.contains(&RcEvent::Error {
+        cause: Some(TerminateCause::DdpUntaggedTooLong),
+        remote: true
+    }));
+    assert!(p.b.mem.bytes(guard).iter().all(|&x| x == 0));
+}
+
+#[test]
+fn corrupted_octet_is_a_crc_terminate() {
+    let mut p = Pair::rc(81);
+    let a = p.a.mem.register(0, 0, 64, RW);
+    let b = p.b.mem.register(0, 0, 64, RW);
+    p.b.qp
+        .post_recv(RecvWr {
+            wr_id: 3,
+            sgl: SgList::single(0, 64, b),
+        })
+        .unwrap();
+    p.a.qp.post_send(send(1, a, 0, 40)).unwrap();
+    let mut wire = Vec::new();
+    p.a.qp.poll_transmit(&mut p.a.mem, &mut wire).unwrap();
+    wire[25] ^= 0x04;
+    p.b.qp.handle_bytes(&wire, &mut p.b.mem);
+    p.b.drain();
+    assert_eq!(p.b.qp.state(), RcState::Error);
+    assert!(p.b.events.contains(&RcEvent::Error {
+        cause: Some(TerminateCause::MpaCrcError),
+        remote: false
+    }));
+    assert_eq!(p.b.recv_wc[0].status, WcStatus::RemOpErr);
+    p.run();
+    assert_eq!(p.a.qp.state(), RcState::Error);
+}
+
+#[test]
+fn p2p_rtr_write_and_read() {
+    for kind in [RtrKind::Write, RtrKind::Read] {
+        let i = RcConfig {
+            rtr: RtrRole::Send(kind),
+            ..RcConfig::default()
+        };
+        let r = RcConfig {
+            rtr: RtrRole::Await(Some(kind)),
+            ..RcConfig::default()
+        };
+        let mut p = Pair::new(91, i, r);
+        assert_eq!(p.b.qp.state(), RcState::AwaitingRtr);
+        let a = p.a.mem.register(0, 0, 64, RW);
+        let b = p.b.mem.register(0, 0, 64, RW);
+        // The responder's Send waits for the RTR; the initiator's goes after it.
+        p.a.qp
+            .post_recv(RecvWr {
+                wr_id: 1,
+                sgl: SgList::single(0, 64, a),
+            })
+            .unwrap();
+        p.b.qp.post_send(send(2, b, 0, 4)).unwrap();
+        assert!(!p.b.qp.wants_transmit());
+        p.b.qp
+            .post_recv(RecvWr {
+                wr_id: 3,
+                sgl: SgList::single(0, 64, b),
+            })
+            .unwrap();
+        p.a.qp.post_send(send(4, a, 0, 4)).unwrap();
+        p.run();
+        assert_eq!(p.b.qp.state(), RcState::Rts, "{kind:?}");
+        assert_eq!(p.a.recv_wc.len(), 1);
+        assert_eq!(p.b.recv_wc.len(), 1);
+        assert_eq!(p.a.send_wc.len(), 1);
+        assert_eq!(p.b.send_wc.len(), 1);
+    }
+}
+
+#[test]
+fn disconnect_flushes_everything() {
+    let mut p = Pair::rc(101);
+    let a = p.a.mem.register(0, 0, 1 << 20, RW);
+    p.a.qp
+        .post_recv(RecvWr {
+            wr_id: 7,
+            sgl: SgList::single(0, 64, a),
+        })
+        .unwrap();
+    p.a.qp
+        .post_send(SendWr {
+            wr_id: 8,
+            op: SendOp::Write {
+                remote_addr: 0,
+                rkey: 0x100,
+                imm: None,
+            },
+            payload: Payload::Sgl(SgList::single(0, 1 << 20, a)),
+            flags: SendFlags::default(),
+        })
+        .unwrap();
+    p.a.qp.disconnect();
+    p.a.drain();
+    assert_eq!(p.a.send_wc[0].status, WcStatus::WrFlushErr);
+    assert_eq!(p.a.recv_wc[0].status, WcStatus::WrFlushErr);
+    assert!(p.a.events.contains(&RcEvent::TxClosed));
+    // Posting in the error state completes at once with a flush error.
+    p.a.qp.post_send(send(9, a, 0, 1)).unwrap();
+    p.a.drain();
+    assert_eq!(p.a.send_wc.last().unwrap().status, WcStatus::WrFlushErr);
+}
+
+#[test]
+fn random_operation_mix_is_exact() {
+    for seed in 1..30u64 {
+        let mut p = Pair::rc(seed * 1_000_003);
+        let mut rng = Rng(seed);
+        let a = p.a.mem.register(0, 0, 1 << 18, RW);
+        let b = p.b.mem.register(0, 1 << 32, 1 << 18, RW);
+        p.a.mem
+            .bytes_mut(a)
+            .copy_from_slice(&pattern(1 << 18, seed as u8));
+        let mut expect_b = p.b.mem.bytes(b).to_vec();
+        let mut expect_recv = Vec::new();
+        let mut n_ops = 0;
+        for i in 0..40u64 {
+            let big = rng.below(4) == 0;
+            let len = rng.below(if big { 60_000 } else { 300 }) as usize;
+            let off = rng.below((1 << 17) as u64) as usize;
+            match rng.below(3) {
+                0 => {
+                    // Send into a fresh slot of the upper half of b.
+                    let slot = (1 << 17) + (i as usize % 2) * 65536;
+                    p.b.qp
+                        .post_recv(RecvWr {
+                            wr_id: i,
+                            sgl: SgList::single((1 << 32) + slot as u64, 65536, b),
+                        })
+                        .unwrap();
+                    p.a.qp
+                        .post_send(send(i, a, off as u64, len as u32))
+                        .unwrap();
+                    expect_recv.push((i, len));
+                }
+                _ => {
+                    let dst = rng.below((1 << 17) as u64 - len as u64) as usize;
+                    p.a.qp
+                        .post_send(SendWr {
+                            wr_id: i,
+                            op: SendOp::Write {
+                                remote_addr: (1 << 32) + dst as u64,
+                                rkey: b,
+                                imm: None,
+                            },
+                            payload: Payload::Sgl(SgList::single(off as u64, len as u32, a)),
+                            flags: signaled(),
+                        })
+                        .unwrap();
+                    expect_b[dst..dst + len].copy_from_slice(&p.a.mem.bytes(a)[off..off + len]);
+                }
+            }
+            n_ops += 1;
+            if rng.below(5) == 0 {
+                p.run();
+            }
+        }
+        p.run();
+        assert_eq!(p.a.send_wc.len(), n_ops);
+        assert!(p.a.send_wc.iter().all(|w| w.status == WcStatus::Success));
+        assert_eq!(
+            &p.b.mem.bytes(b)[..1 << 17],
+            &expect_b[..1 << 17],
+            "seed {seed}"
+        );
+        let got: Vec<_> =
+            p.b.recv_wc
+                .iter()
+                .map(|w| (w.wr_id, w.byte_len as usize))
+                .collect();
+        assert_eq!(got, expect_recv);
+    }
+}
+
+#[test]
+fn local_protection_error_fails_the_qp() {
+    let mut p = Pair::rc(111);
+    let a = p.a.mem.register(0, 0x1000, 64, RW);
+    p.a.qp.post_send(send(1, a, 0x1000 + 60, 8)).unwrap();
+    p.a.qp.post_send(send(2, a, 0x1000, 8)).unwrap();
+    p.run();
+    assert_eq!(p.a.send_wc[0].status, WcStatus::LocProtErr);
+    assert_eq!(p.a.send_wc[1].status, WcStatus::WrFlushErr);
+    assert_eq!(p.a.qp.state(), RcState::Error);
+}
