@@ -1,5 +1,133 @@
-//! The softrdma runtime: sockets, progress threads, timers and memory
-//! registration. Besides the C ABI crates, the only place with syscalls and
-//! `unsafe` (design.md §2).
+//! The softrdma runtime: sockets, the progress thread, completion queues
+//! and memory registration. Besides the C ABI crates, the only place with
+//! syscalls and `unsafe` (design.md §2); each `unsafe` block says why it is
+//! sound in a `// SAFETY:` line.
 //!
-//! This crate is empty until the RC transport lands (issue 3).
+//! * [`Context`]: one per process and device; owns the registration table,
+//!   the async event queue and (started on first use) the progress thread.
+//! * [`mr`]: memory registration and the [`softrdma_proto::memory::Memory`]
+//!   view over it.
+//! * [`cq`]: completion queues, completion channels (eventfds), async events.
+//! * [`qp`]: RC queue pairs over TCP.
+//! * [`cm`]: connection setup: listen, connect, accept, reject, with MPA
+//!   negotiation, private data and the peer-to-peer RTR.
+//! * [`config`]: the `SOFTRDMA_*` environment knobs.
+
+pub mod cm;
+pub mod config;
+pub mod cq;
+pub mod mr;
+mod progress;
+pub mod qp;
+mod sys;
+
+use std::io;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+pub use cq::{AsyncEvent, AsyncEvents, CompChannel, Completion, Cq};
+pub use mr::{RegError, Registry};
+pub use qp::{Qp, QpCaps, QpError, QpLinkState};
+
+use progress::Progress;
+
+/// State shared by everything created from one [`Context`].
+#[derive(Debug)]
+pub struct Shared {
+    /// Registered memory.
+    pub registry: Registry,
+    /// Async events (`ibv_get_async_event`).
+    pub events: Arc<AsyncEvents>,
+    progress: OnceLock<Progress>,
+    next_pd: AtomicU32,
+    next_cq: AtomicU64,
+    /// Configuration read from the environment at creation.
+    pub config: config::Config,
+}
+
+impl Shared {
+    pub(crate) fn progress(&self) -> io::Result<&Progress> {
+        if let Some(p) = self.progress.get() {
+            return Ok(p);
+        }
+        let p = Progress::start()?;
+        Ok(self.progress.get_or_init(|| p))
+    }
+}
+
+/// A softrdma device context.
+#[derive(Debug, Clone)]
+pub struct Context {
+    shared: Arc<Shared>,
+}
+
+impl Context {
+    /// A context configured from the environment (see [`config`]).
+    pub fn new() -> io::Result<Context> {
+        Context::with_config(
+            config::Config::from_env()
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+        )
+    }
+
+    /// A context with an explicit configuration.
+    pub fn with_config(config: config::Config) -> io::Result<Context> {
+        Ok(Context {
+            shared: Arc::new(Shared {
+                registry: Registry::new(),
+                events: Arc::new(AsyncEvents::new()?),
+                progress: OnceLock::new(),
+                next_pd: AtomicU32::new(1),
+                next_cq: AtomicU64::new(1),
+                config,
+            }),
+        })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &config::Config {
+        &self.shared.config
+    }
+
+    /// The registration table.
+    pub fn registry(&self) -> &Registry {
+        &self.shared.registry
+    }
+
+    /// The async event queue.
+    pub fn async_events(&self) -> &AsyncEvents {
+        &self.shared.events
+    }
+
+    /// A new protection domain number.
+    pub fn alloc_pd(&self) -> u32 {
+        self.shared.next_pd.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A completion queue of `capacity` entries, optionally tied to a
+    /// completion channel.
+    pub fn create_cq(&self, capacity: usize, channel: Option<Arc<CompChannel>>) -> Arc<Cq> {
+        let id = self.shared.next_cq.fetch_add(1, Ordering::Relaxed);
+        let inline = self.shared.config.progress != config::ProgressMode::Thread;
+        Cq::new(
+            id,
+            capacity.max(1),
+            channel,
+            self.shared.events.clone(),
+            inline,
+        )
+    }
+
+    /// An RC queue pair in protection domain `pd`. Its number is assigned
+    /// by the connection manager when it binds (`qpn`), or by the caller.
+    pub fn create_qp(
+        &self,
+        qpn: u32,
+        pd: u32,
+        caps: QpCaps,
+        send_cq: Arc<Cq>,
+        recv_cq: Arc<Cq>,
+    ) -> Qp {
+        Qp::new(self.shared.clone(), qpn, pd, caps, send_cq, recv_cq)
+    }
+}

@@ -217,6 +217,12 @@ impl RecvQueue {
         self.wrs.is_empty()
     }
 
+    /// Takes the oldest receive without limit accounting (to move receives
+    /// between queues).
+    pub fn take_front(&mut self) -> Option<RecvWr> {
+        self.wrs.pop_front()
+    }
+
     /// Arms the limit event: it fires once when fewer than `limit` receives
     /// remain (`ibv_modify_srq` with `IBV_SRQ_LIMIT`); 0 disarms.
     pub fn arm_limit(&mut self, limit: usize) {

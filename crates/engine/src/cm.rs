@@ -1,0 +1,383 @@
+//! Connection setup for RC QPs (rdma_cm semantics, `RDMA_PS_TCP`): a TCP
+//! connection, then the MPA Request/Reply negotiation ([`softrdma_proto::mpa`]),
+//! then the QP runs over the socket.
+//!
+//! * [`Listener::bind`] / [`Listener::accept`] give an [`Incoming`]
+//!   connection request with the peer's private data; the application
+//!   [`Incoming::accept`]s it onto a QP (with its own private data and
+//!   IRD/ORD) or [`Incoming::reject`]s it (MPA Reply with R=1).
+//! * [`connect`] is the active side.
+//!
+//! These calls block (with the configured MPA timeout). The MPA frames are
+//! read with exact lengths (20-octet header, then the private data) so no
+//! FPDU octet is ever consumed by the set-up code.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use softrdma_proto::mpa::{
+    self, Initiator, MpaConfig, MpaError, Negotiated, Outcome, PeerRequest, Responder, Rtr,
+};
+use softrdma_proto::rc::{RcConfig, RtrKind, RtrRole};
+use softrdma_wire::fpdu;
+
+use crate::{Context, Qp};
+
+/// Why connection set-up failed.
+#[derive(Debug)]
+pub enum CmError {
+    /// Socket error (refused, reset, unreachable).
+    Io(io::Error),
+    /// The MPA negotiation failed (bad frame, timeout, no common RTR …).
+    Mpa(MpaError),
+    /// The peer rejected the connection; its private data.
+    Rejected(Vec<u8>),
+    /// The QP is already connected.
+    Busy,
+}
+
+impl std::fmt::Display for CmError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CmError::Io(e) => write!(f, "connection: {e}"),
+            CmError::Mpa(e) => write!(f, "MPA negotiation: {e}"),
+            CmError::Rejected(pd) => write!(
+                f,
+                "connection rejected by the peer ({} octets of private data)",
+                pd.len()
+            ),
+            CmError::Busy => write!(f, "the QP is already connected"),
+        }
+    }
+}
+
+impl std::error::Error for CmError {}
+
+impl From<io::Error> for CmError {
+    fn from(e: io::Error) -> Self {
+        CmError::Io(e)
+    }
+}
+
+impl From<MpaError> for CmError {
+    fn from(e: MpaError) -> Self {
+        CmError::Mpa(e)
+    }
+}
+
+/// Connection parameters the application supplies (`rdma_conn_param`).
+#[derive(Debug, Clone, Default)]
+pub struct ConnParams {
+    /// ULP private data (at most 256 octets less what MPA v2 and the
+    /// softrdma trailer take: 244).
+    pub private_data: Vec<u8>,
+    /// Inbound RDMA Read depth (`responder_resources`); 0 = default 16.
+    pub ird: u16,
+    /// Outbound RDMA Read depth (`initiator_depth`); 0 = default 16.
+    pub ord: u16,
+}
+
+fn mpa_config(ctx: &Context, p: &ConnParams) -> MpaConfig {
+    let c = ctx.config();
+    MpaConfig {
+        rev: c.mpa_rev,
+        crc: c.mpa_crc,
+        markers: c.mpa_markers,
+        p2p: c.mpa_p2p,
+        ird: if p.ird == 0 {
+            mpa::DEFAULT_DEPTH
+        } else {
+            p.ird
+        },
+        ord: if p.ord == 0 {
+            mpa::DEFAULT_DEPTH
+        } else {
+            p.ord
+        },
+        private_data: p.private_data.clone(),
+        timeout: c.mpa_timeout,
+        rtr_holdoff: c.rtr_holdoff,
+        ..MpaConfig::default()
+    }
+}
+
+/// TCP's current maximum segment size for `sock`.
+fn mss(sock: &TcpStream) -> usize {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` octets into the live `v`.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_MAXSEG,
+            &mut v as *mut libc::c_int as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r == 0 && v > 0 {
+        v as usize
+    } else {
+        1448
+    }
+}
+
+/// The RC engine's parameters for a negotiated connection.
+fn rc_config(ctx: &Context, n: &Negotiated, initiator: bool, sock: &TcpStream) -> RcConfig {
+    let kind = match n.rtr {
+        Rtr::ZeroLengthWrite => Some(RtrKind::Write),
+        Rtr::ZeroLengthRead => Some(RtrKind::Read),
+        Rtr::ZeroLengthSend => Some(RtrKind::Send),
+        Rtr::InitiatorSendsFirst => None,
+    };
+    let rtr = match (initiator, kind) {
+        (true, Some(k)) => RtrRole::Send(k),
+        (true, None) => RtrRole::None,
+        (false, k) => RtrRole::Await(k),
+    };
+    let fpdu_cap = ctx.config().max_fpdu.unwrap_or(usize::MAX);
+    let emss = mss(sock).min(fpdu_cap);
+    RcConfig {
+        crc: n.crc,
+        markers_tx: n.markers_tx,
+        markers_rx: n.markers_rx,
+        ird: n.ird,
+        ord: n.ord,
+        max_ulpdu: fpdu::max_ulpdu(emss, n.markers_tx).max(64),
+        softrdma_ext: n.peer_is_softrdma,
+        rtr,
+        ..RcConfig::default()
+    }
+}
+
+/// Reads one MPA frame exactly (header, then private data).
+fn read_frame(sock: &mut TcpStream, deadline: Instant) -> Result<Vec<u8>, CmError> {
+    let mut buf = vec![0u8; softrdma_wire::mpa::HEADER_LEN];
+    read_exact_by(sock, &mut buf, deadline)?;
+    let total = softrdma_wire::mpa::frame_len(&buf).unwrap_or(softrdma_wire::mpa::HEADER_LEN);
+    if total > buf.len() {
+        let at = buf.len();
+        buf.resize(total, 0);
+        read_exact_by(sock, &mut buf[at..], deadline)?;
+    }
+    Ok(buf)
+}
+
+fn read_exact_by(
+    sock: &mut TcpStream,
+    mut buf: &mut [u8],
+    deadline: Instant,
+) -> Result<(), CmError> {
+    while !buf.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(CmError::Mpa(MpaError::Timeout));
+        }
+        sock.set_read_timeout(Some(left))?;
+        match sock.read(buf) {
+            Ok(0) => {
+                return Err(CmError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed during MPA set-up",
+                )))
+            }
+            Ok(n) => buf = &mut buf[n..],
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(CmError::Mpa(MpaError::Timeout))
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+fn send_all(sock: &mut TcpStream, data: &[u8]) -> io::Result<()> {
+    sock.write_all(data)
+}
+
+/// Connects `qp` to a listener at `addr`. Returns the peer's private data.
+pub fn connect(
+    ctx: &Context,
+    qp: &Qp,
+    addr: impl ToSocketAddrs,
+    params: &ConnParams,
+) -> Result<Vec<u8>, CmError> {
+    if qp.link_state() != crate::QpLinkState::Unconnected {
+        return Err(CmError::Busy);
+    }
+    let timeout = ctx.config().mpa_timeout;
+    let addr = addr
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address"))?;
+    let mut sock = TcpStream::connect_timeout(&addr, timeout)?;
+    sock.set_nodelay(true)?;
+    let now = Instant::now();
+    let deadline = now + timeout;
+    let mut ini = Initiator::new(mpa_config(ctx, params), now)?;
+    while let Some(out) = ini.poll_transmit() {
+        let n = out.len();
+        send_all(&mut sock, out)?;
+        ini.transmitted(n);
+    }
+    let reply = read_frame(&mut sock, deadline)?;
+    ini.handle_bytes(&reply, Instant::now())?;
+    // Anything the initiator must send after the Reply (nothing today).
+    while let Some(out) = ini.poll_transmit() {
+        let n = out.len();
+        send_all(&mut sock, out)?;
+        ini.transmitted(n);
+    }
+    match ini.poll_outcome() {
+        Some(Outcome::Negotiated(n)) => {
+            sock.set_read_timeout(None)?;
+            let cfg = rc_config(ctx, &n, true, &sock);
+            qp.attach(sock, cfg, n.first_fpdu_not_before)?;
+            Ok(n.peer_private_data)
+        }
+        Some(Outcome::Rejected { private_data }) => Err(CmError::Rejected(private_data)),
+        Some(Outcome::Failed(e)) => Err(CmError::Mpa(e)),
+        None => Err(CmError::Mpa(MpaError::Timeout)),
+    }
+}
+
+/// A passive endpoint: a TCP listener for MPA connection requests.
+#[derive(Debug)]
+pub struct Listener {
+    tcp: TcpListener,
+    ctx: Context,
+}
+
+impl Listener {
+    /// Listens on `addr` (port 0 picks one).
+    pub fn bind(ctx: &Context, addr: impl ToSocketAddrs) -> io::Result<Listener> {
+        Ok(Listener {
+            tcp: TcpListener::bind(addr)?,
+            ctx: ctx.clone(),
+        })
+    }
+
+    /// The address listened on.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+
+    /// Waits for a connection and its MPA Request.
+    pub fn accept(&self) -> Result<Incoming, CmError> {
+        let (mut sock, peer) = self.tcp.accept()?;
+        sock.set_nodelay(true)?;
+        let now = Instant::now();
+        let timeout = self.ctx.config().mpa_timeout;
+        let mut resp = Responder::new(mpa_config(&self.ctx, &ConnParams::default()), now)?;
+        let req = read_frame(&mut sock, now + timeout)?;
+        resp.handle_bytes(&req, Instant::now())?;
+        // An automatic rejection (a bad Request) leaves a Reply to send.
+        if let Some(request) = resp.request().cloned() {
+            return Ok(Incoming {
+                sock,
+                peer,
+                resp,
+                request,
+                ctx: self.ctx.clone(),
+            });
+        }
+        while let Some(out) = resp.poll_transmit() {
+            let n = out.len();
+            let _ = send_all(&mut sock, out);
+            resp.transmitted(n);
+        }
+        match resp.poll_outcome() {
+            Some(Outcome::Failed(e)) => Err(CmError::Mpa(e)),
+            _ => Err(CmError::Mpa(MpaError::Timeout)),
+        }
+    }
+
+    /// The listening socket's descriptor (to poll for pending requests).
+    pub fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.tcp.as_raw_fd()
+    }
+}
+
+/// A connection request waiting for the application's decision.
+#[derive(Debug)]
+pub struct Incoming {
+    sock: TcpStream,
+    peer: SocketAddr,
+    resp: Responder,
+    request: PeerRequest,
+    ctx: Context,
+}
+
+impl Incoming {
+    /// The initiator's ULP private data.
+    pub fn private_data(&self) -> &[u8] {
+        &self.request.private_data
+    }
+
+    /// The initiator's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// The Request as negotiated so far (IRD/ORD offered, CRC, markers).
+    pub fn request(&self) -> &PeerRequest {
+        &self.request
+    }
+
+    /// Accepts onto `qp` with our private data and depths.
+    pub fn accept(mut self, qp: &Qp, params: &ConnParams) -> Result<(), CmError> {
+        if qp.link_state() != crate::QpLinkState::Unconnected {
+            return Err(CmError::Busy);
+        }
+        let ird = if params.ird == 0 {
+            mpa::DEFAULT_DEPTH
+        } else {
+            params.ird
+        };
+        let ord = if params.ord == 0 {
+            mpa::DEFAULT_DEPTH
+        } else {
+            params.ord
+        };
+        self.resp.accept(&params.private_data, ird, ord)?;
+        while let Some(out) = self.resp.poll_transmit() {
+            let n = out.len();
+            send_all(&mut self.sock, out)?;
+            self.resp.transmitted(n);
+        }
+        match self.resp.poll_outcome() {
+            Some(Outcome::Negotiated(n)) => {
+                let cfg = rc_config(&self.ctx, &n, false, &self.sock);
+                qp.attach(self.sock, cfg, None)?;
+                Ok(())
+            }
+            Some(Outcome::Failed(e)) => Err(CmError::Mpa(e)),
+            _ => Err(CmError::Mpa(MpaError::Timeout)),
+        }
+    }
+
+    /// Rejects with private data (MPA Reply with R=1), then closes.
+    pub fn reject(mut self, private_data: &[u8]) -> Result<(), CmError> {
+        self.resp.reject(private_data)?;
+        while let Some(out) = self.resp.poll_transmit() {
+            let n = out.len();
+            send_all(&mut self.sock, out)?;
+            self.resp.transmitted(n);
+        }
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        Ok(())
+    }
+}
+
+/// How long a blocking CM call may take, as configured.
+pub fn timeout(ctx: &Context) -> Duration {
+    ctx.config().mpa_timeout
+}

@@ -1,0 +1,143 @@
+//! Configuration from `SOFTRDMA_*` environment variables (documented in
+//! README.md). Values are read once when a context is created; an invalid
+//! value is an error that names the variable, never silently ignored.
+
+use std::time::Duration;
+
+/// How receive progress is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// Progress thread and inline from `poll_cq` (default).
+    Both,
+    /// Only the progress thread.
+    Thread,
+}
+
+/// The knobs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// `SOFTRDMA_MPA_CRC=0|1` (default 1): ask for CRC32C.
+    pub mpa_crc: bool,
+    /// `SOFTRDMA_MPA_MARKERS=0|1` (default 0): ask to receive markers.
+    pub mpa_markers: bool,
+    /// `SOFTRDMA_MPA_P2P=0|1` (default 1): offer/accept peer-to-peer mode.
+    pub mpa_p2p: bool,
+    /// `SOFTRDMA_MPA_REV=1|2` (default 2).
+    pub mpa_rev: u8,
+    /// `SOFTRDMA_MAX_FPDU=N` (default: from the connection's MSS): cap on
+    /// the FPDU size we send, in octets (64 … 65535).
+    pub max_fpdu: Option<usize>,
+    /// `SOFTRDMA_PROGRESS=both|thread` (default both).
+    pub progress: ProgressMode,
+    /// `SOFTRDMA_MPA_TIMEOUT_MS=N` (default 10000).
+    pub mpa_timeout: Duration,
+    /// `SOFTRDMA_RTR_HOLDOFF_US=N` (default 5000): after an MPA Reply from
+    /// a peer that is not softrdma, wait this long before the first FPDU
+    /// (wire.md §9 item 11).
+    pub rtr_holdoff: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            mpa_crc: true,
+            mpa_markers: false,
+            mpa_p2p: true,
+            mpa_rev: 2,
+            max_fpdu: None,
+            progress: ProgressMode::Both,
+            mpa_timeout: Duration::from_secs(10),
+            rtr_holdoff: Duration::from_millis(5),
+        }
+    }
+}
+
+fn flag(name: &str, v: &str) -> Result<bool, String> {
+    match v {
+        "0" | "false" | "off" | "no" => Ok(false),
+        "1" | "true" | "on" | "yes" => Ok(true),
+        _ => Err(format!("{name}={v}: expected 0 or 1")),
+    }
+}
+
+fn number(name: &str, v: &str, lo: u64, hi: u64) -> Result<u64, String> {
+    match v.parse::<u64>() {
+        Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+        _ => Err(format!("{name}={v}: expected a number from {lo} to {hi}")),
+    }
+}
+
+impl Config {
+    /// Reads the environment.
+    pub fn from_env() -> Result<Config, String> {
+        Config::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads variables through `get` (for tests).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
+        let mut c = Config::default();
+        if let Some(v) = get("SOFTRDMA_MPA_CRC") {
+            c.mpa_crc = flag("SOFTRDMA_MPA_CRC", &v)?;
+        }
+        if let Some(v) = get("SOFTRDMA_MPA_MARKERS") {
+            c.mpa_markers = flag("SOFTRDMA_MPA_MARKERS", &v)?;
+        }
+        if let Some(v) = get("SOFTRDMA_MPA_P2P") {
+            c.mpa_p2p = flag("SOFTRDMA_MPA_P2P", &v)?;
+        }
+        if let Some(v) = get("SOFTRDMA_MPA_REV") {
+            c.mpa_rev = number("SOFTRDMA_MPA_REV", &v, 1, 2)? as u8;
+        }
+        if let Some(v) = get("SOFTRDMA_MAX_FPDU") {
+            c.max_fpdu = Some(number("SOFTRDMA_MAX_FPDU", &v, 64, 65535)? as usize);
+        }
+        if let Some(v) = get("SOFTRDMA_PROGRESS") {
+            c.progress = match v.as_str() {
+                "both" => ProgressMode::Both,
+                "thread" => ProgressMode::Thread,
+                _ => return Err(format!("SOFTRDMA_PROGRESS={v}: expected both or thread")),
+            };
+        }
+        if let Some(v) = get("SOFTRDMA_MPA_TIMEOUT_MS") {
+            c.mpa_timeout =
+                Duration::from_millis(number("SOFTRDMA_MPA_TIMEOUT_MS", &v, 1, 3_600_000)?);
+        }
+        if let Some(v) = get("SOFTRDMA_RTR_HOLDOFF_US") {
+            c.rtr_holdoff =
+                Duration::from_micros(number("SOFTRDMA_RTR_HOLDOFF_US", &v, 0, 10_000_000)?);
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_refuses() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(Config::from_lookup(env(&[])).unwrap(), Config::default());
+        let c = Config::from_lookup(env(&[
+            ("SOFTRDMA_MPA_CRC", "0"),
+            ("SOFTRDMA_MPA_REV", "1"),
+            ("SOFTRDMA_PROGRESS", "thread"),
+        ]))
+        .unwrap();
+        assert!(!c.mpa_crc);
+        assert_eq!(c.mpa_rev, 1);
+        assert_eq!(c.progress, ProgressMode::Thread);
+        assert!(Config::from_lookup(env(&[("SOFTRDMA_MPA_REV", "3")]))
+            .unwrap_err()
+            .contains("SOFTRDMA_MPA_REV"));
+        assert!(Config::from_lookup(env(&[("SOFTRDMA_MPA_CRC", "maybe")])).is_err());
+        assert!(Config::from_lookup(env(&[("SOFTRDMA_MAX_FPDU", "10")])).is_err());
+    }
+}

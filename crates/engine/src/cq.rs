@@ -1,0 +1,316 @@
+//! Completion queues, completion channels and the context's async events.
+//!
+//! A [`Cq`] holds completions up to its capacity. One more is an overrun:
+//! the completion is lost, the CQ is marked in error and an
+//! [`AsyncEvent::CqError`] is raised, as verbs does. Arming with
+//! [`Cq::req_notify`] makes the next matching completion (any, or only
+//! solicited ones and errors) fire the CQ's [`CompChannel`] once; the channel
+//! is a real pollable file descriptor (an eventfd).
+//!
+//! [`Cq::poll`] also drives receive progress inline: when the queue is empty
+//! it drains the sockets of the QPs that complete into it (non-blocking), so
+//! a busy-polling application does not wait for the progress thread.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use softrdma_proto::wr::{WcStatus, WorkCompletion};
+
+use crate::qp::QpShared;
+use crate::sys::EventFd;
+
+/// A completion with the number of the QP it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The completion.
+    pub wc: WorkCompletion,
+    /// The QP's number.
+    pub qp_num: u32,
+}
+
+/// Events not tied to a work request (`ibv_get_async_event`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// A CQ overran and lost a completion (`IBV_EVENT_CQ_ERR`).
+    CqError {
+        /// The CQ.
+        cq: u64,
+    },
+    /// A QP entered the error state because of a protocol or transport
+    /// error (`IBV_EVENT_QP_FATAL`).
+    QpFatal {
+        /// The QP number.
+        qpn: u32,
+    },
+    /// A QP entered the error state on a remote access violation
+    /// (`IBV_EVENT_QP_ACCESS_ERR`).
+    QpAccessError {
+        /// The QP number.
+        qpn: u32,
+    },
+    /// A receive queue fell below its armed limit
+    /// (`IBV_EVENT_SRQ_LIMIT_REACHED`, or QP_LAST_WQE style for own RQs).
+    SrqLimitReached {
+        /// The QP number whose receive queue (or the SRQ id).
+        id: u64,
+    },
+    /// A QP's connection is established (`IBV_EVENT_COMM_EST`).
+    CommEstablished {
+        /// The QP number.
+        qpn: u32,
+    },
+}
+
+/// The context's async event queue: a pollable fd plus the events.
+#[derive(Debug)]
+pub struct AsyncEvents {
+    efd: EventFd,
+    queue: Mutex<VecDeque<AsyncEvent>>,
+}
+
+impl AsyncEvents {
+    pub(crate) fn new() -> std::io::Result<Self> {
+        Ok(AsyncEvents {
+            efd: EventFd::new()?,
+            queue: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    pub(crate) fn raise(&self, e: AsyncEvent) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(e);
+        self.efd.signal();
+    }
+
+    /// The next event, waiting up to `timeout` (`None`: for ever).
+    pub fn get(&self, timeout: Option<Duration>) -> Option<AsyncEvent> {
+        loop {
+            if let Some(e) = self.try_get() {
+                return Some(e);
+            }
+            if !self.efd.wait(timeout) {
+                return None;
+            }
+        }
+    }
+
+    /// The next event, if one is queued.
+    pub fn try_get(&self) -> Option<AsyncEvent> {
+        self.queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()
+    }
+
+    /// The pollable descriptor.
+    pub fn fd(&self) -> RawFd {
+        self.efd.as_raw_fd()
+    }
+}
+
+/// A completion channel (`ibv_comp_channel`): a pollable fd that says which
+/// armed CQs have fired.
+#[derive(Debug)]
+pub struct CompChannel {
+    efd: EventFd,
+    fired: Mutex<VecDeque<u64>>,
+}
+
+impl CompChannel {
+    /// A new channel.
+    pub fn new() -> std::io::Result<Arc<Self>> {
+        Ok(Arc::new(CompChannel {
+            efd: EventFd::new()?,
+            fired: Mutex::new(VecDeque::new()),
+        }))
+    }
+
+    fn fire(&self, cq: u64) {
+        self.fired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(cq);
+        self.efd.signal();
+    }
+
+    /// The id of the next CQ that fired, waiting up to `timeout`
+    /// (`ibv_get_cq_event`); `None` on timeout.
+    pub fn get_event(&self, timeout: Option<Duration>) -> Option<u64> {
+        loop {
+            if let Some(c) = self.try_get_event() {
+                return Some(c);
+            }
+            if !self.efd.wait(timeout) {
+                return None;
+            }
+        }
+    }
+
+    /// The id of the next CQ that fired, without waiting.
+    pub fn try_get_event(&self) -> Option<u64> {
+        let mut q = self.fired.lock().unwrap_or_else(|p| p.into_inner());
+        let c = q.pop_front();
+        if q.is_empty() {
+            self.efd.drain();
+        }
+        c
+    }
+
+    /// The pollable descriptor.
+    pub fn fd(&self) -> RawFd {
+        self.efd.as_raw_fd()
+    }
+}
+
+#[derive(Debug)]
+struct CqInner {
+    entries: VecDeque<Completion>,
+    capacity: usize,
+    overrun: bool,
+    /// Armed: `Some(solicited_only)`.
+    armed: Option<bool>,
+}
+
+/// A completion queue.
+#[derive(Debug)]
+pub struct Cq {
+    id: u64,
+    inner: Mutex<CqInner>,
+    channel: Option<Arc<CompChannel>>,
+    events: Arc<AsyncEvents>,
+    /// QPs completing here, for inline progress from `poll`.
+    qps: Mutex<Vec<Weak<QpShared>>>,
+    inline_progress: AtomicBool,
+}
+
+impl Cq {
+    pub(crate) fn new(
+        id: u64,
+        capacity: usize,
+        channel: Option<Arc<CompChannel>>,
+        events: Arc<AsyncEvents>,
+        inline_progress: bool,
+    ) -> Arc<Cq> {
+        Arc::new(Cq {
+            id,
+            inner: Mutex::new(CqInner {
+                entries: VecDeque::with_capacity(capacity),
+                capacity,
+                overrun: false,
+                armed: None,
+            }),
+            channel,
+            events,
+            qps: Mutex::new(Vec::new()),
+            inline_progress: AtomicBool::new(inline_progress),
+        })
+    }
+
+    /// The CQ's id (what [`CompChannel::get_event`] returns).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Capacity in completions.
+    pub fn capacity(&self) -> usize {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .capacity
+    }
+
+    /// True once a completion was lost to an overrun.
+    pub fn overrun(&self) -> bool {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).overrun
+    }
+
+    pub(crate) fn attach(&self, qp: Weak<QpShared>) {
+        let mut v = self.qps.lock().unwrap_or_else(|p| p.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        v.push(qp);
+    }
+
+    /// Adds completions (from a QP's progress).
+    pub(crate) fn push(&self, batch: &[Completion]) {
+        if batch.is_empty() {
+            return;
+        }
+        let mut fire = false;
+        {
+            let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            for wc in batch {
+                if c.entries.len() >= c.capacity {
+                    if !c.overrun {
+                        c.overrun = true;
+                        self.events.raise(AsyncEvent::CqError { cq: self.id });
+                    }
+                    continue;
+                }
+                c.entries.push_back(*wc);
+                if let Some(solicited_only) = c.armed {
+                    if !solicited_only || wc.wc.solicited || wc.wc.status != WcStatus::Success {
+                        c.armed = None;
+                        fire = true;
+                    }
+                }
+            }
+        }
+        if fire {
+            if let Some(ch) = &self.channel {
+                ch.fire(self.id);
+            }
+        }
+    }
+
+    /// Takes up to `out.len()` completions, oldest first. If none are
+    /// queued, first drives receive progress of the attached QPs.
+    pub fn poll(&self, out: &mut [Completion]) -> usize {
+        let n = self.take(out);
+        if n > 0 || out.is_empty() || !self.inline_progress.load(Ordering::Relaxed) {
+            return n;
+        }
+        let qps: Vec<Arc<QpShared>> = {
+            let v = self.qps.lock().unwrap_or_else(|p| p.into_inner());
+            v.iter().filter_map(|w| w.upgrade()).collect()
+        };
+        for q in qps {
+            q.progress_inline();
+        }
+        self.take(out)
+    }
+
+    fn take(&self, out: &mut [Completion]) -> usize {
+        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let n = out.len().min(c.entries.len());
+        for (slot, wc) in out.iter_mut().zip(c.entries.drain(..n)) {
+            *slot = wc;
+        }
+        n
+    }
+
+    /// Arms the CQ: the next completion (or, with `solicited_only`, the next
+    /// solicited or error completion) fires the channel once.
+    pub fn req_notify(&self, solicited_only: bool) {
+        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        c.armed = Some(solicited_only);
+    }
+
+    /// Completions currently queued.
+    pub fn len(&self) -> usize {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entries
+            .len()
+    }
+
+    /// True if no completion is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,389 @@
+//! Memory registration: the table of regions the application registered,
+//! and the [`Memory`] view the protocol engines use to reach them.
+//!
+//! A region is application memory (a raw address range the caller keeps
+//! alive until it deregisters). Each gets an STag: the upper 24 bits index
+//! the table, the low 8 bits are a key drawn from a per-process random
+//! sequence, so keys are not guessable from one another and a reused index
+//! gets a new key. lkey = rkey = STag, as in siw.
+//!
+//! Like RDMA hardware, this code reads and writes registered memory while
+//! the application may be touching it: the verbs contract (do not modify a
+//! buffer while a work request on it is outstanding) is the application's
+//! to keep, and racing accesses give unspecified *contents*, never accesses
+//! outside the region. All raw accesses go through `copy_nonoverlapping` on
+//! ranges checked against the region, or through slices whose lifetime
+//! ends before the registry lock is released.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
+
+use softrdma_proto::memory::{Access, AtomicOp, MemError, Memory};
+
+/// One registered region.
+#[derive(Debug, Clone, Copy)]
+struct Region {
+    /// Where the region starts in this process.
+    ptr: usize,
+    /// The address the application uses for the region (`ibv_mr.addr`); a
+    /// work request's `addr` and a peer's tagged offset are in this space.
+    iova: u64,
+    len: u64,
+    access: Access,
+    pd: u32,
+    key: u8,
+    valid: bool,
+}
+
+/// The process's registration table, shared by every QP of a context.
+#[derive(Debug, Default)]
+pub struct Registry {
+    table: RwLock<Table>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    regions: Vec<Option<Region>>,
+    free: Vec<u32>,
+}
+
+/// A random-looking 8-bit key sequence (splitmix64 over a per-process seed).
+fn next_key() -> u8 {
+    static STATE: AtomicU64 = AtomicU64::new(0);
+    let mut s = STATE.load(Ordering::Relaxed);
+    if s == 0 {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+            ^ (u64::from(std::process::id()) << 32)
+            ^ (&STATE as *const _ as u64);
+        s = seed | 1;
+    }
+    s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    STATE.store(s, Ordering::Relaxed);
+    let mut z = s;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) as u8
+}
+
+/// Why a registration was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegError {
+    /// Null address with a non-zero length, or the range wraps.
+    BadRange,
+    /// REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE (verbs rule).
+    BadAccess,
+    /// The table is full (2^24 − 1 regions).
+    TooMany,
+}
+
+impl Registry {
+    /// An empty table.
+    pub fn new() -> Self {
+        Registry::default()
+    }
+
+    /// Registers `len` octets at `ptr`, known to peers and work requests as
+    /// starting at `iova`, in protection domain `pd`. Returns the STag.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid for reads and writes until
+    /// [`Registry::deregister`] returns for this STag.
+    pub unsafe fn register(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Access,
+        pd: u32,
+    ) -> Result<u32, RegError> {
+        if (ptr.is_null() && len > 0)
+            || (ptr as usize).checked_add(len).is_none()
+            || iova.checked_add(len as u64).is_none()
+        {
+            return Err(RegError::BadRange);
+        }
+        let needs_local_write =
+            access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
+        if needs_local_write && !access.contains(Access::LOCAL_WRITE) {
+            return Err(RegError::BadAccess);
+        }
+        let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
+        let index = match t.free.pop() {
+            Some(i) => i,
+            None => {
+                if t.regions.len() >= (1 << 24) - 2 {
+                    return Err(RegError::TooMany);
+                }
+                t.regions.push(None);
+                t.regions.len() as u32
+            }
+        };
+        let key = next_key();
+        t.regions[index as usize - 1] = Some(Region {
+            ptr: ptr as usize,
+            iova,
+            len: len as u64,
+            access,
+            pd,
+            key,
+            valid: true,
+        });
+        Ok((index << 8) | u32::from(key))
+    }
+
+    /// Removes a registration; afterwards no access through the STag
+    /// succeeds. Returns false if the STag was not registered.
+    pub fn deregister(&self, stag: u32) -> bool {
+        let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
+        let index = stag >> 8;
+        let slot = match index
+            .checked_sub(1)
+            .and_then(|i| t.regions.get_mut(i as usize))
+        {
+            Some(s) => s,
+            None => return false,
+        };
+        match slot {
+            Some(r) if r.key == stag as u8 => {
+                *slot = None;
+                t.free.push(index);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Runs `f` with a [`Memory`] view of protection domain `pd`. The table
+    /// is read-locked for the duration, so regions cannot be deregistered
+    /// while the view exists.
+    pub fn with_view<R>(&self, pd: u32, f: impl FnOnce(&mut View<'_>) -> R) -> R {
+        let t = self.table.read().unwrap_or_else(|e| e.into_inner());
+        let mut v = View {
+            table: &t,
+            pd,
+            invalidations: [0; 4],
+            n_inval: 0,
+        };
+        let r = f(&mut v);
+        let pending = v.invalidations;
+        let n = v.n_inval;
+        drop(t);
+        if n > 0 {
+            let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
+            for stag in &pending[..n] {
+                if let Some(Some(r)) = (stag >> 8)
+                    .checked_sub(1)
+                    .and_then(|i| t.regions.get_mut(i as usize))
+                {
+                    if r.key == *stag as u8 {
+                        r.valid = false;
+                    }
+                }
+            }
+        }
+        r
+    }
+
+    /// Makes an invalidated STag valid again (re-registration of the same
+    /// memory with the same key is what `ibv_rereg_mr` amounts to here).
+    pub fn revalidate(&self, stag: u32) -> bool {
+        let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
+        match (stag >> 8)
+            .checked_sub(1)
+            .and_then(|i| t.regions.get_mut(i as usize))
+        {
+            Some(Some(r)) if r.key == stag as u8 => {
+                r.valid = true;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A [`Memory`] view of one protection domain, valid while the registry is
+/// read-locked. Invalidations are recorded and applied when the view ends.
+pub struct View<'t> {
+    table: &'t Table,
+    pd: u32,
+    invalidations: [u32; 4],
+    n_inval: usize,
+}
+
+impl View<'_> {
+    fn lookup(&self, stag: u32) -> Result<&Region, MemError> {
+        let r = (stag >> 8)
+            .checked_sub(1)
+            .and_then(|i| self.table.regions.get(i as usize))
+            .and_then(|r| r.as_ref())
+            .ok_or(MemError::InvalidStag)?;
+        let pending = self.invalidations[..self.n_inval].contains(&stag);
+        if r.key != stag as u8 || !r.valid || pending {
+            return Err(MemError::InvalidStag);
+        }
+        if r.pd != self.pd {
+            return Err(MemError::WrongPd);
+        }
+        Ok(r)
+    }
+
+    /// The process address of `len` octets at `addr` in region `stag`,
+    /// after every check.
+    fn resolve(&self, stag: u32, addr: u64, len: u64, need: Access) -> Result<*mut u8, MemError> {
+        let r = self.lookup(stag)?;
+        if !r.access.contains(need) {
+            return Err(MemError::AccessRights);
+        }
+        let off = addr.checked_sub(r.iova).ok_or(MemError::BaseBounds)?;
+        let end = off.checked_add(len).ok_or(MemError::BaseBounds)?;
+        if end > r.len {
+            return Err(MemError::BaseBounds);
+        }
+        Ok((r.ptr + off as usize) as *mut u8)
+    }
+}
+
+impl Memory for View<'_> {
+    fn local_read(&self, lkey: u32, addr: u64, len: u64) -> Result<&[u8], MemError> {
+        let p = self.resolve(lkey, addr, len, Access(0))?;
+        // SAFETY: `resolve` checked that [p, p+len) lies inside a region the
+        // application registered and keeps alive until deregistration, which
+        // the read lock held by this view excludes.
+        Ok(unsafe { std::slice::from_raw_parts(p, len as usize) })
+    }
+
+    fn local_write(&mut self, lkey: u32, addr: u64, data: &[u8]) -> Result<(), MemError> {
+        let p = self.resolve(lkey, addr, data.len() as u64, Access::LOCAL_WRITE)?;
+        // SAFETY: as in `local_read`; `data` is ours and cannot overlap
+        // registered memory handed out as a slice at the same time (the
+        // protocol engine never writes from a slice of the same view).
+        unsafe { std::ptr::copy(data.as_ptr(), p, data.len()) };
+        Ok(())
+    }
+
+    fn check_remote_write(&self, stag: u32, to: u64, len: u64) -> Result<(), MemError> {
+        self.resolve(stag, to, len, Access::REMOTE_WRITE)
+            .map(|_| ())
+    }
+
+    fn remote_write(&mut self, stag: u32, to: u64, data: &[u8]) -> Result<(), MemError> {
+        let p = self.resolve(stag, to, data.len() as u64, Access::REMOTE_WRITE)?;
+        // SAFETY: as in `local_write`.
+        unsafe { std::ptr::copy(data.as_ptr(), p, data.len()) };
+        Ok(())
+    }
+
+    fn remote_read(&self, stag: u32, to: u64, len: u64) -> Result<&[u8], MemError> {
+        let p = self.resolve(stag, to, len, Access::REMOTE_READ)?;
+        // SAFETY: as in `local_read`.
+        Ok(unsafe { std::slice::from_raw_parts(p, len as usize) })
+    }
+
+    fn remote_atomic(&mut self, stag: u32, to: u64, op: AtomicOp) -> Result<u64, MemError> {
+        let p = self.resolve(stag, to, 8, Access::REMOTE_ATOMIC)?;
+        if to % 8 != 0 || (p as usize) % 8 != 0 {
+            return Err(MemError::Misaligned);
+        }
+        // SAFETY: `p` is 8-aligned and 8 octets inside a live region; an
+        // AtomicU64 view makes the update atomic against other QPs of this
+        // process operating on the same word.
+        let cell = unsafe { &*(p as *const std::sync::atomic::AtomicU64) };
+        let old = match op {
+            AtomicOp::FetchAdd(add) => cell.fetch_add(add, Ordering::SeqCst),
+            AtomicOp::CompareSwap { compare, swap } => {
+                match cell.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(v) | Err(v) => v,
+                }
+            }
+        };
+        Ok(old)
+    }
+
+    fn invalidate(&mut self, stag: u32, _remote: bool) -> Result<(), MemError> {
+        self.lookup(stag)?;
+        if self.n_inval == self.invalidations.len() {
+            return Err(MemError::CannotInvalidate);
+        }
+        self.invalidations[self.n_inval] = stag;
+        self.n_inval += 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn register_check_deregister() {
+        let reg = Registry::new();
+        let mut buf = vec![0u8; 64];
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        // SAFETY: `buf` outlives the registration (deregistered below).
+        let stag = unsafe { reg.register(buf.as_mut_ptr(), 64, 0x1000, rw, 7) }.unwrap();
+        reg.with_view(7, |v| {
+            v.remote_write(stag, 0x1000 + 60, &[1, 2, 3, 4]).unwrap();
+            assert_eq!(
+                v.remote_write(stag, 0x1000 + 61, &[1, 2, 3, 4]),
+                Err(MemError::BaseBounds)
+            );
+            assert_eq!(v.remote_read(stag, 0x1000, 4), Err(MemError::AccessRights));
+            assert_eq!(
+                v.remote_write(stag ^ 0xff, 0x1000, &[1]),
+                Err(MemError::InvalidStag)
+            );
+        });
+        reg.with_view(8, |v| {
+            assert_eq!(v.remote_write(stag, 0x1000, &[1]), Err(MemError::WrongPd))
+        });
+        assert_eq!(&buf[60..], &[1, 2, 3, 4]);
+        assert!(reg.deregister(stag));
+        assert!(!reg.deregister(stag));
+        reg.with_view(7, |v| {
+            assert_eq!(
+                v.remote_write(stag, 0x1000, &[1]),
+                Err(MemError::InvalidStag)
+            )
+        });
+        // SAFETY: a null pointer is refused before anything is recorded.
+        assert_eq!(
+            unsafe { reg.register(std::ptr::null_mut(), 1, 0, rw, 7) },
+            Err(RegError::BadRange)
+        );
+        // SAFETY: as above; refused for the access flags.
+        assert_eq!(
+            unsafe { reg.register(buf.as_mut_ptr(), 1, 0, Access::REMOTE_WRITE, 7) },
+            Err(RegError::BadAccess)
+        );
+    }
+
+    #[test]
+    fn keys_differ_on_reuse_and_invalidate_applies() {
+        let reg = Registry::new();
+        let mut buf = vec![0u8; 16];
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        let mut keys = std::collections::HashSet::new();
+        for _ in 0..32 {
+            // SAFETY: `buf` outlives each registration.
+            let s = unsafe { reg.register(buf.as_mut_ptr(), 16, 0, rw, 0) }.unwrap();
+            keys.insert(s & 0xff);
+            assert!(reg.deregister(s));
+        }
+        assert!(keys.len() > 8, "keys vary: {keys:?}");
+        // SAFETY: as above.
+        let s = unsafe { reg.register(buf.as_mut_ptr(), 16, 0, rw, 0) }.unwrap();
+        reg.with_view(0, |v| {
+            assert_eq!(v.remote_atomic(s, 8, AtomicOp::FetchAdd(3)), Ok(0));
+            v.invalidate(s, true).unwrap();
+            assert_eq!(v.remote_write(s, 0, &[1]), Err(MemError::InvalidStag));
+        });
+        reg.with_view(0, |v| {
+            assert_eq!(v.remote_write(s, 0, &[1]), Err(MemError::InvalidStag))
+        });
+        assert!(reg.revalidate(s));
+        assert_eq!(u64::from_ne_bytes(buf[8..16].try_into().unwrap()), 3);
+    }
+}

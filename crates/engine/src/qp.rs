@@ -1,0 +1,474 @@
+//! RC queue pairs over real TCP sockets.
+//!
+//! A [`Qp`] wraps the sans-IO [`RcQp`] with a non-blocking `TcpStream`:
+//!
+//! * **transmit** runs on the caller's thread inside `post_send` (and on
+//!   the progress thread when the socket pushed back): `writev` of header,
+//!   registered memory and trailer, nothing copied;
+//! * **receive** runs on the context's progress thread (epoll, level
+//!   triggered) and inline from [`crate::Cq::poll`] when the CQ is empty, so
+//!   a busy-polling application sees completions without a thread hop.
+//!
+//! Before it is connected a QP only accepts receives (they are kept and
+//! handed to the connection); `post_send` on an unconnected QP is refused.
+
+use std::io::{self, Read};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use softrdma_proto::rc::{CqKind, PostError, RcConfig, RcEvent, RcQp, RcState, RecvQueue};
+use softrdma_proto::wr::{RecvWr, SendWr};
+use softrdma_wire::rdmap::Layer;
+
+use crate::cq::{AsyncEvent, Completion, Cq};
+use crate::Shared;
+
+/// Sizes a QP is created with (`ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: usize,
+    /// Receive queue depth.
+    pub max_recv_wr: usize,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+        }
+    }
+}
+
+/// Errors of the QP data path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpError {
+    /// The queue is full.
+    QueueFull,
+    /// Not connected yet (sends need a connection).
+    NotConnected,
+    /// The operation is not supported on this connection (RFC 7306 toward
+    /// a peer that is not softrdma).
+    Unsupported,
+    /// A parameter is invalid.
+    Invalid,
+}
+
+impl From<PostError> for QpError {
+    fn from(e: PostError) -> Self {
+        match e {
+            PostError::QueueFull => QpError::QueueFull,
+            PostError::Unsupported => QpError::Unsupported,
+            PostError::Invalid => QpError::Invalid,
+        }
+    }
+}
+
+/// State of the transport behind a QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpLinkState {
+    /// No connection yet.
+    Unconnected,
+    /// Connected; data may flow (or the RTR is awaited).
+    Connected,
+    /// Error: work flushed, the connection is gone or going.
+    Error,
+}
+
+struct Link {
+    rc: RcQp,
+    sock: TcpStream,
+    /// Epoll token, while registered with the progress thread.
+    token: u64,
+    /// Watching for writability (the socket pushed back).
+    want_write: bool,
+    /// No transmit before this instant (siw reply race, wire.md §9.11).
+    hold_until: Option<Instant>,
+    closed: bool,
+}
+
+pub(crate) struct QpCore {
+    link: Option<Link>,
+    /// Receives posted before the connection exists.
+    early_rq: RecvQueue,
+    rxbuf: Vec<u8>,
+    /// Completions gathered under the QP lock, handed to CQs after it.
+    out_send: Vec<Completion>,
+    out_recv: Vec<Completion>,
+    errored: bool,
+}
+
+/// The shared part of a QP (the CQs and the progress thread hold it).
+pub struct QpShared {
+    pub(crate) shared: Arc<Shared>,
+    qpn: u32,
+    pd: u32,
+    caps: QpCaps,
+    send_cq: Arc<Cq>,
+    recv_cq: Arc<Cq>,
+    core: Mutex<QpCore>,
+}
+
+impl std::fmt::Debug for QpShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QpShared")
+            .field("qpn", &self.qpn)
+            .field("pd", &self.pd)
+            .finish()
+    }
+}
+
+/// An RC queue pair.
+#[derive(Debug, Clone)]
+pub struct Qp {
+    pub(crate) inner: Arc<QpShared>,
+}
+
+const RXBUF: usize = 256 * 1024;
+
+impl Qp {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        qpn: u32,
+        pd: u32,
+        caps: QpCaps,
+        send_cq: Arc<Cq>,
+        recv_cq: Arc<Cq>,
+    ) -> Qp {
+        let inner = Arc::new(QpShared {
+            shared,
+            qpn,
+            pd,
+            caps,
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            core: Mutex::new(QpCore {
+                link: None,
+                early_rq: RecvQueue::new(caps.max_recv_wr),
+                rxbuf: Vec::new(),
+                out_send: Vec::with_capacity(caps.max_send_wr),
+                out_recv: Vec::with_capacity(caps.max_recv_wr),
+                errored: false,
+            }),
+        });
+        send_cq.attach(Arc::downgrade(&inner));
+        if !Arc::ptr_eq(&send_cq, &recv_cq) {
+            recv_cq.attach(Arc::downgrade(&inner));
+        }
+        Qp { inner }
+    }
+
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.inner.qpn
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> u32 {
+        self.inner.pd
+    }
+
+    /// The capacities the QP was created with.
+    pub fn caps(&self) -> QpCaps {
+        self.inner.caps
+    }
+
+    /// The transport state.
+    pub fn link_state(&self) -> QpLinkState {
+        let c = self.inner.lock();
+        match &c.link {
+            None if c.errored => QpLinkState::Error,
+            None => QpLinkState::Unconnected,
+            Some(l) if l.rc.state() == RcState::Error => QpLinkState::Error,
+            Some(_) => QpLinkState::Connected,
+        }
+    }
+
+    /// Posts a send work request and transmits what the socket takes.
+    pub fn post_send(&self, wr: SendWr) -> Result<(), QpError> {
+        let mut c = self.inner.lock();
+        let Some(link) = c.link.as_mut() else {
+            return Err(QpError::NotConnected);
+        };
+        link.rc.post_send(wr)?;
+        self.inner.transmit(&mut c);
+        self.inner.flush(c);
+        Ok(())
+    }
+
+    /// Posts a receive.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), QpError> {
+        let mut c = self.inner.lock();
+        match c.link.as_mut() {
+            Some(link) => link.rc.post_recv(wr)?,
+            None => c.early_rq.post(wr)?,
+        }
+        self.inner.flush(c);
+        Ok(())
+    }
+
+    /// Starts running the protocol over `sock` with the negotiated `cfg`.
+    /// `hold_until`: transmit nothing before then. Receives posted so far
+    /// move to the connection.
+    pub fn attach(
+        &self,
+        sock: TcpStream,
+        cfg: RcConfig,
+        hold_until: Option<Instant>,
+    ) -> io::Result<()> {
+        sock.set_nonblocking(true)?;
+        sock.set_nodelay(true)?;
+        let mut rc = RcQp::new(RcConfig {
+            sq_depth: self.inner.caps.max_send_wr,
+            rq_depth: self.inner.caps.max_recv_wr,
+            ..cfg
+        });
+        let token = u64::from(self.inner.qpn);
+        {
+            let mut c = self.inner.lock();
+            if c.link.is_some() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    "QP already connected",
+                ));
+            }
+            let early: Vec<RecvWr> = std::iter::from_fn(|| c.early_rq.take_front()).collect();
+            for wr in early {
+                let _ = rc.post_recv(wr);
+            }
+            c.rxbuf = vec![0; RXBUF];
+            c.link = Some(Link {
+                rc,
+                sock,
+                token,
+                want_write: false,
+                hold_until,
+                closed: false,
+            });
+        }
+        let fd = self
+            .inner
+            .lock()
+            .link
+            .as_ref()
+            .map(|l| l.sock.as_raw_fd())
+            .expect("just attached");
+        self.inner
+            .shared
+            .progress()?
+            .register(fd, token, Arc::downgrade(&self.inner))?;
+        self.inner.shared.events.raise(AsyncEvent::CommEstablished {
+            qpn: self.inner.qpn,
+        });
+        // Anything already posted (or the RTR) goes out now.
+        let mut c = self.inner.lock();
+        self.inner.transmit(&mut c);
+        self.inner.flush(c);
+        Ok(())
+    }
+
+    /// Disconnects: flushes outstanding work, sends what was started, and
+    /// closes the connection.
+    pub fn disconnect(&self) {
+        let mut c = self.inner.lock();
+        if let Some(link) = c.link.as_mut() {
+            link.rc.disconnect();
+        } else {
+            c.errored = true;
+            let drained: Vec<RecvWr> = std::iter::from_fn(|| c.early_rq.take_front()).collect();
+            for wr in drained {
+                c.out_recv.push(Completion {
+                    wc: softrdma_proto::wr::WorkCompletion::new(
+                        wr.wr_id,
+                        softrdma_proto::wr::WcStatus::WrFlushErr,
+                        softrdma_proto::wr::WcOpcode::Recv,
+                        0,
+                    ),
+                    qp_num: self.inner.qpn,
+                });
+            }
+        }
+        self.inner.transmit(&mut c);
+        self.inner.flush(c);
+    }
+}
+
+impl QpShared {
+    fn lock(&self) -> MutexGuard<'_, QpCore> {
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes what the protocol has to send; watches for writability when
+    /// the socket pushes back.
+    fn transmit(&self, c: &mut QpCore) {
+        let Some(link) = c.link.as_mut() else { return };
+        if link.closed {
+            return;
+        }
+        if let Some(t) = link.hold_until {
+            if Instant::now() < t {
+                if !link.want_write {
+                    link.want_write = true;
+                    let _ = self
+                        .shared
+                        .progress()
+                        .and_then(|p| p.watch_write(link.sock.as_raw_fd(), link.token, true));
+                }
+                return;
+            }
+            link.hold_until = None;
+        }
+        let pd = self.pd;
+        let rc = &mut link.rc;
+        let sock = &mut link.sock;
+        let res = self
+            .shared
+            .registry
+            .with_view(pd, |v| rc.poll_transmit(v, sock));
+        if res.is_err() {
+            link.rc.handle_llp_closed();
+        }
+        let want = link.rc.wants_transmit();
+        if want != link.want_write {
+            link.want_write = want;
+            let _ = self
+                .shared
+                .progress()
+                .and_then(|p| p.watch_write(link.sock.as_raw_fd(), link.token, want));
+        }
+    }
+
+    /// Reads and processes everything the socket has (non-blocking).
+    fn receive(&self, c: &mut QpCore) {
+        let QpCore { link, rxbuf, .. } = c;
+        let Some(link) = link.as_mut() else { return };
+        if link.closed {
+            return;
+        }
+        loop {
+            match link.sock.read(rxbuf) {
+                Ok(0) => {
+                    link.rc.handle_llp_closed();
+                    break;
+                }
+                Ok(n) => {
+                    let pd = self.pd;
+                    let rc = &mut link.rc;
+                    let data = &rxbuf[..n];
+                    self.shared
+                        .registry
+                        .with_view(pd, |v| rc.handle_bytes(data, v));
+                    if n < rxbuf.len() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    link.rc.handle_llp_closed();
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Moves completions and events out of the protocol engine, then (after
+    /// the QP lock is released) into the CQs and the async event queue.
+    fn flush(&self, mut c: MutexGuard<'_, QpCore>) {
+        let mut events: [Option<AsyncEvent>; 4] = [None; 4];
+        let mut ne = 0;
+        let mut close = false;
+        {
+            let QpCore {
+                link,
+                out_send,
+                out_recv,
+                ..
+            } = &mut *c;
+            if let Some(link) = link.as_mut() {
+                while let Some((kind, wc)) = link.rc.poll_completion() {
+                    let comp = Completion {
+                        wc,
+                        qp_num: self.qpn,
+                    };
+                    match kind {
+                        CqKind::Send => out_send.push(comp),
+                        CqKind::Recv => out_recv.push(comp),
+                    }
+                }
+                while let Some(ev) = link.rc.poll_event() {
+                    let ae = match ev {
+                        RcEvent::Error { cause: Some(t), .. }
+                            if matches!(t.layer(), Layer::Rdmap | Layer::Ddp) && t.etype() == 1 =>
+                        {
+                            Some(AsyncEvent::QpAccessError { qpn: self.qpn })
+                        }
+                        RcEvent::Error { .. } => Some(AsyncEvent::QpFatal { qpn: self.qpn }),
+                        RcEvent::TxClosed => {
+                            close = true;
+                            None
+                        }
+                        RcEvent::RecvLimitReached => Some(AsyncEvent::SrqLimitReached {
+                            id: u64::from(self.qpn),
+                        }),
+                    };
+                    if let (Some(e), true) = (ae, ne < events.len()) {
+                        events[ne] = Some(e);
+                        ne += 1;
+                    }
+                }
+                if close && !link.closed {
+                    link.closed = true;
+                    let _ = link.sock.shutdown(std::net::Shutdown::Both);
+                    if let Ok(p) = self.shared.progress() {
+                        p.unregister(link.sock.as_raw_fd(), link.token);
+                    }
+                }
+            }
+        }
+        let mut sends = std::mem::take(&mut c.out_send);
+        let mut recvs = std::mem::take(&mut c.out_recv);
+        drop(c);
+        self.send_cq.push(&sends);
+        self.recv_cq.push(&recvs);
+        for e in events.iter().flatten() {
+            self.shared.events.raise(*e);
+        }
+        sends.clear();
+        recvs.clear();
+        // Give the buffers back (keeps their capacity: no allocation per op).
+        let mut c = self.lock();
+        if c.out_send.is_empty() {
+            c.out_send = sends;
+        }
+        if c.out_recv.is_empty() {
+            c.out_recv = recvs;
+        }
+    }
+
+    /// Progress from the progress thread: readable and/or writable.
+    pub(crate) fn on_ready(&self, readable: bool, writable: bool) {
+        let mut c = self.lock();
+        if readable {
+            self.receive(&mut c);
+        }
+        if readable || writable {
+            self.transmit(&mut c);
+        }
+        self.flush(c);
+    }
+
+    /// Progress from `poll_cq` on an empty CQ: skipped if another thread
+    /// holds the QP (it is making progress already).
+    pub(crate) fn progress_inline(&self) {
+        let Ok(mut c) = self.core.try_lock() else {
+            return;
+        };
+        self.receive(&mut c);
+        self.transmit(&mut c);
+        self.flush(c);
+    }
+}

@@ -1,0 +1,180 @@
+//! Thin safe wrappers over the few Linux calls std does not offer: eventfd
+//! and epoll. Every `unsafe` block here is a single FFI call on file
+//! descriptors this module owns.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// A non-blocking eventfd: the pollable "something happened" counter behind
+/// completion channels and event channels.
+#[derive(Debug)]
+pub struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    /// A new eventfd (non-blocking, close-on-exec).
+    pub fn new() -> io::Result<EventFd> {
+        // SAFETY: eventfd takes no pointers; the result is checked.
+        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
+        // SAFETY: `fd` is a fresh descriptor nobody else owns.
+        Ok(EventFd {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// Adds one to the counter (wakes pollers).
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 octets from a live u64 to our own descriptor.
+        // A full counter (EAGAIN) still leaves the fd readable: ignore.
+        let _ = unsafe {
+            libc::write(
+                self.fd.as_raw_fd(),
+                &one as *const u64 as *const libc::c_void,
+                8,
+            )
+        };
+    }
+
+    /// Reads and clears the counter; 0 if nothing was pending.
+    pub fn drain(&self) -> u64 {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 octets into a live u64 from our own descriptor.
+        let r = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                &mut v as *mut u64 as *mut libc::c_void,
+                8,
+            )
+        };
+        if r == 8 {
+            v
+        } else {
+            0
+        }
+    }
+
+    /// Blocks until the counter is non-zero (or `timeout` passes; `None`
+    /// waits for ever), then clears it. Returns false on timeout.
+    pub fn wait(&self, timeout: Option<std::time::Duration>) -> bool {
+        let ms = timeout
+            .map(|d| d.as_millis().min(i32::MAX as u128) as i32)
+            .unwrap_or(-1);
+        loop {
+            if self.drain() > 0 {
+                return true;
+            }
+            let mut p = libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd.
+            let r = unsafe { libc::poll(&mut p, 1, ms) };
+            if r == 0 {
+                return false;
+            }
+            if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                return false;
+            }
+        }
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Readiness interest for [`Epoll`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interest {
+    /// Readable.
+    pub read: bool,
+    /// Writable.
+    pub write: bool,
+}
+
+/// A level-triggered epoll instance.
+#[derive(Debug)]
+pub struct Epoll {
+    fd: OwnedFd,
+}
+
+impl Epoll {
+    /// A new epoll instance.
+    pub fn new() -> io::Result<Epoll> {
+        // SAFETY: no pointers; result checked.
+        let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+        // SAFETY: fresh descriptor.
+        Ok(Epoll {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: RawFd, token: u64, i: Interest) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: (if i.read {
+                libc::EPOLLIN | libc::EPOLLRDHUP
+            } else {
+                0
+            } | if i.write { libc::EPOLLOUT } else { 0 }) as u32,
+            u64: token,
+        };
+        // SAFETY: `ev` is a live epoll_event; `fd` is the caller's open fd.
+        cvt(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), op, fd, &mut ev) }).map(|_| ())
+    }
+
+    /// Starts watching `fd`.
+    pub fn add(&self, fd: RawFd, token: u64, i: Interest) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_ADD, fd, token, i)
+    }
+
+    /// Changes the interest of `fd`.
+    pub fn modify(&self, fd: RawFd, token: u64, i: Interest) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_MOD, fd, token, i)
+    }
+
+    /// Stops watching `fd`.
+    pub fn delete(&self, fd: RawFd) {
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: as in `ctl`; failure (fd already gone) is harmless.
+        let _ = unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev) };
+    }
+
+    /// Waits for events; fills `out` with (token, readable, writable,
+    /// hangup). Returns the count.
+    pub fn wait(&self, out: &mut [(u64, bool, bool, bool)], timeout_ms: i32) -> io::Result<usize> {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
+        let max = out.len().min(evs.len()) as libc::c_int;
+        // SAFETY: `evs` has room for `max` entries.
+        let n = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), evs.as_mut_ptr(), max, timeout_ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                return Ok(0);
+            }
+            return Err(e);
+        }
+        for (o, e) in out.iter_mut().zip(&evs[..n as usize]) {
+            let f = e.events as libc::c_int;
+            *o = (
+                e.u64,
+                f & libc::EPOLLIN != 0,
+                f & libc::EPOLLOUT != 0,
+                f & (libc::EPOLLHUP | libc::EPOLLERR | libc::EPOLLRDHUP) != 0,
+            );
+        }
+        Ok(n as usize)
+    }
+}
