@@ -1,5 +1,487 @@
-//! The public Rust verbs API (Context, ProtectionDomain, CompletionQueue,
-//! QueuePair, MemoryRegion, AddressHandle, SharedReceiveQueue) and the
-//! connection manager.
+//! The public, safe Rust verbs API of softrdma.
 //!
-//! This crate is empty until the RC transport lands (issue 3).
+//! The shape follows libibverbs: a [`Context`] gives [`ProtectionDomain`]s,
+//! [`CompletionQueue`]s and [`CompletionChannel`]s; a protection domain
+//! registers [`MemoryRegion`]s and creates [`QueuePair`]s; the [`cm`] module
+//! connects queue pairs (rdma_cm semantics over iWARP/MPA).
+//!
+//! ```
+//! use softrdma_verbs::{Access, Context, QpCaps};
+//! let ctx = Context::open().unwrap();
+//! let pd = ctx.alloc_pd();
+//! let cq = ctx.create_cq(64, None);
+//! let mr = pd.register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+//! let qp = pd.create_qp(&cq, &cq, QpCaps::default());
+//! mr.write_at(0, b"hello").unwrap();
+//! assert_eq!(mr.len(), 4096);
+//! assert!(qp.qpn() > 0);
+//! ```
+//!
+//! Memory regions own their memory. Because peers may write into a region
+//! at any time (that is what RDMA is), the API never hands out a Rust
+//! reference into it: data goes in and out with [`MemoryRegion::write_at`]
+//! and [`MemoryRegion::read_at`], which copy. The raw address is available
+//! for work requests and for C interop.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use softrdma_engine::{AsyncEvent, Completion, QpCaps, QpLinkState};
+pub use softrdma_proto::memory::Access;
+pub use softrdma_proto::wr::{
+    InlineData, Payload, RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus,
+    WorkCompletion,
+};
+
+use softrdma_engine as engine;
+
+/// Why a device could not be opened.
+#[derive(Debug)]
+pub enum OpenError {
+    /// A `SOFTRDMA_*` variable has an invalid value, or the system refused
+    /// a resource (eventfd).
+    Config(std::io::Error),
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::Config(e) => write!(f, "cannot open the softrdma device: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+/// A softrdma device context.
+#[derive(Debug, Clone)]
+pub struct Context {
+    inner: engine::Context,
+}
+
+/// QP numbers: unique in the process, never 0 (0 and 1 are special in IB).
+static NEXT_QPN: AtomicU32 = AtomicU32::new(2);
+
+impl Context {
+    /// Opens the device, configured from the environment.
+    pub fn open() -> Result<Context, OpenError> {
+        Ok(Context {
+            inner: engine::Context::new().map_err(OpenError::Config)?,
+        })
+    }
+
+    /// A new protection domain.
+    pub fn alloc_pd(&self) -> ProtectionDomain {
+        ProtectionDomain {
+            ctx: self.inner.clone(),
+            pd: self.inner.alloc_pd(),
+        }
+    }
+
+    /// A completion queue of `capacity` entries, optionally reporting to a
+    /// completion channel.
+    pub fn create_cq(
+        &self,
+        capacity: usize,
+        channel: Option<&CompletionChannel>,
+    ) -> CompletionQueue {
+        CompletionQueue {
+            cq: self
+                .inner
+                .create_cq(capacity, channel.map(|c| c.ch.clone())),
+        }
+    }
+
+    /// A completion channel (a pollable file descriptor).
+    pub fn create_comp_channel(&self) -> std::io::Result<CompletionChannel> {
+        Ok(CompletionChannel {
+            ch: engine::CompChannel::new()?,
+        })
+    }
+
+    /// The next async event, waiting up to `timeout` (`None`: for ever).
+    pub fn get_async_event(&self, timeout: Option<Duration>) -> Option<AsyncEvent> {
+        self.inner.async_events().get(timeout)
+    }
+
+    /// The engine context (for the C ABI and tools in this workspace).
+    pub fn engine(&self) -> &engine::Context {
+        &self.inner
+    }
+}
+
+/// A protection domain.
+#[derive(Debug, Clone)]
+pub struct ProtectionDomain {
+    ctx: engine::Context,
+    pd: u32,
+}
+
+/// Why a registration failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegisterError {
+    /// REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE (verbs rule).
+    InvalidAccess,
+    /// Zero length, or the memory could not be allocated.
+    InvalidLength,
+    /// The registration table is full.
+    TooMany,
+}
+
+impl ProtectionDomain {
+    /// Allocates `len` zeroed octets (page aligned) and registers them.
+    pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion, RegisterError> {
+        if len == 0 {
+            return Err(RegisterError::InvalidLength);
+        }
+        let layout =
+            Layout::from_size_align(len, 4096).map_err(|_| RegisterError::InvalidLength)?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(RegisterError::InvalidLength);
+        }
+        // SAFETY: `ptr` is a live allocation of `len` octets that this
+        // MemoryRegion frees only after deregistering it (Drop).
+        let stag = unsafe {
+            self.ctx
+                .registry()
+                .register(ptr, len, ptr as u64, access, self.pd)
+        };
+        match stag {
+            Ok(stag) => Ok(MemoryRegion {
+                ctx: self.ctx.clone(),
+                ptr,
+                layout,
+                stag,
+            }),
+            Err(e) => {
+                // SAFETY: allocated above with this layout, never shared.
+                unsafe { dealloc(ptr, layout) };
+                Err(match e {
+                    engine::RegError::BadAccess => RegisterError::InvalidAccess,
+                    engine::RegError::TooMany => RegisterError::TooMany,
+                    engine::RegError::BadRange => RegisterError::InvalidLength,
+                })
+            }
+        }
+    }
+
+    /// An RC queue pair completing into `send_cq` and `recv_cq`.
+    pub fn create_qp(
+        &self,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        caps: QpCaps,
+    ) -> QueuePair {
+        let qpn = NEXT_QPN.fetch_add(1, Ordering::Relaxed) & 0x00FF_FFFF;
+        QueuePair {
+            qp: self
+                .ctx
+                .create_qp(qpn, self.pd, caps, send_cq.cq.clone(), recv_cq.cq.clone()),
+            ctx: self.ctx.clone(),
+        }
+    }
+
+    /// The protection domain's number.
+    pub fn number(&self) -> u32 {
+        self.pd
+    }
+}
+
+/// A registered memory region that owns its memory.
+#[derive(Debug)]
+pub struct MemoryRegion {
+    ctx: engine::Context,
+    ptr: *mut u8,
+    layout: Layout,
+    stag: u32,
+}
+
+// SAFETY: the region is plain memory reached only through raw-pointer copies
+// (never through references), so sharing the handle between threads is no
+// more than sharing the address; the registry synchronises its own state.
+unsafe impl Send for MemoryRegion {}
+// SAFETY: as above.
+unsafe impl Sync for MemoryRegion {}
+
+/// An access outside a memory region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutOfBounds;
+
+impl MemoryRegion {
+    /// The start address (what work requests and peers use).
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    /// Length in octets.
+    pub fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    /// Always false: regions are never empty.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.stag
+    }
+
+    /// Remote key (the same STag, as in iWARP).
+    pub fn rkey(&self) -> u32 {
+        self.stag
+    }
+
+    /// A scatter/gather entry for `len` octets at `offset`.
+    pub fn sge(&self, offset: usize, len: u32) -> Sge {
+        Sge {
+            addr: self.addr() + offset as u64,
+            length: len,
+            lkey: self.stag,
+        }
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), OutOfBounds> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(OutOfBounds),
+        }
+    }
+
+    /// Copies `data` into the region at `offset`.
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<(), OutOfBounds> {
+        self.check(offset, data.len())?;
+        // SAFETY: the range is inside our live allocation; no reference to
+        // the region exists, so a concurrent peer write only races contents.
+        unsafe { std::ptr::copy(data.as_ptr(), self.ptr.add(offset), data.len()) };
+        Ok(())
+    }
+
+    /// Copies octets at `offset` out of the region.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<(), OutOfBounds> {
+        self.check(offset, out.len())?;
+        // SAFETY: as in `write_at`.
+        unsafe { std::ptr::copy(self.ptr.add(offset), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Reads one octet with a volatile load (for polling a flag a peer
+    /// writes, as `ib_write_lat` does).
+    pub fn read_volatile(&self, offset: usize) -> Result<u8, OutOfBounds> {
+        self.check(offset, 1)?;
+        // SAFETY: in bounds of our live allocation.
+        Ok(unsafe { std::ptr::read_volatile(self.ptr.add(offset)) })
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        self.ctx.registry().deregister(self.stag);
+        // SAFETY: allocated in `register` with this layout; deregistered
+        // above, so no engine access can follow (the registry lock orders
+        // it after any access in progress).
+        unsafe { dealloc(self.ptr, self.layout) };
+    }
+}
+
+/// A completion channel: a pollable fd telling which armed CQ fired.
+#[derive(Debug, Clone)]
+pub struct CompletionChannel {
+    ch: Arc<engine::CompChannel>,
+}
+
+impl CompletionChannel {
+    /// Waits for an armed CQ to fire; returns its id, or `None` on timeout.
+    pub fn get_event(&self, timeout: Option<Duration>) -> Option<u64> {
+        self.ch.get_event(timeout)
+    }
+
+    /// The pollable descriptor.
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.ch.fd()
+    }
+}
+
+/// A completion queue.
+#[derive(Debug, Clone)]
+pub struct CompletionQueue {
+    cq: Arc<engine::Cq>,
+}
+
+impl CompletionQueue {
+    /// Takes up to `out.len()` completions (driving receive progress when
+    /// none are queued). Returns how many.
+    pub fn poll(&self, out: &mut [Completion]) -> usize {
+        self.cq.poll(out)
+    }
+
+    /// Arms the CQ's channel for the next (solicited) completion.
+    pub fn req_notify(&self, solicited_only: bool) {
+        self.cq.req_notify(solicited_only)
+    }
+
+    /// The CQ's id (as reported by [`CompletionChannel::get_event`]).
+    pub fn id(&self) -> u64 {
+        self.cq.id()
+    }
+
+    /// True once a completion was lost to an overrun.
+    pub fn overrun(&self) -> bool {
+        self.cq.overrun()
+    }
+
+    /// Busy-polls for one completion, up to `timeout`.
+    pub fn wait_one(&self, timeout: Duration) -> Option<Completion> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut out = [Completion {
+            wc: WorkCompletion::new(0, WcStatus::GeneralErr, WcOpcode::Send, 0),
+            qp_num: 0,
+        }];
+        loop {
+            if self.poll(&mut out) == 1 {
+                return Some(out[0]);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Why a work request was refused (nothing was queued).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostError {
+    /// The queue is full.
+    QueueFull,
+    /// Sends need a connected QP.
+    NotConnected,
+    /// Not supported on this connection (RFC 7306 toward a non-softrdma peer).
+    Unsupported,
+    /// An invalid parameter.
+    Invalid,
+}
+
+impl From<engine::QpError> for PostError {
+    fn from(e: engine::QpError) -> Self {
+        match e {
+            engine::QpError::QueueFull => PostError::QueueFull,
+            engine::QpError::NotConnected => PostError::NotConnected,
+            engine::QpError::Unsupported => PostError::Unsupported,
+            engine::QpError::Invalid => PostError::Invalid,
+        }
+    }
+}
+
+/// An RC queue pair.
+#[derive(Debug, Clone)]
+pub struct QueuePair {
+    qp: engine::Qp,
+    ctx: engine::Context,
+}
+
+impl QueuePair {
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.qp.qpn()
+    }
+
+    /// Transport state.
+    pub fn state(&self) -> QpLinkState {
+        self.qp.link_state()
+    }
+
+    /// Posts a send work request.
+    pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
+        Ok(self.qp.post_send(wr)?)
+    }
+
+    /// Posts a receive.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
+        Ok(self.qp.post_recv(wr)?)
+    }
+
+    /// Disconnects (`rdma_disconnect`): outstanding work flushes.
+    pub fn disconnect(&self) {
+        self.qp.disconnect()
+    }
+}
+
+/// Connection management (rdma_cm semantics, `RDMA_PS_TCP`).
+pub mod cm {
+    use super::*;
+    pub use softrdma_engine::cm::ConnParams;
+
+    /// Why a connection attempt failed.
+    pub type ConnectError = softrdma_engine::cm::CmError;
+
+    /// Connects `qp` to a listener; returns the peer's private data.
+    pub fn connect(
+        qp: &QueuePair,
+        addr: impl ToSocketAddrs,
+        params: &ConnParams,
+    ) -> Result<Vec<u8>, ConnectError> {
+        softrdma_engine::cm::connect(&qp.ctx, &qp.qp, addr, params)
+    }
+
+    /// A listener for connection requests.
+    #[derive(Debug)]
+    pub struct Listener {
+        l: softrdma_engine::cm::Listener,
+    }
+
+    impl Listener {
+        /// Listens on `addr` (port 0 picks one).
+        pub fn bind(ctx: &Context, addr: impl ToSocketAddrs) -> std::io::Result<Listener> {
+            Ok(Listener {
+                l: softrdma_engine::cm::Listener::bind(&ctx.inner, addr)?,
+            })
+        }
+
+        /// The address listened on.
+        pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+            self.l.local_addr()
+        }
+
+        /// Waits for the next connection request.
+        pub fn get_request(&self) -> Result<ConnectRequest, ConnectError> {
+            Ok(ConnectRequest {
+                inc: self.l.accept()?,
+            })
+        }
+    }
+
+    /// A connection request to accept or reject.
+    #[derive(Debug)]
+    pub struct ConnectRequest {
+        inc: softrdma_engine::cm::Incoming,
+    }
+
+    impl ConnectRequest {
+        /// The initiator's private data.
+        pub fn private_data(&self) -> &[u8] {
+            self.inc.private_data()
+        }
+
+        /// The initiator's address.
+        pub fn peer_addr(&self) -> SocketAddr {
+            self.inc.peer_addr()
+        }
+
+        /// Accepts onto `qp`.
+        pub fn accept(self, qp: &QueuePair, params: &ConnParams) -> Result<(), ConnectError> {
+            self.inc.accept(&qp.qp, params)
+        }
+
+        /// Rejects, with private data.
+        pub fn reject(self, private_data: &[u8]) -> Result<(), ConnectError> {
+            self.inc.reject(private_data)
+        }
+    }
+}
