@@ -1,0 +1,812 @@
+//! Wireshark as the outside judge of the engine on a real TCP connection: a
+//! live `tshark -i lo` capture of RC traffic between two engine contexts in
+//! this process, judged with the base options of wire.md §12.3.
+//!
+//! The traffic, on one connection (MPA Request/Reply with private data):
+//!
+//! 1. *Stepwise*: a 300-octet Send, a 700-octet RDMA Write, a 700-octet RDMA
+//!    Read of it and a zero-length Send, each posted only once the previous
+//!    one has been consumed, so that every FPDU travels alone in its TCP
+//!    segment.
+//! 2. *Bulk*, posted back to back: a 5000-octet Send, a 100 KiB RDMA Write
+//!    (several FPDUs), an 80 KiB RDMA Read (several Read Response FPDUs) and
+//!    a zero-length Send.
+//!
+//! What tshark must show: the MPA Request and Reply with C (and M) set and
+//! our private data; a "Good CRC32" for every FPDU it found and no "Bad
+//! CRC32" (one TCP segment may hold several FPDUs, so FPDUs are counted
+//! from the per-FPDU fields, not from frames); nothing malformed; no expert
+//! item of Warn level or above except the two that MPA v2 always raises
+//! (wire.md §12.5) and TCP's own flow-control notices; the stepwise FPDUs
+//! in order (the peer-to-peer RTR, Send 0x03, RDMA Write 0x00, Read Request
+//! 0x01, Read Response 0x02, Send 0x03) with their exact lengths; and, with
+//! CRC only, every payload octet of the whole exchange accounted for.
+//!
+//! # Markers
+//!
+//! The second test negotiates markers in both directions. tshark 4.0's MPA
+//! dissector handles markers only when a TCP segment holds exactly one whole
+//! FPDU: it places the markers, sizes the FPDU and checks the ULPDU_Length
+//! from the segment's own sequence numbers (`fpdu_total_length()` is
+//! `nxtseq - seq`; a segment whose ULPDU_Length does not match is skipped,
+//! wire.md §5). On a live connection the kernel, not our `writev` calls,
+//! decides where segments begin. Seen in captures of this test on loopback:
+//!
+//! * Linux bounds the segment size to half the peer's largest window
+//!   (32768 octets at first), while the accepting side may have sized its
+//!   FPDUs from the `TCP_MAXSEG` it read at accept time (65483): its 65476-
+//!   octet Read Response FPDUs then span two segments and the next FPDU
+//!   starts 60 octets into a segment.
+//! * Once the receive window fills, queued data is coalesced: one segment
+//!   carried a whole FPDU and the head of the next, the following one the
+//!   rest of it and two more.
+//!
+//! Such segments show as plain TCP data (no FPDU, no CRC verdict), never as
+//! bad or malformed. A smaller `max_fpdu` does not help: coalescing happens
+//! whenever the window or the congestion window holds data back, whatever
+//! the FPDU size. So with markers the stepwise FPDUs are checked as strictly
+//! as without (plus the marker back pointers tshark shows, in both
+//! directions), and for the bulk part only what is reliable: every FPDU
+//! tshark does decode has a Good CRC32, nothing is bad or malformed, and it
+//! decodes no more payload than was sent. The bulk payload is made of octets
+//! 0xfe and 0xff only, so no two payload octets read as an ULPDU_Length that
+//! a segment of at most 64 KiB could match (that would be a "Bad CRC32"
+//! tshark invented, not one we sent).
+//!
+//! # Capture timing
+//!
+//! No sleeps decide when the capture is live or complete: the capture
+//! filter also takes a probe port, and the test opens probe TCP connections
+//! to it until one of their SYNs shows up in the file dumpcap is writing
+//! (it flushes about every 100 ms). One probe before connecting proves the
+//! capture is running; one after the exchange is a barrier: everything the
+//! exchange sent was on the wire before it (the last completions are only
+//! seen once the peer has received everything), so once the probe is in
+//! the file, so is the exchange. The probe connections are cut out of the
+//! capture before it is judged.
+//!
+//! Needs tshark and the right to capture on `lo` (root or CAP_NET_RAW).
+//! `SOFTRDMA_PCAP_DIR=dir` keeps the captures for a look by hand.
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use softrdma_engine::cm::{self, ConnParams, Listener};
+use softrdma_engine::config::Config;
+use softrdma_engine::{Completion, Context, Cq, Qp, QpCaps};
+use softrdma_proto::memory::Access;
+use softrdma_proto::wr::{
+    Payload, RecvWr, SendFlags, SendOp, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion,
+};
+use softrdma_sim::pcap::{decode_frame, PcapFile, TcpFlags, Transport};
+use softrdma_sim::tshark::Tshark;
+
+/// Stepwise Send.
+const STEP_SEND_LEN: usize = 300;
+/// Stepwise RDMA Write, read back by the stepwise RDMA Read.
+const STEP_RDMA_LEN: usize = 700;
+/// Bulk Send.
+const SEND_LEN: usize = 5000;
+/// Bulk RDMA Write: several FPDUs even at the 64 KiB loopback MSS.
+const WRITE_LEN: usize = 100 << 10;
+/// Bulk RDMA Read: several Read Response FPDUs.
+const READ_LEN: usize = 80 << 10;
+/// Where the Writes land in the server's buffer (Sends land at 0).
+const WRITE_AT: usize = 8192;
+/// Where the Reads land in the client's buffer (the Writes come from 0).
+const SINK_AT: usize = WRITE_LEN;
+
+const CLIENT_PD: &[u8] = b"softrdma live capture: client";
+const SERVER_PD: &[u8] = b"softrdma live capture: server";
+
+/// Upper bound of one capture (`-a duration:`); the test stops it earlier.
+const CAPTURE_SECONDS: u32 = 180;
+/// How long to wait for the capture to start or to catch up.
+const CAPTURE_WAIT: Duration = Duration::from_secs(60);
+
+/// `ulpdu_length` of an untagged (Send, Read Request) and of a tagged
+/// (Write, Read Response) DDP segment without payload.
+const UNTAGGED_HDR: usize = 18;
+const TAGGED_HDR: usize = 14;
+/// A Read Request's RDMAP header after the DDP header.
+const READ_REQ_BODY: usize = 28;
+
+/// Warn-level expert items that are expected: MPA v2 (wire.md §12.5) and
+/// TCP flow control (the receive window filling up on the bulk transfer).
+const EXPECTED_WARNINGS: [&str; 4] = [
+    "Res field is NOT set to zero",
+    "Rev field is NOT set to one",
+    "TCP window specified by the receiver is now completely full",
+    "TCP Zero Window segment",
+];
+/// `_ws.expert.severity` of Wireshark's Warn level (`PI_WARN`).
+const SEVERITY_WARN: u32 = 0x0060_0000;
+
+// ---------------------------------------------------------------------------
+// The live capture
+// ---------------------------------------------------------------------------
+
+/// A running `tshark -i lo` writing a classic pcap file.
+struct LiveCapture {
+    child: Option<Child>,
+    path: PathBuf,
+    stderr: Arc<Mutex<String>>,
+    probe: TcpListener,
+}
+
+impl LiveCapture {
+    /// Starts capturing `tcp port port` (and the probe port) into `path`,
+    /// and returns once a probe connection has been seen in the file.
+    fn start(ts: &Tshark, port: u16, path: PathBuf) -> LiveCapture {
+        let _ = std::fs::remove_file(&path);
+        let probe = TcpListener::bind("127.0.0.1:0").expect("bind probe listener");
+        let probe_port = probe.local_addr().unwrap().port();
+        let filter = format!("tcp port {port} or tcp port {probe_port}");
+        let duration = format!("duration:{CAPTURE_SECONDS}");
+        let mut child = Command::new(ts.program())
+            .args([
+                "-n", "-i", "lo", "-f", &filter, "-F", "pcap", "-a", &duration,
+            ])
+            .arg("-w")
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", ts.program().display()));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let pipe = child.stderr.take().expect("stderr is piped");
+        let sink = stderr.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                let mut s = sink.lock().unwrap_or_else(|p| p.into_inner());
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        let mut cap = LiveCapture {
+            child: Some(child),
+            path,
+            stderr,
+            probe,
+        };
+        cap.barrier("start");
+        cap
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Opens probe connections until one of them is in the capture file.
+    fn barrier(&mut self, what: &str) {
+        let probe_addr = self.probe.local_addr().unwrap();
+        let deadline = Instant::now() + CAPTURE_WAIT;
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "tshark exited ({status}) before the capture was {what}; live capture on \
+                     `lo` needs root or CAP_NET_RAW. stderr:\n{}",
+                    self.stderr()
+                );
+            }
+            let conn = TcpStream::connect(probe_addr).expect("probe connection");
+            let local = conn.local_addr().unwrap().port();
+            // Take it off the backlog so the listener never fills up.
+            let _ = self.probe.accept();
+            drop(conn);
+            // dumpcap flushes its file about every 100 ms; give this probe
+            // a few of those before opening the next one.
+            let until = Instant::now() + Duration::from_millis(600);
+            while Instant::now() < until {
+                if syn_seen(&self.path, local, probe_addr.port()) {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "capture {what}: no probe seen in {} within {CAPTURE_WAIT:?}; tshark stderr:\n{}",
+                self.path.display(),
+                self.stderr()
+            );
+        }
+    }
+
+    /// Waits until everything sent so far is in the file, then stops tshark
+    /// (SIGINT, so dumpcap closes the file cleanly) and returns the path.
+    fn stop(mut self) -> PathBuf {
+        self.barrier("complete");
+        let mut child = self.child.take().expect("running");
+        // SAFETY: kill(2) with a process id we spawned and still own (not yet
+        // waited for, so the id cannot have been reused).
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, libc::SIGINT);
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(20)),
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+            }
+        }
+        self.path.clone()
+    }
+}
+
+impl Drop for LiveCapture {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Whether the (possibly still growing) pcap file at `path` holds the SYN
+/// of a connection from port `sport` to port `dport`.
+fn syn_seen(path: &Path, sport: u16, dport: u16) -> bool {
+    let Ok(bytes) = std::fs::read(path) else {
+        return false;
+    };
+    let Ok(file) = PcapFile::parse(complete_records(&bytes)) else {
+        return false;
+    };
+    file.records.iter().any(|r| {
+        matches!(
+            decode_frame(&r.data).map(|p| p.transport),
+            Some(Transport::Tcp { src_port, dst_port, flags, .. })
+                if src_port == sport && dst_port == dport && flags.contains(TcpFlags::SYN)
+        )
+    })
+}
+
+/// The prefix of a classic pcap file (native byte order, as dumpcap writes
+/// it) that ends with a complete record: the writer may be mid-record.
+fn complete_records(bytes: &[u8]) -> &[u8] {
+    let mut off = 24;
+    if bytes.len() < off {
+        return bytes;
+    }
+    while bytes.len() >= off + 16 {
+        let incl = u32::from_ne_bytes(bytes[off + 8..off + 12].try_into().unwrap()) as usize;
+        if bytes.len() < off + 16 + incl {
+            break;
+        }
+        off += 16 + incl;
+    }
+    &bytes[..off]
+}
+
+// ---------------------------------------------------------------------------
+// The exchange
+// ---------------------------------------------------------------------------
+
+fn wait_one(cq: &Cq) -> Completion {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut out = [Completion {
+        wc: WorkCompletion::new(0, WcStatus::GeneralErr, WcOpcode::Send, 0),
+        qp_num: 0,
+    }];
+    loop {
+        if cq.poll(&mut out) == 1 {
+            return out[0];
+        }
+        assert!(Instant::now() < deadline, "no completion within 30 s");
+        thread::yield_now();
+    }
+}
+
+struct Side {
+    ctx: Context,
+    cq: Arc<Cq>,
+    qp: Qp,
+    buf: Vec<u8>,
+    stag: u32,
+}
+
+impl Side {
+    fn new(cfg: Config, len: usize) -> Side {
+        let ctx = Context::with_config(cfg).unwrap();
+        let pd = ctx.alloc_pd();
+        let cq = ctx.create_cq(64, None);
+        let qp = ctx.create_qp(1, pd, QpCaps::default(), cq.clone(), cq.clone());
+        let mut buf = vec![0u8; len];
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        // SAFETY: `buf` lives in the returned Side and is neither moved nor
+        // resized while the context exists (both are dropped together at the
+        // end of the test).
+        let stag = unsafe {
+            ctx.registry()
+                .register(buf.as_mut_ptr(), len, buf.as_ptr() as u64, access, pd)
+        }
+        .unwrap();
+        Side {
+            ctx,
+            cq,
+            qp,
+            buf,
+            stag,
+        }
+    }
+
+    fn addr(&self, offset: usize) -> u64 {
+        self.buf.as_ptr() as u64 + offset as u64
+    }
+
+    fn sgl(&self, offset: usize, len: usize) -> Payload {
+        if len == 0 {
+            Payload::Sgl(SgList::new())
+        } else {
+            Payload::Sgl(SgList::single(self.addr(offset), len as u32, self.stag))
+        }
+    }
+
+    /// Posts a signaled send work request.
+    fn post(&self, wr_id: u64, op: SendOp, payload: Payload) {
+        let flags = SendFlags {
+            signaled: true,
+            ..Default::default()
+        };
+        self.qp
+            .post_send(SendWr {
+                wr_id,
+                op,
+                payload,
+                flags,
+            })
+            .unwrap();
+    }
+
+    /// Waits for the next completion and checks it.
+    fn expect(&self, wr_id: u64, opcode: WcOpcode, len: Option<u32>) {
+        let c = wait_one(&self.cq);
+        assert_eq!(
+            (c.wc.wr_id, c.wc.status, c.wc.opcode),
+            (wr_id, WcStatus::Success, opcode),
+            "completion"
+        );
+        if let Some(len) = len {
+            assert_eq!(c.wc.byte_len, len, "byte_len of wr {wr_id}");
+        }
+    }
+}
+
+const SEND: SendOp = SendOp::Send {
+    imm: None,
+    invalidate: None,
+};
+
+fn write_op(server: &Side) -> SendOp {
+    SendOp::Write {
+        remote_addr: server.addr(WRITE_AT),
+        rkey: server.stag,
+        imm: None,
+    }
+}
+
+fn read_op(server: &Side) -> SendOp {
+    SendOp::Read {
+        remote_addr: server.addr(WRITE_AT),
+        rkey: server.stag,
+    }
+}
+
+/// Payload octets: 0xfe and 0xff only (see the module comment), in a
+/// pattern that never repeats with a short period (Thue-Morse).
+fn pattern(i: usize) -> u8 {
+    0xfe | (i.count_ones() & 1) as u8
+}
+
+/// Connects `client` to `server` through `listener`, runs the stepwise and
+/// the bulk part, and checks every completion and the data moved.
+fn exchange(server: &mut Side, client: &mut Side, listener: Listener, addr: SocketAddr) {
+    for (i, b) in client.buf[..SINK_AT].iter_mut().enumerate() {
+        *b = pattern(i);
+    }
+    // Receives for the two stepwise and the two bulk Sends.
+    for wr_id in 1..=4 {
+        server
+            .qp
+            .post_recv(RecvWr {
+                wr_id,
+                sgl: SgList::single(server.addr(0), SEND_LEN as u32, server.stag),
+            })
+            .unwrap();
+    }
+    let sqp = server.qp.clone();
+    let acceptor = thread::spawn(move || {
+        let inc = listener.accept().unwrap();
+        assert_eq!(inc.private_data(), CLIENT_PD);
+        inc.accept(
+            &sqp,
+            &ConnParams {
+                private_data: SERVER_PD.to_vec(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    });
+    let peer_pd = cm::connect(
+        &client.ctx,
+        &client.qp,
+        addr,
+        &ConnParams {
+            private_data: CLIENT_PD.to_vec(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    acceptor.join().unwrap();
+    assert_eq!(peer_pd, SERVER_PD);
+
+    // Stepwise: each FPDU is written by itself into an idle connection.
+    client.post(10, SEND, client.sgl(0, STEP_SEND_LEN));
+    client.expect(10, WcOpcode::Send, None);
+    server.expect(1, WcOpcode::Recv, Some(STEP_SEND_LEN as u32));
+    assert!(server.buf[..STEP_SEND_LEN] == client.buf[..STEP_SEND_LEN]);
+    client.post(11, write_op(server), client.sgl(0, STEP_RDMA_LEN));
+    client.expect(11, WcOpcode::RdmaWrite, None);
+    client.post(12, read_op(server), client.sgl(SINK_AT, STEP_RDMA_LEN));
+    client.expect(12, WcOpcode::RdmaRead, None);
+    assert!(client.buf[SINK_AT..SINK_AT + STEP_RDMA_LEN] == client.buf[..STEP_RDMA_LEN]);
+    client.post(13, SEND, client.sgl(0, 0));
+    client.expect(13, WcOpcode::Send, None);
+    server.expect(2, WcOpcode::Recv, Some(0));
+
+    // Bulk: everything at once.
+    client.buf[SINK_AT..].fill(0);
+    client.post(20, SEND, client.sgl(0, SEND_LEN));
+    client.post(21, write_op(server), client.sgl(0, WRITE_LEN));
+    client.post(22, read_op(server), client.sgl(SINK_AT, READ_LEN));
+    client.post(23, SEND, client.sgl(0, 0));
+    client.expect(20, WcOpcode::Send, None);
+    client.expect(21, WcOpcode::RdmaWrite, None);
+    client.expect(22, WcOpcode::RdmaRead, None);
+    client.expect(23, WcOpcode::Send, None);
+    server.expect(3, WcOpcode::Recv, Some(SEND_LEN as u32));
+    server.expect(4, WcOpcode::Recv, Some(0));
+    assert!(
+        server.buf[..SEND_LEN] == client.buf[..SEND_LEN],
+        "Send data"
+    );
+    assert!(
+        server.buf[WRITE_AT..WRITE_AT + WRITE_LEN] == client.buf[..WRITE_LEN],
+        "Write data"
+    );
+    assert!(
+        client.buf[SINK_AT..SINK_AT + READ_LEN] == client.buf[..READ_LEN],
+        "Read data"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The verdict
+// ---------------------------------------------------------------------------
+
+/// One FPDU as tshark decoded it.
+#[derive(Debug)]
+struct Fpdu {
+    frame: u64,
+    from_client: bool,
+    opcode: String,
+    ulpdu_len: usize,
+    /// Marker back pointers of the frame (meaningful when the frame holds
+    /// this FPDU only, as with markers it always does).
+    markers: Vec<u16>,
+}
+
+impl Fpdu {
+    /// Payload octets, for the four opcodes of this test.
+    fn payload(&self) -> usize {
+        let hdr = match self.opcode.as_str() {
+            "0x00" | "0x02" => TAGGED_HDR,
+            "0x01" => UNTAGGED_HDR + READ_REQ_BODY,
+            _ => UNTAGGED_HDR,
+        };
+        assert!(
+            self.ulpdu_len >= hdr,
+            "FPDU shorter than its headers: {self:?}"
+        );
+        self.ulpdu_len - hdr
+    }
+}
+
+fn split(cell: &str) -> Vec<&str> {
+    if cell.is_empty() {
+        Vec::new()
+    } else {
+        cell.split('|').collect()
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("UTF-8 path")
+}
+
+/// Runs the exchange under a live capture and judges the capture.
+fn live_session(name: &str, markers: bool) {
+    let Some(ts) = Tshark::for_test(name) else {
+        return;
+    };
+    let cfg = Config {
+        mpa_crc: true,
+        mpa_markers: markers,
+        ..Config::default()
+    };
+    let mut server = Side::new(cfg.clone(), WRITE_AT + WRITE_LEN);
+    let mut client = Side::new(cfg, SINK_AT + READ_LEN);
+    let listener = Listener::bind(&server.ctx, "127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let port = addr.port();
+
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let raw = dir.join(format!("{name}-{}-raw.pcap", std::process::id()));
+    let pcap = dir.join(format!("{name}-{}.pcap", std::process::id()));
+    let capture = LiveCapture::start(&ts, port, raw);
+    exchange(&mut server, &mut client, listener, addr);
+    let raw = capture.stop();
+
+    // Only the engine's connection: the probes go.
+    let filter = format!("tcp.port == {port}");
+    ts.run_raw(&[
+        "-n",
+        "-r",
+        path_str(&raw),
+        "-Y",
+        &filter,
+        "-F",
+        "pcap",
+        "-w",
+        path_str(&pcap),
+    ])
+    .unwrap();
+    let _ = std::fs::remove_file(&raw);
+    if let Ok(keep) = std::env::var("SOFTRDMA_PCAP_DIR") {
+        std::fs::copy(&pcap, Path::new(&keep).join(format!("{name}.pcap"))).unwrap();
+    }
+    let summary = ts.summary(&pcap).unwrap();
+    let ctx = format!("capture {}:\n{summary}", pcap.display());
+
+    // The MPA Request and Reply, with the flags asked for and our private
+    // data (after the MPA v2 IRD/ORD word).
+    let mpa = ts
+        .fields(
+            &pcap,
+            "iwarp_mpa.req || iwarp_mpa.rep",
+            &[
+                "iwarp_mpa.key.req",
+                "iwarp_mpa.key.rep",
+                "iwarp_mpa.crc_flag",
+                "iwarp_mpa.marker_flag",
+                "iwarp_mpa.rej_flag",
+                "iwarp_mpa.privatedata",
+                "tcp.dstport",
+            ],
+        )
+        .unwrap();
+    assert_eq!(mpa.len(), 2, "one MPA Request and one Reply; {ctx}");
+    let (req, rep) = (&mpa[0], &mpa[1]);
+    assert!(
+        !req[0].is_empty() && req[1].is_empty() && req[6] == port.to_string(),
+        "the first is the Request, to the listener: {req:?}; {ctx}"
+    );
+    assert!(
+        rep[0].is_empty() && !rep[1].is_empty(),
+        "the second is the Reply: {rep:?}; {ctx}"
+    );
+    let yes = ["1", "True"];
+    let no = ["0", "False"];
+    for (frame, pd) in [(req, CLIENT_PD), (rep, SERVER_PD)] {
+        assert!(yes.contains(&frame[2].as_str()), "C flag: {frame:?}");
+        let m = if markers { &yes } else { &no };
+        assert!(m.contains(&frame[3].as_str()), "M flag: {frame:?}");
+        assert!(no.contains(&frame[4].as_str()), "R flag: {frame:?}");
+        let shown = frame[5].replace(':', "").to_ascii_lowercase();
+        assert!(shown.contains(&hex(pd)), "private data {pd:?} in {frame:?}");
+    }
+
+    // Every FPDU tshark found.
+    let rows = ts
+        .fields(
+            &pcap,
+            "iwarp_mpa.fpdu",
+            &[
+                "frame.number",
+                "tcp.dstport",
+                "iwarp_mpa.crc_check",
+                "iwarp_mpa.ulpdulength",
+                "iwarp_rdma.opcode",
+                "iwarp_mpa.marker_fpduptr",
+            ],
+        )
+        .unwrap();
+    let mut fpdus = Vec::new();
+    let mut crc_fields = 0;
+    for row in &rows {
+        let (crc, lens, ops) = (split(&row[2]), split(&row[3]), split(&row[4]));
+        assert!(
+            crc.len() == lens.len() && lens.len() == ops.len(),
+            "frame {}: {} CRCs, {} lengths, {} opcodes; {ctx}",
+            row[0],
+            crc.len(),
+            lens.len(),
+            ops.len()
+        );
+        crc_fields += crc.len();
+        let ptrs: Vec<u16> = split(&row[5]).iter().map(|p| p.parse().unwrap()).collect();
+        for (len, op) in lens.iter().zip(&ops) {
+            fpdus.push(Fpdu {
+                frame: row[0].parse().unwrap(),
+                from_client: row[1] == port.to_string(),
+                opcode: op.to_string(),
+                ulpdu_len: len.parse().unwrap(),
+                markers: ptrs.clone(),
+            });
+        }
+    }
+
+    // CRC verdicts: all good, one per FPDU.
+    let checks = ts.crc_checks(&pcap).unwrap();
+    let bad: Vec<_> = checks.iter().filter(|c| !c.good).collect();
+    assert!(bad.is_empty(), "Bad CRC32: {bad:#?}; {ctx}");
+    assert_eq!(
+        checks.len(),
+        crc_fields,
+        "CRC verdicts vs CRC fields; {ctx}"
+    );
+    assert_eq!(checks.len(), fpdus.len(), "a Good CRC32 per FPDU; {ctx}");
+
+    // Nothing malformed, no expert errors, only the expected warnings.
+    assert_eq!(
+        ts.malformed_count(&pcap).unwrap(),
+        0,
+        "{}",
+        ts.verbose(&pcap).unwrap()
+    );
+    assert_eq!(
+        ts.expert_errors(&pcap).unwrap(),
+        0,
+        "{}",
+        ts.expert_error_report(&pcap).unwrap()
+    );
+    let expert = ts
+        .fields(
+            &pcap,
+            "_ws.expert",
+            &["frame.number", "_ws.expert.severity", "_ws.expert.message"],
+        )
+        .unwrap();
+    let mut mpa_v2_warnings = 0;
+    for row in &expert {
+        for (sev, msg) in split(&row[1]).iter().zip(split(&row[2])) {
+            let sev: u32 = sev.parse().unwrap();
+            if sev < SEVERITY_WARN {
+                continue;
+            }
+            assert!(
+                EXPECTED_WARNINGS.iter().any(|w| msg.starts_with(w)),
+                "frame {}: expert item {msg:?} (severity {sev:#x}); {ctx}",
+                row[0]
+            );
+            mpa_v2_warnings += usize::from(msg.starts_with("Re"));
+        }
+    }
+    assert!(mpa_v2_warnings >= 1, "MPA v2 warnings expected; {ctx}");
+
+    // The stepwise FPDUs come first, in order, each alone in its segment:
+    // the peer-to-peer RTR (a zero-length Write), then the four messages.
+    let step: [(bool, &str, usize); 6] = [
+        (true, "0x00", 0),
+        (true, "0x03", STEP_SEND_LEN),
+        (true, "0x00", STEP_RDMA_LEN),
+        (true, "0x01", 0),
+        (false, "0x02", STEP_RDMA_LEN),
+        (true, "0x03", 0),
+    ];
+    assert!(fpdus.len() > step.len(), "FPDUs found: {fpdus:#?}; {ctx}");
+    for (f, (from_client, opcode, payload)) in fpdus.iter().zip(step) {
+        assert!(
+            f.from_client == from_client && f.opcode == opcode && f.payload() == payload,
+            "stepwise FPDU {f:?}: expected {opcode} of {payload} octets from the {}; {ctx}",
+            if from_client { "client" } else { "server" }
+        );
+    }
+    let (stepwise, bulk) = fpdus.split_at(step.len());
+    let frames: Vec<u64> = stepwise.iter().map(|f| f.frame).collect();
+    assert!(
+        frames.windows(2).all(|w| w[0] < w[1]),
+        "one stepwise FPDU per frame: {frames:?}; {ctx}"
+    );
+
+    let opcodes = ["0x00", "0x01", "0x02", "0x03"];
+    for f in bulk {
+        assert!(
+            opcodes.contains(&f.opcode.as_str()),
+            "unexpected opcode in {f:?}; {ctx}"
+        );
+    }
+    let octets = |fs: &[Fpdu], from_client: bool, opcode: &str| -> (usize, usize) {
+        fs.iter()
+            .filter(|f| f.from_client == from_client && f.opcode == opcode)
+            .fold((0, 0), |(n, o), f| (n + 1, o + f.payload()))
+    };
+    let (sends, send_octets) = octets(bulk, true, "0x03");
+    let (writes, write_octets) = octets(bulk, true, "0x00");
+    let (read_reqs, _) = octets(bulk, true, "0x01");
+    let (read_resps, read_octets) = octets(bulk, false, "0x02");
+
+    if markers {
+        // Markers in the stepwise FPDUs, both directions, on 4-octet
+        // boundaries.
+        for from_client in [true, false] {
+            let ptrs: Vec<u16> = stepwise
+                .iter()
+                .filter(|f| f.from_client == from_client)
+                .flat_map(|f| f.markers.iter().copied())
+                .collect();
+            assert!(
+                !ptrs.is_empty() && ptrs.iter().all(|p| p % 4 == 0),
+                "marker back pointers from the {}: {ptrs:?}; {ctx}",
+                if from_client { "client" } else { "server" }
+            );
+        }
+        // Bulk: whatever tshark could decode (see the module comment) is
+        // good (checked above) and within what was sent.
+        assert!(read_reqs <= 1, "Read Requests; {ctx}");
+        assert!(send_octets <= SEND_LEN && sends <= 2, "Send; {ctx}");
+        assert!(write_octets <= WRITE_LEN, "Write; {ctx}");
+        assert!(read_octets <= READ_LEN, "Read Response; {ctx}");
+        eprintln!(
+            "{name}: tshark followed {} of the bulk FPDUs (sends {sends}, writes {writes}, \
+             read requests {read_reqs}, read responses {read_resps})",
+            bulk.len()
+        );
+    } else {
+        // Every payload octet of the bulk part, in FPDUs tshark decoded.
+        assert_eq!((sends, send_octets), (2, SEND_LEN), "bulk Sends; {ctx}");
+        assert!(writes >= 2, "a multi-FPDU RDMA Write: {writes}; {ctx}");
+        assert_eq!(write_octets, WRITE_LEN, "bulk Write octets; {ctx}");
+        assert_eq!(read_reqs, 1, "bulk Read Request; {ctx}");
+        assert!(
+            read_resps >= 2,
+            "multi-FPDU Read Response: {read_resps}; {ctx}"
+        );
+        assert_eq!(read_octets, READ_LEN, "bulk Read Response octets; {ctx}");
+    }
+
+    let _ = std::fs::remove_file(&pcap);
+    let _ = (&mut server.buf, &mut client.buf);
+}
+
+#[test]
+fn live_capture_crc() {
+    live_session("live_capture_crc", false);
+}
+
+#[test]
+fn live_capture_crc_and_markers() {
+    live_session("live_capture_crc_and_markers", true);
+}
