@@ -121,7 +121,8 @@ fn ten_thousand_verified_iterations() {
 
 #[test]
 fn mpa_knob_variants() {
-    let variants: &[(&[(&str, &str)], &[(&str, &str)])] = &[
+    type Env = &'static [(&'static str, &'static str)];
+    let variants: &[(Env, Env)] = &[
         (&[("SOFTRDMA_MPA_CRC", "0")], &[("SOFTRDMA_MPA_CRC", "0")]),
         (&[("SOFTRDMA_MPA_CRC", "0")], &[]),
         (
