@@ -982,11 +982,27 @@ fn lat_stats(mut v: Vec<f64>) -> LatStats {
     }
 }
 
+/// A test's results over all rounds.
 struct Row {
     test: Test,
-    lat: Option<LatStats>,
-    bw: Option<f64>,
+    /// One-way latency samples of every round (ns).
+    samples: Vec<f64>,
+    /// Gbit/s of each round.
+    bws: Vec<f64>,
     err: Option<String>,
+}
+
+impl Row {
+    fn lat(&self) -> Option<LatStats> {
+        (!self.samples.is_empty()).then(|| lat_stats(self.samples.clone()))
+    }
+
+    /// The median round.
+    fn bw(&self) -> Option<f64> {
+        let mut v = self.bws.clone();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    }
 }
 
 struct Ratio(Option<f64>);
@@ -1000,62 +1016,66 @@ impl fmt::Display for Ratio {
     }
 }
 
-fn print_table(rows: &[Row]) {
+fn print_table(rows: &[Row], rounds: usize) {
     let find = |t: Test| rows.iter().find(|r| r.test == t);
-    let tcp_lat = find(Test::TcpLat).and_then(|r| r.lat.as_ref());
-    let tcp_bw = find(Test::TcpBw).and_then(|r| r.bw);
+    let tcp_lat = find(Test::TcpLat).and_then(Row::lat);
+    let tcp_bw = find(Test::TcpBw).and_then(Row::bw);
+    let failed = |r: &Row| {
+        println!(
+            "{:<36} failed: {}",
+            r.test.label(),
+            r.err.as_deref().unwrap_or("?")
+        )
+    };
     println!();
     println!(
         "{:<36} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
-        "one-way latency (µs)", "p50", "p99", "mean", "p50 r", "p99 r", "mean r"
+        "one-way latency (us), all rounds", "p50", "p99", "mean", "p50 r", "p99 r", "mean r"
     );
-    for r in rows.iter().filter(|r| r.lat.is_some() || is_lat(r.test)) {
-        match (&r.lat, &r.err) {
-            (Some(s), _) => {
-                let base = if r.test == Test::TcpLat {
-                    None
-                } else {
-                    tcp_lat
-                };
-                println!(
-                    "{:<36} {:>8.2} {:>8.2} {:>8.2} {} {} {}",
-                    r.test.label(),
-                    s.p50,
-                    s.p99,
-                    s.mean,
-                    Ratio(base.map(|b| s.p50 / b.p50)),
-                    Ratio(base.map(|b| s.p99 / b.p99)),
-                    Ratio(base.map(|b| s.mean / b.mean)),
-                );
-            }
-            (None, e) => println!(
-                "{:<36} failed: {}",
-                r.test.label(),
-                e.as_deref().unwrap_or("?")
-            ),
-        }
+    for r in rows.iter().filter(|r| is_lat(r.test)) {
+        let (Some(s), None) = (r.lat(), &r.err) else {
+            failed(r);
+            continue;
+        };
+        let base = tcp_lat.as_ref().filter(|_| r.test != Test::TcpLat);
+        println!(
+            "{:<36} {:>8.2} {:>8.2} {:>8.2} {} {} {}",
+            r.test.label(),
+            s.p50,
+            s.p99,
+            s.mean,
+            Ratio(base.map(|b| s.p50 / b.p50)),
+            Ratio(base.map(|b| s.p99 / b.p99)),
+            Ratio(base.map(|b| s.mean / b.mean)),
+        );
     }
     println!();
-    println!("{:<36} {:>8} {:>8}", "bandwidth", "Gbit/s", "ratio");
+    println!(
+        "{:<36} {:>8} {:>8}   {}",
+        format!("bandwidth (median of {rounds} rounds)"),
+        "Gbit/s",
+        "ratio",
+        "rounds"
+    );
     for r in rows.iter().filter(|r| !is_lat(r.test)) {
-        match (r.bw, &r.err) {
-            (Some(g), _) => {
-                let base = if r.test == Test::TcpBw { None } else { tcp_bw };
-                println!(
-                    "{:<36} {:>8.2} {}",
-                    r.test.label(),
-                    g,
-                    Ratio(base.map(|b| g / b))
-                );
-            }
-            (None, e) => println!(
-                "{:<36} failed: {}",
-                r.test.label(),
-                e.as_deref().unwrap_or("?")
-            ),
-        }
+        let (Some(g), None) = (r.bw(), &r.err) else {
+            failed(r);
+            continue;
+        };
+        let base = tcp_bw.filter(|_| r.test != Test::TcpBw);
+        let each: Vec<String> = r.bws.iter().map(|b| format!("{b:.2}")).collect();
+        println!(
+            "{:<36} {:>8.2} {}   {}",
+            r.test.label(),
+            g,
+            Ratio(base.map(|b| g / b)),
+            each.join(" ")
+        );
     }
-    println!("(ratio = softrdma / raw TCP from this run; latency: lower is better, bandwidth: higher is better)");
+    println!(
+        "ratio = softrdma / raw TCP of this run (latency: lower is better; \
+         bandwidth: higher is better)"
+    );
 }
 
 fn is_lat(t: Test) -> bool {
@@ -1111,49 +1131,57 @@ fn main() {
         o.secs,
         o.window
     );
-    let mut rows = Vec::new();
-    let mut failed = false;
-    for &t in &o.tests {
-        let began = Instant::now();
-        let r = run_test(t, &o);
-        let mut row = Row {
-            test: t,
-            lat: None,
-            bw: None,
+    println!("load average at start: {}", loadavg());
+    let mut rows: Vec<Row> = o
+        .tests
+        .iter()
+        .map(|&test| Row {
+            test,
+            samples: Vec::new(),
+            bws: Vec::new(),
             err: None,
-        };
-        match r {
-            Ok(Outcome::Lat(v)) => {
-                let s = lat_stats(v);
-                eprintln!(
-                    "  {:<15} p50 {:.2} µs p99 {:.2} µs mean {:.2} µs ({:.1} s)",
-                    t.name(),
-                    s.p50,
-                    s.p99,
-                    s.mean,
-                    began.elapsed().as_secs_f64()
-                );
-                row.lat = Some(s);
-            }
-            Ok(Outcome::Bw(g)) => {
-                eprintln!(
-                    "  {:<15} {:.2} Gbit/s ({:.1} s)",
-                    t.name(),
-                    g,
-                    began.elapsed().as_secs_f64()
-                );
-                row.bw = Some(g);
-            }
-            Err(e) => {
-                eprintln!("  {:<15} FAILED: {e}", t.name());
-                row.err = Some(e.to_string());
-                failed = true;
+        })
+        .collect();
+    for round in 1..=o.rounds {
+        eprintln!("round {round}/{}", o.rounds);
+        for row in rows.iter_mut().filter(|r| r.err.is_none()) {
+            let t = row.test;
+            let began = Instant::now();
+            let took = || began.elapsed().as_secs_f64();
+            match run_test(t, &o) {
+                Ok(Outcome::Lat(v)) => {
+                    let s = lat_stats(v.clone());
+                    eprintln!(
+                        "  {:<15} p50 {:.2} us p99 {:.2} us mean {:.2} us ({:.1} s)",
+                        t.name(),
+                        s.p50,
+                        s.p99,
+                        s.mean,
+                        took()
+                    );
+                    row.samples.extend(v);
+                }
+                Ok(Outcome::Bw(g)) => {
+                    eprintln!("  {:<15} {:.2} Gbit/s ({:.1} s)", t.name(), g, took());
+                    row.bws.push(g);
+                }
+                Err(e) => {
+                    eprintln!("  {:<15} FAILED: {e}", t.name());
+                    row.err = Some(e.to_string());
+                }
             }
         }
-        rows.push(row);
     }
-    print_table(&rows);
-    if failed {
+    print_table(&rows, o.rounds);
+    println!("load average at end: {}", loadavg());
+    if rows.iter().any(|r| r.err.is_some()) {
         process::exit(1);
     }
+}
+
+/// /proc/loadavg, to tell a quiet machine from a busy one.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
 }

@@ -677,14 +677,9 @@ impl RcQp {
             p.done = Done::Nothing;
         }
         if let Some(r) = self.rx_recv.take() {
-            let st = if remote {
-                WcStatus::WrFlushErr
-            } else {
-                WcStatus::RemOpErr
-            };
             self.completions.push_back((
                 CqKind::Recv,
-                WorkCompletion::new(r.wr.wr_id, st, WcOpcode::Recv, 0),
+                WorkCompletion::new(r.wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0),
             ));
         }
         for wr in self.rq.drain() {
@@ -723,7 +718,19 @@ impl RcQp {
         if let Some(seg) = &mut self.rx_seg {
             seg.target = Target::Discard;
         }
+        self.fail_rx_recv();
         self.fail(Some(t), false, Some(WcStatus::RemOpErr));
+    }
+
+    /// A receive whose message broke the protocol (or arrived corrupted)
+    /// fails with an operation error; other receives just flush.
+    fn fail_rx_recv(&mut self) {
+        if let Some(r) = self.rx_recv.take() {
+            self.completions.push_back((
+                CqKind::Recv,
+                WorkCompletion::new(r.wr.wr_id, WcStatus::RemOpErr, WcOpcode::Recv, 0),
+            ));
+        }
     }
 
     /// Moves finished SQ entries at the front to the completion queue, in
@@ -1435,6 +1442,7 @@ impl RcQp {
                         _ => TerminateCause::MpaLocalCatastrophic,
                     };
                     self.rx_seg = None;
+                    self.fail_rx_recv();
                     self.fail(
                         Some(TerminateRepr::new(cause)),
                         false,
