@@ -26,11 +26,15 @@ cargo test --workspace --locked 2>&1 | tee target/test-output.txt
 # cargo's own exit status is checked by pipefail; the result lines are summed
 # at the end so the run closes on one plain total.
 
+step "kernel siw interop (qemu guest; the image is built once per machine)"
+cargo build --release --locked -p softrdma-cli
+scripts/siw/run-all.sh target/release/softrdma | tee target/siw-summary.txt
+
 step "fuzzing (${FUZZ_SECONDS:-30} s per target)"
 scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
 
 step "all tests passed"
 # The closing total: cargo tests plus one per fuzz target that ran clean.
 awk -v fuzz="$(ls fuzz/fuzz_targets/*.rs | wc -l)" \
-    '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "summary: %d passed, %d failed, %d skipped\n", p + fuzz, f, i }' \
-    target/test-output.txt
+    '/^test result:/ { p += $4; f += $6; i += $8 } /^siw interop:/ { p += $3 } END { printf "summary: %d passed, %d failed, %d skipped\n", p + fuzz, f, i }' \
+    target/test-output.txt target/siw-summary.txt

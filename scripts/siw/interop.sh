@@ -145,7 +145,7 @@ fi
 # ------------------------------------------------ one run at a time per machine
 mkdir -p "$SIWVM_HOME" || die 3 "cannot create SIWVM_HOME=$SIWVM_HOME"
 SIWVM_HOME=$(cd "$SIWVM_HOME" && pwd)
-exec 9>"$SIWVM_HOME/interop.lock"
+exec 9>"$SIWVM_HOME/interop.lock" || die 3 "cannot write $SIWVM_HOME/interop.lock"
 if ! flock -n 9; then
   say "waiting (at most ${LOCK_TIMEOUT}s) for another siwvm run on this machine ($SIWVM_HOME/interop.lock)"
   flock -w "$LOCK_TIMEOUT" 9 || die 3 "lock not obtained within ${LOCK_TIMEOUT}s"
@@ -338,7 +338,9 @@ for p in "$OUT"/*.pcap; do
 done
 [ -d "$OUT/standin" ] && say "  stand-in:  $OUT/standin  (the second guest's run dir)"
 if [ "$rc" != 0 ]; then
-  for f in run-guest.log scenario.log host-cmd.log; do
+  logs="run-guest.log scenario.log host-cmd.log"
+  [ -s "$OUT/scenario.log" ] || logs="run-guest.log console.log host-cmd.log"
+  for f in $logs; do
     [ -s "$OUT/$f" ] || continue
     echo "----- last lines of $OUT/$f" >&2; tail -n 25 "$OUT/$f" >&2
   done

@@ -20,24 +20,36 @@
 //!   side writes into the other's buffer and watches the last octet of its
 //!   own), calling `Cq::poll` between looks so receive progress is inline;
 //! * `write-lat-pt`: the same, looking at memory only: placement is left to
-//!   the peer's progress thread (what an unmodified ib_write_lat would see);
+//!   each side's progress thread (what an unmodified ib_write_lat would see);
 //! * `tcp-bw`: raw TCP stream of 1 MiB messages, both ends busy-poll;
 //! * `write-bw-crc` / `write-bw-nocrc`: RC 1 MiB RDMA Write bandwidth with a
 //!   window of outstanding signaled writes (ib_write_bw style), MPA CRC
 //!   asked for by both sides / by neither side.
 //!
-//! Latency is one way (RTT / 2). Bandwidth is timed from the end of a
-//! warm-up to the end of a closing handshake that proves the receiver has
-//! everything (a 1-octet ack after EOF for TCP, a Send answered by a Send
-//! for RC), so data still queued in socket buffers is not counted as done.
+//! The tests run in `--rounds` rounds, interleaved (every test once per
+//! round), so a burst of load from elsewhere hits baseline and softrdma
+//! alike; latency statistics are over the samples of all rounds, bandwidth
+//! is the median round. Latency is one way (RTT / 2). Bandwidth is timed
+//! from the end of a warm-up to the end of a closing handshake that proves
+//! the receiver has everything (a 1-octet ack after EOF for TCP, a Send
+//! answered by a Send for RC), so data still queued in socket buffers is
+//! not counted as delivered. The raw TCP receiver reads 256 KiB at a time,
+//! as the engine does.
 //!
-//! Options (environment variable in brackets):
-//! `--iters N` [RCQB_ITERS] (20000) measured ping-pong round trips;
-//! `--warmup N` [RCQB_WARMUP] (2000); `--secs S` [RCQB_SECS] (3) per
-//! bandwidth test; `--window W` [RCQB_WINDOW] (16) outstanding writes;
-//! `--timeout S` [RCQB_TIMEOUT] (30) per test; `--tests LIST` [RCQB_TESTS];
-//! `--threads` [RCQB_THREADS=1]. Engine knobs come from `SOFTRDMA_*` as
-//! usual (`SOFTRDMA_PROGRESS`, …); the bandwidth tests override the CRC.
+//! Options (environment variable in brackets, default in parentheses):
+//!
+//! * `--iters N` [RCQB_ITERS] (10000): measured round trips per round;
+//! * `--warmup N` [RCQB_WARMUP] (1000): unmeasured round trips first;
+//! * `--secs S` [RCQB_SECS] (2): per bandwidth test and round;
+//! * `--rounds R` [RCQB_ROUNDS] (3);
+//! * `--window W` [RCQB_WINDOW] (16): outstanding 1 MiB writes;
+//! * `--timeout S` [RCQB_TIMEOUT] (30): a test fails after S seconds
+//!   without progress (a hang, not a slow machine);
+//! * `--tests LIST` [RCQB_TESTS]: comma-separated names from the list above;
+//! * `--threads` [RCQB_THREADS=1]: peer as a thread, not a process.
+//!
+//! Engine knobs come from `SOFTRDMA_*` as usual (`SOFTRDMA_PROGRESS`, …);
+//! the bandwidth tests override the CRC.
 
 use std::error::Error;
 use std::io::{self, Read, Write};
@@ -71,6 +83,9 @@ const BW_MSG: usize = 1 << 20;
 const RQ_DEPTH: usize = 16;
 /// Every this many sends/writes in a ping-pong is signaled.
 const SIGNAL_EVERY: usize = 16;
+/// Read size of the raw TCP stream receiver: the engine's receive buffer
+/// (qp.rs `RXBUF`), so both receivers drain the socket in the same steps.
+const TCP_RX: usize = 256 * 1024;
 /// Messages/writes completed before the bandwidth clock starts.
 const BW_WARMUP: u64 = 64;
 
@@ -142,6 +157,7 @@ struct Opts {
     timeout: Duration,
     tests: Vec<Test>,
     threads: bool,
+    rounds: usize,
 }
 
 fn parse_num<T: std::str::FromStr>(name: &str, v: &str) -> Res<T> {
@@ -164,9 +180,9 @@ fn parse_tests(v: &str) -> Res<Vec<Test>> {
 impl Opts {
     fn parse(args: &[String]) -> Res<Opts> {
         let mut o = Opts {
-            iters: 20_000,
-            warmup: 2_000,
-            secs: 3.0,
+            iters: 10_000,
+            warmup: 1_000,
+            secs: 2.0,
             window: 16,
             timeout: Duration::from_secs(30),
             tests: ALL_TESTS
@@ -175,8 +191,10 @@ impl Opts {
                 .filter(|&t| t != Test::WriteLatPt)
                 .collect(),
             threads: false,
+            rounds: 3,
         };
-        let envs: [(&str, &str); 7] = [
+        let envs: [(&str, &str); 8] = [
+            ("RCQB_ROUNDS", "--rounds"),
             ("RCQB_ITERS", "--iters"),
             ("RCQB_WARMUP", "--warmup"),
             ("RCQB_SECS", "--secs"),
@@ -198,7 +216,7 @@ impl Opts {
                 "-h" | "--help" => {
                     println!(
                         "usage: rc_quickbench [--iters N] [--warmup N] [--secs S] [--window W] \
-                         [--timeout S] [--tests LIST] [--threads]\ntests: {}",
+                         [--rounds R] [--timeout S] [--tests LIST] [--threads]\ntests: {}",
                         ALL_TESTS.map(|t| t.name()).join(",")
                     );
                     process::exit(0);
@@ -215,14 +233,21 @@ impl Opts {
                 "--warmup" => o.warmup = parse_num(&flag, &v)?,
                 "--secs" => o.secs = parse_num(&flag, &v)?,
                 "--window" => o.window = parse_num(&flag, &v)?,
+                "--rounds" => o.rounds = parse_num(&flag, &v)?,
                 "--timeout" => o.timeout = Duration::from_secs(parse_num(&flag, &v)?),
                 "--tests" => o.tests = parse_tests(&v)?,
                 "--threads" => o.threads = !matches!(v.as_str(), "0" | "" | "false"),
                 _ => bail!("unknown option {flag} (try --help)"),
             }
         }
-        if o.iters == 0 || o.window == 0 || o.window > 128 || o.secs.is_nan() || o.secs <= 0.0 {
-            bail!("need --iters > 0, 0 < --window <= 128, --secs > 0");
+        if o.iters == 0
+            || o.rounds == 0
+            || o.window == 0
+            || o.window > 128
+            || o.secs.is_nan()
+            || o.secs <= 0.0
+        {
+            bail!("need --iters > 0, --rounds > 0, 0 < --window <= 128, --secs > 0");
         }
         Ok(o)
     }
@@ -253,6 +278,7 @@ impl Opts {
             timeout: Duration::from_secs(parse_num("timeout", &a[5])?),
             tests: vec![t],
             threads: false,
+            rounds: 1,
         };
         Ok((t, parse_num("port", &a[1])?, o))
     }
@@ -266,26 +292,43 @@ impl Opts {
 // Small helpers
 // ---------------------------------------------------------------------------
 
-/// A deadline checked every 256 spins (keeps `Instant::now` out of the
-/// tightest loops without letting a hang go unnoticed).
+/// A hang detector for spin loops: fails when `timeout` passes without
+/// [`Watch::progress`]. The clock is read only every 256 spins, so it stays
+/// out of the tightest loops; a loaded machine that merely slows the test
+/// down does not trip it.
 struct Watch {
-    deadline: Instant,
+    timeout: Duration,
+    deadline: Option<Instant>,
     spins: u32,
 }
 
 impl Watch {
     fn new(timeout: Duration) -> Watch {
         Watch {
-            deadline: Instant::now() + timeout,
+            timeout,
+            deadline: None,
             spins: 0,
         }
+    }
+
+    /// Something happened: the next wait gets a fresh deadline.
+    #[inline]
+    fn progress(&mut self) {
+        self.deadline = None;
     }
 
     #[inline]
     fn check(&mut self, what: &str) -> Res<()> {
         self.spins = self.spins.wrapping_add(1);
-        if self.spins & 255 == 0 && Instant::now() > self.deadline {
-            bail!("timed out waiting for {what}");
+        if self.spins & 255 == 0 {
+            let now = Instant::now();
+            match self.deadline {
+                None => self.deadline = Some(now + self.timeout),
+                Some(d) if now > d => {
+                    bail!("no progress for {:?} waiting for {what}", self.timeout)
+                }
+                Some(_) => {}
+            }
         }
         Ok(())
     }
@@ -296,7 +339,10 @@ fn read_exact_spin(s: &mut TcpStream, buf: &mut [u8], w: &mut Watch) -> Res<()> 
     while at < buf.len() {
         match s.read(&mut buf[at..]) {
             Ok(0) => bail!("TCP peer closed"),
-            Ok(n) => at += n,
+            Ok(n) => {
+                at += n;
+                w.progress();
+            }
             Err(e) if would_block(&e) => w.check("a TCP read")?,
             Err(e) => return Err(e.into()),
         }
@@ -309,7 +355,10 @@ fn write_all_spin(s: &mut TcpStream, buf: &[u8], w: &mut Watch) -> Res<()> {
     while at < buf.len() {
         match s.write(&buf[at..]) {
             Ok(0) => bail!("TCP write returned 0"),
-            Ok(n) => at += n,
+            Ok(n) => {
+                at += n;
+                w.progress();
+            }
             Err(e) if would_block(&e) => w.check("a TCP write")?,
             Err(e) => return Err(e.into()),
         }
@@ -442,20 +491,11 @@ impl Rc {
         loop {
             let (r, _, id) = self.poll()?;
             if r > 0 {
+                w.progress();
                 return Ok(id);
             }
             w.check("a receive completion")?;
         }
-    }
-
-    /// Busy-polls until `n` send completions arrived.
-    fn wait_sends(&mut self, mut n: usize, w: &mut Watch) -> Res<()> {
-        while n > 0 {
-            let (_, s, _) = self.poll()?;
-            n = n.saturating_sub(s);
-            w.check("a send completion")?;
-        }
-        Ok(())
     }
 }
 
@@ -706,13 +746,16 @@ fn tcp_lat_a(mut s: TcpStream, o: &Opts) -> Res<Outcome> {
 }
 
 fn tcp_bw_a(mut s: TcpStream, o: &Opts) -> Res<Outcome> {
-    let mut w = Watch::new(o.timeout + Duration::from_secs_f64(o.secs));
+    let mut w = Watch::new(o.timeout);
     let msg = vec![0xa5u8; BW_MSG];
     let (mut sent, mut at) = (0u64, 0usize);
     let mut start: Option<(Instant, u64)> = None;
     loop {
         match s.write(&msg[at..]) {
-            Ok(n) => at += n,
+            Ok(n) => {
+                at += n;
+                w.progress();
+            }
             Err(e) if would_block(&e) => {
                 w.check("TCP send room")?;
                 continue;
@@ -788,6 +831,7 @@ fn write_lat_a(rc: &mut Rc, raddr: u64, rkey: u32, poll: bool, o: &Opts) -> Res<
             w.check("the peer's write")?;
         }
         let dt = t0.elapsed();
+        w.progress();
         if i >= o.warmup {
             samples.push(dt.as_nanos() as f64 / 2.0);
         }
@@ -796,7 +840,7 @@ fn write_lat_a(rc: &mut Rc, raddr: u64, rkey: u32, poll: bool, o: &Opts) -> Res<
 }
 
 fn write_bw_a(rc: &mut Rc, raddr: u64, rkey: u32, o: &Opts) -> Res<Outcome> {
-    let mut w = Watch::new(o.timeout + Duration::from_secs_f64(o.secs));
+    let mut w = Watch::new(o.timeout);
     let op = SendOp::Write {
         remote_addr: raddr,
         rkey,
@@ -824,6 +868,8 @@ fn write_bw_a(rc: &mut Rc, raddr: u64, rkey: u32, o: &Opts) -> Res<Outcome> {
         }
         if s == 0 {
             w.check("write completions")?;
+        } else {
+            w.progress();
         }
     }
     // Closing handshake: a Send behind the writes, answered by a Send.
@@ -851,7 +897,7 @@ fn peer_run(t: Test, port: u16, o: &Opts) -> Res<()> {
             let mut s = TcpStream::connect(addr)?;
             s.set_nodelay(true)?;
             s.set_nonblocking(true)?;
-            let mut w = Watch::new(o.timeout + Duration::from_secs(60));
+            let mut w = Watch::new(o.timeout + Duration::from_secs(5));
             if t == Test::TcpLat {
                 let mut buf = [0u8; LAT_MSG];
                 for _ in 0..o.total() {
@@ -859,17 +905,11 @@ fn peer_run(t: Test, port: u16, o: &Opts) -> Res<()> {
                     write_all_spin(&mut s, &buf, &mut w)?;
                 }
             } else {
-                let mut buf = vec![
-                    0u8;
-                    env::var("RCQB_RX")
-                        .ok()
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(BW_MSG)
-                ];
+                let mut buf = vec![0u8; TCP_RX];
                 loop {
                     match s.read(&mut buf) {
                         Ok(0) => break,
-                        Ok(_) => {}
+                        Ok(_) => w.progress(),
                         Err(e) if would_block(&e) => w.check("TCP stream data")?,
                         Err(e) => return Err(e.into()),
                     }
@@ -896,7 +936,7 @@ fn peer_run(t: Test, port: u16, o: &Opts) -> Res<()> {
             let pd =
                 cm::connect(&rc.ctx, &rc.qp, addr, &params).map_err(|e| format!("connect: {e}"))?;
             let (raddr, rkey) = parse_advert(&pd)?;
-            let mut w = Watch::new(o.timeout + Duration::from_secs(60));
+            let mut w = Watch::new(o.timeout + Duration::from_secs(5));
             match t {
                 Test::SendLat => {
                     let send = SendOp::Send {
@@ -908,9 +948,6 @@ fn peer_run(t: Test, port: u16, o: &Opts) -> Res<()> {
                         rc.post(i as u64, send, SRC_AT, LAT_MSG, i % SIGNAL_EVERY == 0)?;
                         rc.post_recv(k as u64, RECV_AT + k * LAT_MSG, LAT_MSG)?;
                     }
-                    // Our last reply must be on the wire before we close.
-                    rc.post(u64::MAX, send, SRC_AT, 0, true)?;
-                    rc.wait_sends(1, &mut w)?;
                 }
                 Test::WriteLat | Test::WriteLatPt => {
                     let poll = t == Test::WriteLat;
@@ -927,14 +964,11 @@ fn peer_run(t: Test, port: u16, o: &Opts) -> Res<()> {
                             }
                             w.check("the peer's write")?;
                         }
+                        w.progress();
                         rc.set_byte(SRC_AT + LAT_MSG - 1, tg);
                         let signaled = poll && i % SIGNAL_EVERY == 0;
                         rc.post(i as u64, op, SRC_AT, LAT_MSG, signaled)?;
                     }
-                    // A zero-length write behind the last one: when it
-                    // completes, our last reply is on the wire.
-                    rc.post(u64::MAX, op, SRC_AT, 0, true)?;
-                    rc.wait_sends(1, &mut w)?;
                 }
                 _ => {
                     // Writes land while we poll; the closing Send follows
@@ -944,12 +978,13 @@ fn peer_run(t: Test, port: u16, o: &Opts) -> Res<()> {
                         imm: None,
                         invalidate: None,
                     };
-                    rc.post(1, send, BW_MSG + 128, LAT_MSG, true)?;
-                    rc.wait_sends(1, &mut w)?;
+                    rc.post(1, send, BW_MSG + 128, LAT_MSG, false)?;
                 }
             }
-            // Wait for the measuring side to close (it may still be reading
-            // our last message); its disconnect flushes nothing of ours.
+            // Keep driving progress until the measuring side closes: it has
+            // our last message then (it closes only after reading it), and
+            // our socket never closes with unread data (no RST). Its close
+            // flushes our receives: those completions are expected.
             let linger = Instant::now() + Duration::from_secs(5);
             while rc.qp.link_state() == softrdma_engine::QpLinkState::Connected
                 && Instant::now() < linger
@@ -1051,11 +1086,10 @@ fn print_table(rows: &[Row], rounds: usize) {
     }
     println!();
     println!(
-        "{:<36} {:>8} {:>8}   {}",
+        "{:<36} {:>8} {:>8}   each round",
         format!("bandwidth (median of {rounds} rounds)"),
         "Gbit/s",
         "ratio",
-        "rounds"
     );
     for r in rows.iter().filter(|r| !is_lat(r.test)) {
         let (Some(g), None) = (r.bw(), &r.err) else {
@@ -1123,8 +1157,9 @@ fn main() {
         }
     );
     println!(
-        "latency: {} round trips after {} warm-up, 64 B, RC latency CRC {}; \
-         bandwidth: {} s per test, 1 MiB messages, window {}",
+        "{} rounds; latency: {} round trips after {} warm-up per round, 64 B, RC CRC {}; \
+         bandwidth: {} s per test and round, 1 MiB messages, window {}",
+        o.rounds,
         o.iters,
         o.warmup,
         if cfg.mpa_crc { "on" } else { "off" },

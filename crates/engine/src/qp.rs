@@ -129,6 +129,10 @@ pub struct Qp {
 
 const RXBUF: usize = 256 * 1024;
 
+/// How long after the first FPDU a silent non-softrdma responder gets a
+/// probe (see `RcQp::send_probe`).
+const PROBE_AFTER: std::time::Duration = std::time::Duration::from_millis(200);
+
 impl Qp {
     pub(crate) fn new(
         shared: Arc<Shared>,
@@ -263,6 +267,27 @@ impl Qp {
         self.inner.shared.events.raise(AsyncEvent::CommEstablished {
             qpn: self.inner.qpn,
         });
+        // Toward a peer that is not softrdma, after our first FPDUs: one
+        // probe if the peer stays silent (RcQp::send_probe; wire.md §9.11).
+        if !cfg.softrdma_ext {
+            if let Some(t) = hold_until {
+                let weak = Arc::downgrade(&self.inner);
+                let at = t + PROBE_AFTER;
+                let _ = std::thread::Builder::new()
+                    .name("softrdma-probe".into())
+                    .spawn(move || {
+                        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+                        if let Some(q) = weak.upgrade() {
+                            let mut c = q.lock();
+                            if let Some(link) = c.link.as_mut() {
+                                link.rc.send_probe();
+                            }
+                            q.transmit(&mut c);
+                            q.flush(c);
+                        }
+                    });
+            }
+        }
         // Anything already posted (or the RTR) goes out now.
         let mut c = self.inner.lock();
         self.inner.transmit(&mut c);

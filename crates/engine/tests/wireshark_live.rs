@@ -16,11 +16,13 @@
 //! our private data; a "Good CRC32" for every FPDU it found and no "Bad
 //! CRC32" (one TCP segment may hold several FPDUs, so FPDUs are counted
 //! from the per-FPDU fields, not from frames); nothing malformed; no expert
-//! item of Warn level or above except the two that MPA v2 always raises
-//! (wire.md §12.5) and TCP's own flow-control notices; the stepwise FPDUs
-//! in order (the peer-to-peer RTR, Send 0x03, RDMA Write 0x00, Read Request
-//! 0x01, Read Response 0x02, Send 0x03) with their exact lengths; and, with
-//! CRC only, every payload octet of the whole exchange accounted for.
+//! error; no Warn-level expert item except the two that MPA v2 always
+//! raises (wire.md §12.5) and TCP's own (window full, a retransmission:
+//! the machine's business), but none saying a segment is missing from the
+//! capture; the stepwise FPDUs in order (the peer-to-peer RTR, Send 0x03,
+//! RDMA Write 0x00, Read Request 0x01, Read Response 0x02, Send 0x03) with
+//! their exact lengths; and, with CRC only, every payload octet of the bulk
+//! part accounted for.
 //!
 //! # Markers
 //!
@@ -29,24 +31,38 @@
 //! FPDU: it places the markers, sizes the FPDU and checks the ULPDU_Length
 //! from the segment's own sequence numbers (`fpdu_total_length()` is
 //! `nxtseq - seq`; a segment whose ULPDU_Length does not match is skipped,
-//! wire.md §5). On a live connection the kernel, not our `writev` calls,
-//! decides where segments begin. Seen in captures of this test on loopback:
+//! wire.md §5). Two things defeat that on a live connection, both seen in
+//! captures of this test on loopback:
 //!
-//! * Linux bounds the segment size to half the peer's largest window
-//!   (32768 octets at first), while the accepting side may have sized its
-//!   FPDUs from the `TCP_MAXSEG` it read at accept time (65483): its 65476-
-//!   octet Read Response FPDUs then span two segments and the next FPDU
-//!   starts 60 octets into a segment.
-//! * Once the receive window fills, queued data is coalesced: one segment
-//!   carried a whole FPDU and the head of the next, the following one the
-//!   rest of it and two more.
+//! * The kernel, not our `writev` calls, decides where segments begin. Once
+//!   the receive window fills, queued data is coalesced and re-cut: one
+//!   53760-octet segment carried a whole 32768-octet FPDU and the head of
+//!   the next, the following segment the rest of it and two more FPDUs.
+//!   That depends on timing, and a smaller `max_fpdu` does not prevent it.
+//! * tshark 4.0.17 counts one marker too many when an FPDU starts on a
+//!   marker position and its length is a multiple of 512:
+//!   `number_of_markers()` is `(len - first) / 512 + 1`, which counts the
+//!   marker at the very end of the segment, although that one belongs to
+//!   the next FPDU (wire.md §5; tshark itself places it there when it
+//!   decodes the next FPDU). A full FPDU at the 32 KiB loopback EMSS is 32768
+//!   octets (64 markers, ULPDU_Length 32506); when such an FPDU opened the
+//!   server's direction (a Read Response before any other server FPDU),
+//!   tshark wanted 65 markers, took the FPDU for 4 octets longer than it
+//!   is, and its TCP reassembly then also swallowed the FPDU after it. Our
+//!   framing was right: the next segment began with the marker, FPDUPTR 0.
+//!   In a hand-made capture (a 1024-octet FPDU on a marker position, then a
+//!   68-octet one, each in its own segment) tshark even reports a "Bad
+//!   CRC32" for the second, correct FPDU: its reassembly took that FPDU's
+//!   leading marker. With this test's message sizes no FPDU starts on a
+//!   marker position with a length that is a multiple of 512, at any EMSS
+//!   but 1436 to 1439 octets (checked by replaying our framing arithmetic
+//!   for EMSS 1000 to 65535); keep it so when changing the sizes.
 //!
-//! Such segments show as plain TCP data (no FPDU, no CRC verdict), never as
-//! bad or malformed. A smaller `max_fpdu` does not help: coalescing happens
-//! whenever the window or the congestion window holds data back, whatever
-//! the FPDU size. So with markers the stepwise FPDUs are checked as strictly
-//! as without (plus the marker back pointers tshark shows, in both
-//! directions), and for the bulk part only what is reliable: every FPDU
+//! In the captures of this test such segments show as plain TCP data (no
+//! FPDU, no CRC verdict), never as bad or malformed. So with markers the stepwise FPDUs (small, alone in
+//! their segments, none of them a multiple of 512 octets) are checked as
+//! strictly as without, plus the marker back pointers tshark shows in both
+//! directions, and for the bulk part only what is reliable: every FPDU
 //! tshark does decode has a Good CRC32, nothing is bad or malformed, and it
 //! decodes no more payload than was sent. The bulk payload is made of octets
 //! 0xfe and 0xff only, so no two payload octets read as an ULPDU_Length that
@@ -86,6 +102,9 @@ use softrdma_proto::wr::{
 use softrdma_sim::pcap::{decode_frame, PcapFile, TcpFlags, Transport};
 use softrdma_sim::tshark::Tshark;
 
+// The message sizes decide where each FPDU starts relative to the markers;
+// see the module comment before changing them.
+
 /// Stepwise Send.
 const STEP_SEND_LEN: usize = 300;
 /// Stepwise RDMA Write, read back by the stepwise RDMA Read.
@@ -116,13 +135,11 @@ const TAGGED_HDR: usize = 14;
 /// A Read Request's RDMAP header after the DDP header.
 const READ_REQ_BODY: usize = 28;
 
-/// Warn-level expert items that are expected: MPA v2 (wire.md §12.5) and
-/// TCP flow control (the receive window filling up on the bulk transfer).
-const EXPECTED_WARNINGS: [&str; 4] = [
+/// The Warn-level expert items MPA v2 always raises (wire.md §12.5):
+/// tshark checks only for RFC 5044 rev 1.
+const MPA_V2_WARNINGS: [&str; 2] = [
     "Res field is NOT set to zero",
     "Rev field is NOT set to one",
-    "TCP window specified by the receiver is now completely full",
-    "TCP Zero Window segment",
 ];
 
 // ---------------------------------------------------------------------------
@@ -691,22 +708,26 @@ fn live_session(name: &str, markers: bool) {
         ts.expert_error_report(&pcap).unwrap()
     );
     // Warn level and above, as `-z expert` counts them (the MPA items are
-    // attached to no tree item, so `_ws.expert` fields miss them).
+    // attached to no tree item, so `_ws.expert` fields miss them): only the
+    // MPA v2 ones, and TCP's own. TCP warns about what a busy machine does
+    // to a connection (window full, a tail loss probe answered with a
+    // D-SACK, ...), which is not ours to judge, but not about segments
+    // missing from the capture: the FPDUs would be incomplete.
     let report = ts.run(&pcap, &["-q", "-z", "expert,warn"]).unwrap();
     for line in report.lines() {
-        let starts_with_count = line
-            .split_whitespace()
-            .next()
-            .is_some_and(|w| w.parse::<u64>().is_ok());
-        if starts_with_count {
-            assert!(
-                EXPECTED_WARNINGS.iter().any(|w| line.contains(w)),
-                "unexpected expert item: {line:?}\n{report}\n{ctx}"
-            );
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        if cols.len() < 4 || cols[0].parse::<u64>().is_err() {
+            continue;
         }
+        let expected = MPA_V2_WARNINGS.iter().any(|w| line.contains(w))
+            || (cols[2] == "TCP" && !line.contains("not captured"));
+        assert!(
+            expected,
+            "unexpected expert item: {line:?}\n{report}\n{ctx}"
+        );
     }
     assert!(
-        report.contains("Rev field is NOT set to one"),
+        report.contains(MPA_V2_WARNINGS[1]),
         "MPA v2 Request/Reply seen by the expert system:\n{report}\n{ctx}"
     );
 
@@ -720,7 +741,7 @@ fn live_session(name: &str, markers: bool) {
         (false, "0x02", STEP_RDMA_LEN),
         (true, "0x03", 0),
     ];
-    assert!(fpdus.len() > step.len(), "FPDUs found: {fpdus:#?}; {ctx}");
+    assert!(fpdus.len() >= step.len(), "FPDUs found: {fpdus:#?}; {ctx}");
     for (f, (from_client, opcode, payload)) in fpdus.iter().zip(step) {
         assert!(
             f.from_client == from_client && f.opcode == opcode && f.payload() == payload,
@@ -729,11 +750,6 @@ fn live_session(name: &str, markers: bool) {
         );
     }
     let (stepwise, bulk) = fpdus.split_at(step.len());
-    let frames: Vec<u64> = stepwise.iter().map(|f| f.frame).collect();
-    assert!(
-        frames.windows(2).all(|w| w[0] < w[1]),
-        "one stepwise FPDU per frame: {frames:?}; {ctx}"
-    );
 
     let opcodes = ["0x00", "0x01", "0x02", "0x03"];
     for f in bulk {
@@ -753,6 +769,13 @@ fn live_session(name: &str, markers: bool) {
     let (read_resps, read_octets) = octets(bulk, false, "0x02");
 
     if markers {
+        // (tshark decodes an FPDU with markers only when it is alone in its
+        // segment, so the stepwise ones were.)
+        let frames: Vec<u64> = stepwise.iter().map(|f| f.frame).collect();
+        assert!(
+            frames.windows(2).all(|w| w[0] < w[1]),
+            "one stepwise FPDU per frame: {frames:?}; {ctx}"
+        );
         // Markers in the stepwise FPDUs, both directions, on 4-octet
         // boundaries.
         for from_client in [true, false] {

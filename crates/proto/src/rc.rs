@@ -433,6 +433,8 @@ pub struct RcQp {
     /// Immediate data announced for the next Send.
     rx_pending_imm: Option<u32>,
     awaiting_rtr: Option<Option<RtrKind>>,
+    /// Some FPDU has arrived from the peer.
+    rx_any: bool,
     // --- outputs ---
     completions: VecDeque<(CqKind, WorkCompletion)>,
     events: VecDeque<RcEvent>,
@@ -485,6 +487,7 @@ impl RcQp {
             rx_write_open: false,
             rx_pending_imm: None,
             awaiting_rtr,
+            rx_any: false,
             completions: VecDeque::with_capacity(cfg.sq_depth + cfg.rq_depth + 2),
             events: VecDeque::with_capacity(4),
         }
@@ -578,6 +581,44 @@ impl RcQp {
     /// The next connection event.
     pub fn poll_event(&mut self) -> Option<RcEvent> {
         self.events.pop_front()
+    }
+
+    /// Sends one zero-length RDMA Read Request as a probe, if nothing has
+    /// arrived from the peer yet, no Read is outstanding and no message is
+    /// half sent. Returns whether a probe was queued.
+    ///
+    /// Why: Linux siw as responder may leave FPDUs that arrive right after
+    /// its MPA Reply unread until more data arrives (`docs/wire.md` §9 item
+    /// 11). A zero-length Read costs the peer nothing (it answers with a
+    /// zero-length Read Response, no memory is touched, no receive is
+    /// consumed), and its arrival makes the peer read what was stuck.
+    pub fn send_probe(&mut self) -> bool {
+        let mid_message = self.in_ird_message
+            || self.sq.get(self.sq_cursor).is_some_and(|e| {
+                !matches!(
+                    e.state,
+                    SqState::Sending {
+                        stage: 0,
+                        framed: 0
+                    }
+                )
+            });
+        if self.state != RcState::Rts
+            || self.rx_any
+            || !self.ord.is_empty()
+            || self.cfg.ord == 0
+            || self.rtr_to_send.is_some()
+            || mid_message
+        {
+            return false;
+        }
+        self.rtr_to_send = Some(RtrKind::Read);
+        true
+    }
+
+    /// True once any FPDU has arrived from the peer.
+    pub fn received_any(&self) -> bool {
+        self.rx_any
     }
 
     /// True if [`RcQp::poll_transmit`] has something to write now.
@@ -1470,6 +1511,7 @@ impl RcQp {
                 None if n == 0 => return,
                 None => {}
                 Some(RxEv::Header(buf, len)) => {
+                    self.rx_any = true;
                     let ulpdu_len = self.deframer.ulpdu_len();
                     self.rx_header(&buf[..len], ulpdu_len, mem, srq.as_deref_mut());
                 }

@@ -911,3 +911,28 @@ fn local_protection_error_fails_the_qp() {
     assert_eq!(p.a.send_wc[1].status, WcStatus::WrFlushErr);
     assert_eq!(p.a.qp.state(), RcState::Error);
 }
+
+#[test]
+fn probe_is_a_harmless_zero_length_read() {
+    let mut p = Pair::rc(121);
+    let a = p.a.mem.register(0, 0, 64, RW);
+    let b = p.b.mem.register(0, 0, 64, RW);
+    p.b.qp
+        .post_recv(RecvWr {
+            wr_id: 5,
+            sgl: SgList::single(0, 64, b),
+        })
+        .unwrap();
+    p.a.qp.post_send(send(1, a, 0, 8)).unwrap();
+    // Nothing has come back from b yet: a probe may go.
+    assert!(p.a.qp.send_probe());
+    assert!(!p.a.qp.send_probe(), "one probe at a time");
+    p.run();
+    assert_eq!(p.a.send_wc.len(), 1, "the probe completes nothing");
+    assert_eq!(p.b.recv_wc.len(), 1, "the probe consumes no receive");
+    assert_eq!(p.a.qp.state(), RcState::Rts);
+    assert_eq!(p.b.qp.state(), RcState::Rts);
+    // b answered the probe, so a has heard from it: no more probes.
+    assert!(p.a.qp.received_any());
+    assert!(!p.a.qp.send_probe());
+}
