@@ -274,12 +274,14 @@ impl Cq {
         if n > 0 || out.is_empty() || !self.inline_progress.load(Ordering::Relaxed) {
             return n;
         }
-        let qps: Vec<Arc<QpShared>> = {
+        // Walk the QPs under the list lock: no allocation on this busy-poll
+        // path. Progress locks only the QP and the CQs' entry queues, never
+        // a QP list, so this cannot deadlock.
+        {
             let v = self.qps.lock().unwrap_or_else(|p| p.into_inner());
-            v.iter().filter_map(|w| w.upgrade()).collect()
-        };
-        for q in qps {
-            q.progress_inline();
+            for q in v.iter().filter_map(|w| w.upgrade()) {
+                q.progress_inline();
+            }
         }
         self.take(out)
     }
