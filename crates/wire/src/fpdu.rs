@@ -484,7 +484,7 @@ impl Deframer {
         // those that fall inside the CRC field itself.
         let in_crc_field =
             self.state == RxState::Trailer && self.trailer_have > pad_len(self.ulpdu_len);
-        if !in_crc_field {
+        if !in_crc_field && self.crc_enabled {
             self.crc.update(&self.marker);
         }
         let marker_pos = self.pos - MARKER_LEN as u64;
@@ -510,7 +510,10 @@ impl Deframer {
         if self.fpdu_start.is_none() {
             self.fpdu_start = Some(self.pos);
         }
-        self.crc.update(bytes);
+        // Without a negotiated CRC the field is ignored, so skip the work.
+        if self.crc_enabled {
+            self.crc.update(bytes);
+        }
         self.pos += bytes.len() as u64;
     }
 
