@@ -24,13 +24,14 @@ run() {
     local name=$1
     shift
     local t0=$SECONDS
-    if "$@" >"target/siw-$name.log" 2>&1; then
+    local log="target/siw-${name//\//-}.log"
+    if "$@" >"$log" 2>&1; then
         pass=$((pass + 1))
         printf 'siw %-40s PASS (%ss)\n' "$name" $((SECONDS - t0))
     else
         fail=$((fail + 1))
         printf 'siw %-40s FAIL (%ss)\n' "$name" $((SECONDS - t0))
-        tail -25 "target/siw-$name.log"
+        tail -25 "$log" || true
     fi
 }
 
