@@ -16,6 +16,7 @@
 pub mod cm;
 pub mod config;
 pub mod cq;
+pub mod ibconn;
 pub mod mr;
 mod progress;
 pub mod qp;
@@ -39,6 +40,7 @@ pub struct Shared {
     /// Async events (`ibv_get_async_event`).
     pub events: Arc<AsyncEvents>,
     progress: OnceLock<Progress>,
+    ib: OnceLock<Arc<ibconn::IbConn>>,
     next_pd: AtomicU32,
     next_cq: AtomicU64,
     /// Configuration read from the environment at creation.
@@ -77,6 +79,7 @@ impl Context {
                 registry: Registry::new(),
                 events: Arc::new(AsyncEvents::new()?),
                 progress: OnceLock::new(),
+                ib: OnceLock::new(),
                 next_pd: AtomicU32::new(1),
                 next_cq: AtomicU64::new(1),
                 config,
@@ -99,6 +102,14 @@ impl Context {
         &self.shared.events
     }
 
+    /// The IB-style (daemonless, by QP number) connection service.
+    pub fn ib_conn(&self) -> Arc<ibconn::IbConn> {
+        self.shared
+            .ib
+            .get_or_init(|| ibconn::IbConn::new(Arc::downgrade(&self.shared)))
+            .clone()
+    }
+
     /// A new protection domain number.
     pub fn alloc_pd(&self) -> u32 {
         self.shared.next_pd.fetch_add(1, Ordering::Relaxed)
@@ -116,6 +127,22 @@ impl Context {
             self.shared.events.clone(),
             inline,
         )
+    }
+
+    /// An RC queue pair whose number makes it reachable IB-style (see
+    /// [`ibconn`]): `(port << 8) | slot` of one of this context's listeners.
+    pub fn create_rc_qp(
+        &self,
+        pd: u32,
+        caps: QpCaps,
+        send_cq: Arc<Cq>,
+        recv_cq: Arc<Cq>,
+    ) -> Result<Qp, ibconn::IbConnError> {
+        let ib = self.ib_conn();
+        let qpn = ib.reserve()?;
+        let qp = self.create_qp(qpn, pd, caps, send_cq, recv_cq);
+        ib.bind(qpn, &qp)?;
+        Ok(qp)
     }
 
     /// An RC queue pair in protection domain `pd`. Its number is assigned
