@@ -9,6 +9,7 @@
 //!   view over it.
 //! * [`cq`]: completion queues, completion channels (eventfds), async events.
 //! * [`qp`]: RC queue pairs over TCP.
+//! * [`srq`]: shared receive queues.
 //! * [`cm`]: connection setup: listen, connect, accept, reject, with MPA
 //!   negotiation, private data and the peer-to-peer RTR.
 //! * [`config`]: the `SOFTRDMA_*` environment knobs.
@@ -20,6 +21,7 @@ pub mod ibconn;
 pub mod mr;
 mod progress;
 pub mod qp;
+pub mod srq;
 mod sys;
 
 use std::io;
@@ -29,6 +31,7 @@ use std::sync::{Arc, OnceLock};
 pub use cq::{AsyncEvent, AsyncEvents, CompChannel, Completion, Cq};
 pub use mr::{RegError, Registry};
 pub use qp::{Qp, QpCaps, QpError, QpLinkState};
+pub use srq::Srq;
 
 use progress::Progress;
 
@@ -156,5 +159,12 @@ impl Context {
         recv_cq: Arc<Cq>,
     ) -> Qp {
         Qp::new(self.shared.clone(), qpn, pd, caps, send_cq, recv_cq)
+    }
+
+    /// A shared receive queue of at most `depth` receives (at least 1)
+    /// (`ibv_create_srq`); QPs use it when created with
+    /// [`Context::create_qp_with_srq`].
+    pub fn create_srq(&self, depth: usize) -> Arc<Srq> {
+        Arc::new(Srq::new(depth))
     }
 }

@@ -11,6 +11,15 @@
 //!
 //! Before it is connected a QP only accepts receives (they are kept and
 //! handed to the connection); `post_send` on an unconnected QP is refused.
+//!
+//! A QP created with a shared receive queue ([`Context::create_qp_with_srq`])
+//! takes every receive from the [`Srq`]; `post_recv` on it is refused with
+//! [`QpError::Invalid`], as in verbs.
+//!
+//! Lock order: a QP's core lock, then (receive path of an SRQ QP) the SRQ's
+//! lock, then the registration table's read lock; completions and events
+//! go to CQs and the async queue only after the QP lock is released. No
+//! code takes a QP lock while holding an SRQ lock.
 
 use std::io::{self, Read};
 use std::net::TcpStream;
@@ -23,7 +32,8 @@ use softrdma_proto::wr::{RecvWr, SendWr};
 use softrdma_wire::rdmap::Layer;
 
 use crate::cq::{AsyncEvent, Completion, Cq};
-use crate::Shared;
+use crate::srq::Srq;
+use crate::{Context, Shared};
 
 /// Sizes a QP is created with (`ibv_qp_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +119,8 @@ pub struct QpShared {
     caps: QpCaps,
     send_cq: Arc<Cq>,
     recv_cq: Arc<Cq>,
+    /// The shared receive queue every receive comes from, if any.
+    srq: Option<Arc<Srq>>,
     core: Mutex<QpCore>,
 }
 
@@ -142,6 +154,19 @@ impl Qp {
         send_cq: Arc<Cq>,
         recv_cq: Arc<Cq>,
     ) -> Qp {
+        Qp::with_srq(shared, qpn, pd, caps, send_cq, recv_cq, None)
+    }
+
+    /// As [`Qp::new`], optionally taking receives from `srq`.
+    pub(crate) fn with_srq(
+        shared: Arc<Shared>,
+        qpn: u32,
+        pd: u32,
+        caps: QpCaps,
+        send_cq: Arc<Cq>,
+        recv_cq: Arc<Cq>,
+        srq: Option<Arc<Srq>>,
+    ) -> Qp {
         let inner = Arc::new(QpShared {
             shared,
             qpn,
@@ -149,6 +174,7 @@ impl Qp {
             caps,
             send_cq: send_cq.clone(),
             recv_cq: recv_cq.clone(),
+            srq,
             core: Mutex::new(QpCore {
                 link: None,
                 early_rq: RecvQueue::new(caps.max_recv_wr),
@@ -180,6 +206,11 @@ impl Qp {
         self.inner.caps
     }
 
+    /// The shared receive queue the QP takes its receives from, if any.
+    pub fn srq(&self) -> Option<&Arc<Srq>> {
+        self.inner.srq.as_ref()
+    }
+
     /// The transport state.
     pub fn link_state(&self) -> QpLinkState {
         let c = self.inner.lock();
@@ -203,8 +234,12 @@ impl Qp {
         Ok(())
     }
 
-    /// Posts a receive.
+    /// Posts a receive. A QP with a shared receive queue has none of its
+    /// own: [`QpError::Invalid`] (post to the [`Srq`] instead).
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), QpError> {
+        if self.inner.srq.is_some() {
+            return Err(QpError::Invalid);
+        }
         let mut c = self.inner.lock();
         match c.link.as_mut() {
             Some(link) => link.rc.post_recv(wr)?,
@@ -383,9 +418,19 @@ impl QpShared {
                     let pd = self.pd;
                     let rc = &mut link.rc;
                     let data = &rxbuf[..n];
-                    self.shared
-                        .registry
-                        .with_view(pd, |v| rc.handle_bytes(data, v));
+                    match &self.srq {
+                        // Lock order: QP core (held), SRQ, registry.
+                        Some(srq) => {
+                            let mut q = srq.lock();
+                            self.shared
+                                .registry
+                                .with_view(pd, |v| rc.handle_bytes_with_srq(data, v, &mut q));
+                        }
+                        None => self
+                            .shared
+                            .registry
+                            .with_view(pd, |v| rc.handle_bytes(data, v)),
+                    }
                     if n < rxbuf.len() {
                         break;
                     }
@@ -437,7 +482,7 @@ impl QpShared {
                             None
                         }
                         RcEvent::RecvLimitReached => Some(AsyncEvent::SrqLimitReached {
-                            id: u64::from(self.qpn),
+                            id: self.srq.as_ref().map_or(u64::from(self.qpn), |q| q.id()),
                         }),
                     };
                     if let (Some(e), true) = (ae, ne < events.len()) {
@@ -495,5 +540,31 @@ impl QpShared {
         self.receive(&mut c);
         self.transmit(&mut c);
         self.flush(c);
+    }
+}
+
+impl Context {
+    /// An RC queue pair in protection domain `pd` that takes every receive
+    /// from `srq` (`ibv_create_qp` with `srq` set; `caps.max_recv_wr` is
+    /// unused). Receive buffers are checked against `pd`: the SRQ's
+    /// receives must use memory registered in it.
+    pub fn create_qp_with_srq(
+        &self,
+        qpn: u32,
+        pd: u32,
+        caps: QpCaps,
+        send_cq: Arc<Cq>,
+        recv_cq: Arc<Cq>,
+        srq: Arc<Srq>,
+    ) -> Qp {
+        Qp::with_srq(
+            self.shared.clone(),
+            qpn,
+            pd,
+            caps,
+            send_cq,
+            recv_cq,
+            Some(srq),
+        )
     }
 }

@@ -38,6 +38,9 @@ pub use softrdma_proto::wr::{
 
 use softrdma_engine as engine;
 
+pub mod qp_state;
+pub use qp_state::{Destination, ModifyError, QpAttr, QpState};
+
 /// Why a device could not be opened.
 #[derive(Debug)]
 pub enum OpenError {
@@ -170,25 +173,153 @@ impl ProtectionDomain {
         }
     }
 
-    /// An RC queue pair completing into `send_cq` and `recv_cq`.
+    /// An RC queue pair completing into `send_cq` and `recv_cq`, created in
+    /// INIT (receives may be posted at once, as after `rdma_create_qp`).
+    /// Its number makes it reachable IB-style (`(port << 8) | slot`); if no
+    /// listener can be opened for that, it gets a plain number and an RTR
+    /// transition with a destination will fail with a clear error.
     pub fn create_qp(
         &self,
         send_cq: &CompletionQueue,
         recv_cq: &CompletionQueue,
         caps: QpCaps,
     ) -> QueuePair {
-        let qpn = NEXT_QPN.fetch_add(1, Ordering::Relaxed) & 0x00FF_FFFF;
+        let (s, r) = (send_cq.cq.clone(), recv_cq.cq.clone());
+        let qp = match self.ctx.create_rc_qp(self.pd, caps, s.clone(), r.clone()) {
+            Ok(qp) => qp,
+            Err(_) => {
+                let qpn = NEXT_QPN.fetch_add(1, Ordering::Relaxed) & 0x00FF_FFFF;
+                self.ctx.create_qp(qpn, self.pd, caps, s, r)
+            }
+        };
         QueuePair {
-            qp: self
-                .ctx
-                .create_qp(qpn, self.pd, caps, send_cq.cq.clone(), recv_cq.cq.clone()),
+            qp,
             ctx: self.ctx.clone(),
+            state: Arc::new(std::sync::Mutex::new(QpState::Init)),
         }
     }
 
     /// The protection domain's number.
     pub fn number(&self) -> u32 {
         self.pd
+    }
+
+    /// A shared receive queue of at most `depth` receives (at least 1)
+    /// (`ibv_create_srq`). Its receives use memory registered in this
+    /// protection domain; QPs take from it when created with
+    /// [`ProtectionDomain::create_qp_with_srq`].
+    pub fn create_srq(&self, depth: usize) -> SharedReceiveQueue {
+        SharedReceiveQueue {
+            srq: self.ctx.create_srq(depth),
+            pd: self.pd,
+        }
+    }
+
+    /// An RC queue pair that takes the receive for every incoming Send
+    /// (and Write with immediate) from `srq`, completing into `send_cq`
+    /// and `recv_cq` (`ibv_create_qp` with `srq` set; `caps.max_recv_wr` is
+    /// unused). [`QueuePair::post_recv`] on it is [`PostError::Invalid`].
+    /// An SRQ of another protection domain is [`PostError::Invalid`].
+    pub fn create_qp_with_srq(
+        &self,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        srq: &SharedReceiveQueue,
+        caps: QpCaps,
+    ) -> Result<QueuePair, PostError> {
+        if srq.pd != self.pd {
+            return Err(PostError::Invalid);
+        }
+        let qpn = NEXT_QPN.fetch_add(1, Ordering::Relaxed) & 0x00FF_FFFF;
+        Ok(QueuePair {
+            qp: self.ctx.create_qp_with_srq(
+                qpn,
+                self.pd,
+                caps,
+                send_cq.cq.clone(),
+                recv_cq.cq.clone(),
+                srq.srq.clone(),
+            ),
+            ctx: self.ctx.clone(),
+            state: Arc::new(std::sync::Mutex::new(QpState::Init)),
+        })
+    }
+}
+
+/// A shared receive queue (`ibv_srq`): receives that every QP created with
+/// it draws from, oldest first, whichever connection a message arrives on.
+///
+/// Receives may be posted before any QP connects. With a limit armed
+/// ([`SharedReceiveQueue::modify_limit`]), the context reports
+/// [`AsyncEvent::SrqLimitReached`] with this queue's [`id`] once, when a
+/// message takes a receive that leaves fewer than the limit posted; the
+/// limit is then disarmed (`IBV_EVENT_SRQ_LIMIT_REACHED`). A message that
+/// finds the queue empty puts the QP it arrived on in error (the peer gets
+/// a DDP "no buffer" Terminate); the queue and its other QPs carry on, and
+/// a failed QP leaves the queue's receives in place.
+///
+/// ```
+/// use softrdma_verbs::{Access, Context, PostError, QpCaps, RecvWr, SgList};
+/// let ctx = Context::open().unwrap();
+/// let pd = ctx.alloc_pd();
+/// let cq = ctx.create_cq(64, None);
+/// let mr = pd.register(4096, Access::LOCAL_WRITE).unwrap();
+/// let srq = pd.create_srq(16);
+/// for i in 0..4 {
+///     let sge = mr.sge(i * 1024, 1024);
+///     srq.post_recv(RecvWr { wr_id: i as u64, sgl: SgList::single(sge.addr, sge.length, sge.lkey) })
+///         .unwrap();
+/// }
+/// srq.modify_limit(2).unwrap();
+/// assert_eq!(srq.len(), 4);
+/// let a = pd.create_qp_with_srq(&cq, &cq, &srq, QpCaps::default()).unwrap();
+/// let b = pd.create_qp_with_srq(&cq, &cq, &srq, QpCaps::default()).unwrap();
+/// assert_ne!(a.qpn(), b.qpn());
+/// // Receives go to the SRQ, not to the QP.
+/// let wr = RecvWr { wr_id: 9, sgl: SgList::new() };
+/// assert_eq!(a.post_recv(wr), Err(PostError::Invalid));
+/// ```
+///
+/// [`id`]: SharedReceiveQueue::id
+#[derive(Debug, Clone)]
+pub struct SharedReceiveQueue {
+    srq: Arc<engine::Srq>,
+    pd: u32,
+}
+
+impl SharedReceiveQueue {
+    /// Posts a receive (`ibv_post_srq_recv`); [`PostError::QueueFull`] when
+    /// the queue holds its depth already.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
+        Ok(self.srq.post_recv(wr)?)
+    }
+
+    /// Arms the limit event (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): one
+    /// [`AsyncEvent::SrqLimitReached`] when fewer than `limit` receives
+    /// remain after a message takes one, then disarmed until called again.
+    /// 0 disarms; a limit above the depth is [`PostError::Invalid`].
+    pub fn modify_limit(&self, limit: usize) -> Result<(), PostError> {
+        Ok(self.srq.arm_limit(limit)?)
+    }
+
+    /// Receives currently posted.
+    pub fn len(&self) -> usize {
+        self.srq.len()
+    }
+
+    /// True if no receive is posted.
+    pub fn is_empty(&self) -> bool {
+        self.srq.is_empty()
+    }
+
+    /// The most receives it holds (`max_wr`).
+    pub fn depth(&self) -> usize {
+        self.srq.depth()
+    }
+
+    /// The id [`AsyncEvent::SrqLimitReached`] reports.
+    pub fn id(&self) -> u64 {
+        self.srq.id()
     }
 }
 
@@ -358,6 +489,9 @@ impl CompletionQueue {
 /// Why a work request was refused (nothing was queued).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PostError {
+    /// The QP's state does not allow it (sends need RTS; receives need a
+    /// state other than RESET).
+    InvalidState(QpState),
     /// The queue is full.
     QueueFull,
     /// Sends need a connected QP.
@@ -384,6 +518,7 @@ impl From<engine::QpError> for PostError {
 pub struct QueuePair {
     qp: engine::Qp,
     ctx: engine::Context,
+    state: Arc<std::sync::Mutex<QpState>>,
 }
 
 impl QueuePair {
@@ -392,24 +527,92 @@ impl QueuePair {
         self.qp.qpn()
     }
 
+    /// The verbs state. A connection that failed shows as ERR.
+    pub fn query_state(&self) -> QpState {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if self.qp.link_state() == QpLinkState::Error && *st != QpState::Reset {
+            *st = QpState::Err;
+        }
+        *st
+    }
+
     /// Transport state.
     pub fn state(&self) -> QpLinkState {
         self.qp.link_state()
     }
 
-    /// Posts a send work request.
+    fn set_state(&self, s: QpState) {
+        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = s;
+    }
+
+    /// Moves the QP to another state (`ibv_modify_qp`). INIT → RTR with a
+    /// destination starts the IB-style connection; RTR → RTS waits for it.
+    /// On error the state is unchanged and the error says why.
+    pub fn modify(&self, attr: &QpAttr) -> Result<(), ModifyError> {
+        let from = self.query_state();
+        let to = attr.state;
+        if !from.can_move_to(to) {
+            return Err(ModifyError::InvalidTransition { from, to });
+        }
+        match (from, to) {
+            (_, QpState::Err) => {
+                self.qp.disconnect();
+            }
+            (QpState::Reset | QpState::Init, QpState::Reset | QpState::Init) => {}
+            (_, QpState::Reset) => {
+                return Err(ModifyError::Unsupported(
+                    "resetting a QP that has been connected; destroy it and create a new QP",
+                ))
+            }
+            (QpState::Init, QpState::Rtr) => {
+                let dest = attr.dest.ok_or(ModifyError::MissingAttribute {
+                    to,
+                    attribute: "destination (GID and QP number)",
+                })?;
+                let ird = attr.max_dest_rd_atomic.unwrap_or(16);
+                self.ctx
+                    .ib_conn()
+                    .start(&self.qp, self.qp.qpn(), dest.addr, dest.qpn, ird, 16)
+                    .map_err(|e| ModifyError::Connect(e.to_string()))?;
+            }
+            (QpState::Rtr, QpState::Rts) => {
+                let timeout = attr.timeout.unwrap_or(Duration::from_secs(30));
+                self.ctx
+                    .ib_conn()
+                    .wait_connected(&self.qp, self.qp.qpn(), timeout)
+                    .map_err(|e| ModifyError::Connect(e.to_string()))?;
+            }
+            (QpState::Sqe, QpState::Rts)
+            | (QpState::Rts | QpState::Sqd, QpState::Rts | QpState::Sqd) => {}
+            _ => return Err(ModifyError::InvalidTransition { from, to }),
+        }
+        self.set_state(to);
+        Ok(())
+    }
+
+    /// Posts a send work request (the QP must be in RTS).
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
-        Ok(self.qp.post_send(wr)?)
+        match self.query_state() {
+            QpState::Rts => Ok(self.qp.post_send(wr)?),
+            // In ERR, verbs completes the request at once with a flush error.
+            QpState::Err => Ok(self.qp.post_send(wr)?),
+            other => Err(PostError::InvalidState(other)),
+        }
     }
 
-    /// Posts a receive.
+    /// Posts a receive (any state but RESET).
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
-        Ok(self.qp.post_recv(wr)?)
+        match self.query_state() {
+            QpState::Reset => Err(PostError::InvalidState(QpState::Reset)),
+            _ => Ok(self.qp.post_recv(wr)?),
+        }
     }
 
-    /// Disconnects (`rdma_disconnect`): outstanding work flushes.
+    /// Disconnects (`rdma_disconnect`): outstanding work flushes and the QP
+    /// goes to ERR.
     pub fn disconnect(&self) {
-        self.qp.disconnect()
+        self.qp.disconnect();
+        self.set_state(QpState::Err);
     }
 }
 
@@ -427,7 +630,9 @@ pub mod cm {
         addr: impl ToSocketAddrs,
         params: &ConnParams,
     ) -> Result<Vec<u8>, ConnectError> {
-        softrdma_engine::cm::connect(&qp.ctx, &qp.qp, addr, params)
+        let pd = softrdma_engine::cm::connect(&qp.ctx, &qp.qp, addr, params)?;
+        qp.set_state(QpState::Rts);
+        Ok(pd)
     }
 
     /// A listener for connection requests.
@@ -476,7 +681,9 @@ pub mod cm {
 
         /// Accepts onto `qp`.
         pub fn accept(self, qp: &QueuePair, params: &ConnParams) -> Result<(), ConnectError> {
-            self.inc.accept(&qp.qp, params)
+            self.inc.accept(&qp.qp, params)?;
+            qp.set_state(QpState::Rts);
+            Ok(())
         }
 
         /// Rejects, with private data.
