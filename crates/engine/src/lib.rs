@@ -12,9 +12,14 @@
 //! * [`srq`]: shared receive queues.
 //! * [`cm`]: connection setup: listen, connect, accept, reject, with MPA
 //!   negotiation, private data and the peer-to-peer RTR.
+//! * [`cm_events`]: the same with rdma_cm semantics: ids and an event
+//!   channel (a pollable fd) delivering connect requests, establishment,
+//!   rejection and disconnection.
+//! * [`ibconn`]: daemonless IB-style connection by QP number.
 //! * [`config`]: the `SOFTRDMA_*` environment knobs.
 
 pub mod cm;
+pub mod cm_events;
 pub mod config;
 pub mod cq;
 pub mod ibconn;

@@ -17,9 +17,11 @@
 //! [`QpError::Invalid`], as in verbs.
 //!
 //! Lock order: a QP's core lock, then (receive path of an SRQ QP) the SRQ's
-//! lock, then the registration table's read lock; completions and events
-//! go to CQs and the async queue only after the QP lock is released. No
-//! code takes a QP lock while holding an SRQ lock.
+//! lock, then the registration table's read lock. Completions go to the
+//! CQs under the QP lock (so a QP's completions keep their order whichever
+//! thread makes progress), async events only after it is released. No code
+//! takes a QP lock while holding an SRQ or CQ lock (inline progress from
+//! `Cq::poll` only try-locks a QP).
 
 use std::io::{self, Read};
 use std::net::TcpStream;
@@ -105,7 +107,8 @@ pub(crate) struct QpCore {
     /// Receives posted before the connection exists.
     early_rq: RecvQueue,
     rxbuf: Vec<u8>,
-    /// Completions gathered under the QP lock, handed to CQs after it.
+    /// Completions gathered under the QP lock and handed to the CQs
+    /// before it is released (in order).
     out_send: Vec<Completion>,
     out_recv: Vec<Completion>,
     errored: bool,
@@ -445,8 +448,9 @@ impl QpShared {
         }
     }
 
-    /// Moves completions and events out of the protocol engine, then (after
-    /// the QP lock is released) into the CQs and the async event queue.
+    /// Moves completions out of the protocol engine into the CQs (under the
+    /// QP lock, so they keep their order), then, after the QP lock is
+    /// released, events into the async event queue.
     fn flush(&self, mut c: MutexGuard<'_, QpCore>) {
         let mut events: [Option<AsyncEvent>; 4] = [None; 4];
         let mut ne = 0;
@@ -499,23 +503,18 @@ impl QpShared {
                 }
             }
         }
-        let mut sends = std::mem::take(&mut c.out_send);
-        let mut recvs = std::mem::take(&mut c.out_recv);
+        // Completions reach the CQs before the QP lock is released: two
+        // flushers of one QP (progress thread, inline progress, a post)
+        // must not overtake each other, as verbs completes a QP's work in
+        // order. A CQ never takes a QP lock, so QP core then CQ is safe.
+        self.send_cq.push(&c.out_send);
+        self.recv_cq.push(&c.out_recv);
+        // Cleared, not replaced: the buffers keep their capacity.
+        c.out_send.clear();
+        c.out_recv.clear();
         drop(c);
-        self.send_cq.push(&sends);
-        self.recv_cq.push(&recvs);
         for e in events.iter().flatten() {
             self.shared.events.raise(*e);
-        }
-        sends.clear();
-        recvs.clear();
-        // Give the buffers back (keeps their capacity: no allocation per op).
-        let mut c = self.lock();
-        if c.out_send.is_empty() {
-            c.out_send = sends;
-        }
-        if c.out_recv.is_empty() {
-            c.out_recv = recvs;
         }
     }
 
