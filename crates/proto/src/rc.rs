@@ -435,6 +435,8 @@ pub struct RcQp {
     awaiting_rtr: Option<Option<RtrKind>>,
     /// Some FPDU has arrived from the peer.
     rx_any: bool,
+    /// A rule the current segment's header broke, reported at its end.
+    rx_deferred: Option<(TerminateCause, bool)>,
     // --- outputs ---
     completions: VecDeque<(CqKind, WorkCompletion)>,
     events: VecDeque<RcEvent>,
@@ -488,6 +490,7 @@ impl RcQp {
             rx_pending_imm: None,
             awaiting_rtr,
             rx_any: false,
+            rx_deferred: None,
             completions: VecDeque::with_capacity(cfg.sq_depth + cfg.rq_depth + 2),
             events: VecDeque::with_capacity(4),
         }
@@ -593,16 +596,7 @@ impl RcQp {
     /// zero-length Read Response, no memory is touched, no receive is
     /// consumed), and its arrival makes the peer read what was stuck.
     pub fn send_probe(&mut self) -> bool {
-        let mid_message = self.in_ird_message
-            || self.sq.get(self.sq_cursor).is_some_and(|e| {
-                !matches!(
-                    e.state,
-                    SqState::Sending {
-                        stage: 0,
-                        framed: 0
-                    }
-                )
-            });
+        let mid_message = self.in_ird_message || self.sq_mid_message();
         if self.state != RcState::Rts
             || self.rx_any
             || !self.ord.is_empty()
@@ -614,6 +608,18 @@ impl RcQp {
         }
         self.rtr_to_send = Some(RtrKind::Read);
         true
+    }
+
+    /// True while the send queue's head message has some but not all of its
+    /// segments framed (the next FPDU must continue it).
+    fn sq_mid_message(&self) -> bool {
+        self.sq.get(self.sq_cursor).is_some_and(|e| match e.state {
+            SqState::Sending { stage, framed } => {
+                let write_done = matches!(e.wr.op, SendOp::Write { .. }) && stage == 1;
+                framed > 0 && !write_done
+            }
+            _ => false,
+        })
     }
 
     /// True once any FPDU has arrived from the peer.
@@ -929,6 +935,10 @@ impl RcQp {
             // Continue the message in progress, then choose a source.
             let use_ird = if self.in_ird_message {
                 true
+            } else if self.sq_mid_message() {
+                // Finish the Send/Write in progress first: two messages of
+                // the same kind must not interleave (wire.md §7.3).
+                false
             } else {
                 let ird_ready = !self.ird.is_empty();
                 let sq_ready = self.sq_has_work();
@@ -1516,7 +1526,13 @@ impl RcQp {
                     self.rx_header(&buf[..len], ulpdu_len, mem, srq.as_deref_mut());
                 }
                 Some(RxEv::Payload(len)) => self.rx_payload(&consumed[n - len..], mem),
-                Some(RxEv::End) => self.rx_end(mem, srq.as_deref_mut()),
+                Some(RxEv::End) => match self.rx_deferred.take() {
+                    Some((cause, rr)) => {
+                        self.rx_error(cause, rr);
+                        self.rx_seg = None;
+                    }
+                    None => self.rx_end(mem, srq.as_deref_mut()),
+                },
             }
         }
     }
@@ -1556,7 +1572,7 @@ impl RcQp {
                     target: Target::Discard,
                     placed: 0,
                 });
-                self.rx_error(cause, false);
+                self.defer_error(cause, false);
                 return;
             }
         };
@@ -1592,7 +1608,7 @@ impl RcQp {
                     _ => return,
                 }
             } else if expect.is_some() {
-                self.rx_error(TerminateCause::MpaNoMatchingRtr, false);
+                self.defer_error(TerminateCause::MpaNoMatchingRtr, false);
                 return;
             }
         }
@@ -1609,12 +1625,12 @@ impl RcQp {
         match repr.opcode {
             Opcode::RdmaWrite | Opcode::ReadResponse => {
                 let DdpHeader::Tagged { stag, to, .. } = repr.ddp else {
-                    return self.rx_error(TerminateCause::RdmapUnexpectedOpcode, false);
+                    return self.defer_error(TerminateCause::RdmapUnexpectedOpcode, false);
                 };
                 // A continuation must follow on from the previous segment.
                 if let Some((s, next)) = self.rx_tagged {
                     if s != stag || next != to {
-                        return self.rx_error(TerminateCause::DdpTaggedBaseBounds, false);
+                        return self.defer_error(TerminateCause::DdpTaggedBaseBounds, false);
                     }
                 }
                 if repr.opcode == Opcode::RdmaWrite {
@@ -1624,7 +1640,7 @@ impl RcQp {
                     }
                     if payload_len > 0 {
                         if let Err(e) = mem.check_remote_write(stag, to, payload_len) {
-                            return self.rx_error(e.terminate_cause(true), false);
+                            return self.defer_error(e.terminate_cause(true), false);
                         }
                         self.set_target(Target::Write { stag, to });
                     }
@@ -1640,13 +1656,13 @@ impl RcQp {
                         ..
                     }) = self.ord.front().copied()
                     else {
-                        return self.rx_error(TerminateCause::RdmapUnexpectedOpcode, false);
+                        return self.defer_error(TerminateCause::RdmapUnexpectedOpcode, false);
                     };
                     if stag != sink_stag || to != sink_to.wrapping_add(received) {
-                        return self.rx_error(TerminateCause::DdpTaggedStagNotAssociated, false);
+                        return self.defer_error(TerminateCause::DdpTaggedStagNotAssociated, false);
                     }
                     if received + payload_len > u64::from(size) {
-                        return self.rx_error(TerminateCause::DdpTaggedBaseBounds, false);
+                        return self.defer_error(TerminateCause::DdpTaggedBaseBounds, false);
                     }
                     self.set_target(Target::ReadResp { offset: received });
                 }
@@ -1659,11 +1675,11 @@ impl RcQp {
             Opcode::Send | Opcode::SendSe | Opcode::SendInvalidate | Opcode::SendSeInvalidate => {
                 let (qn, msn, mo, _) = untagged.expect("untagged opcode");
                 if qn != 0 {
-                    return self.rx_error(TerminateCause::DdpUntaggedInvalidQn, false);
+                    return self.defer_error(TerminateCause::DdpUntaggedInvalidQn, false);
                 }
                 if mo == 0 && self.rx_recv.is_none() {
                     if msn != self.rx_msn[0] {
-                        return self.rx_error(TerminateCause::DdpUntaggedMsnRange, false);
+                        return self.defer_error(TerminateCause::DdpUntaggedMsnRange, false);
                     }
                     let (wr, fired) = match srq {
                         Some(q) => q.take(),
@@ -1673,7 +1689,7 @@ impl RcQp {
                         self.events.push_back(RcEvent::RecvLimitReached);
                     }
                     let Some(wr) = wr else {
-                        return self.rx_error(TerminateCause::DdpUntaggedNoBuffer, false);
+                        return self.defer_error(TerminateCause::DdpUntaggedNoBuffer, false);
                     };
                     self.rx_recv = Some(RxRecv {
                         wr,
@@ -1683,13 +1699,13 @@ impl RcQp {
                     });
                 }
                 let Some(r) = self.rx_recv else {
-                    return self.rx_error(TerminateCause::DdpUntaggedInvalidMo, false);
+                    return self.defer_error(TerminateCause::DdpUntaggedInvalidMo, false);
                 };
                 if msn != r.msn {
-                    return self.rx_error(TerminateCause::DdpUntaggedMsnRange, false);
+                    return self.defer_error(TerminateCause::DdpUntaggedMsnRange, false);
                 }
                 if u64::from(mo) != r.received {
-                    return self.rx_error(TerminateCause::DdpUntaggedInvalidMo, false);
+                    return self.defer_error(TerminateCause::DdpUntaggedInvalidMo, false);
                 }
                 if r.received + payload_len > r.wr.sgl.total_len() {
                     if let Some(r) = self.rx_recv.take() {
@@ -1698,73 +1714,81 @@ impl RcQp {
                             WorkCompletion::new(r.wr.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, 0),
                         ));
                     }
-                    return self.rx_error(TerminateCause::DdpUntaggedTooLong, false);
+                    return self.defer_error(TerminateCause::DdpUntaggedTooLong, false);
                 }
                 self.set_target(Target::Recv { offset: r.received });
             }
             Opcode::ImmediateData | Opcode::ImmediateDataSe if ext => {
                 let (qn, msn, mo, _) = untagged.expect("untagged opcode");
                 if qn != 0 || mo != 0 || payload_len != 0 {
-                    return self.rx_error(TerminateCause::DdpUntaggedInvalidQn, false);
+                    return self.defer_error(TerminateCause::DdpUntaggedInvalidQn, false);
                 }
                 if msn != self.rx_msn[0] || self.rx_recv.is_some() {
-                    self.rx_error(TerminateCause::DdpUntaggedMsnRange, false)
+                    self.defer_error(TerminateCause::DdpUntaggedMsnRange, false)
                 }
             }
             Opcode::ReadRequest => {
                 let (qn, msn, _, _) = untagged.expect("untagged opcode");
                 let RdmapBody::ReadRequest(req) = repr.body else {
-                    return self.rx_error(TerminateCause::RdmapCatastrophicStream, false);
+                    return self.defer_error(TerminateCause::RdmapCatastrophicStream, false);
                 };
                 if qn != 1 {
-                    return self.rx_error(TerminateCause::DdpUntaggedInvalidQn, false);
+                    return self.defer_error(TerminateCause::DdpUntaggedInvalidQn, false);
                 }
                 if msn != self.rx_msn[1] {
-                    return self.rx_error(TerminateCause::DdpUntaggedMsnRange, false);
+                    return self.defer_error(TerminateCause::DdpUntaggedMsnRange, false);
                 }
                 if payload_len != 0 {
-                    return self.rx_error(TerminateCause::RdmapCatastrophicStream, false);
+                    return self.defer_error(TerminateCause::RdmapCatastrophicStream, false);
                 }
                 if self.ird.len() >= usize::from(self.cfg.ird) {
-                    return self.rx_error(TerminateCause::RdmapCatastrophicStream, true);
+                    return self.defer_error(TerminateCause::RdmapCatastrophicStream, true);
                 }
                 if req.size > 0 {
                     if let Err(e) = mem.remote_read(req.src_stag, req.src_to, u64::from(req.size)) {
-                        self.rx_error(e.terminate_cause(false), true)
+                        self.defer_error(e.terminate_cause(false), true)
                     }
                 }
             }
             Opcode::AtomicRequest if ext => {
                 let (qn, msn, _, _) = untagged.expect("untagged opcode");
                 if qn != 1 {
-                    return self.rx_error(TerminateCause::DdpUntaggedInvalidQn, false);
+                    return self.defer_error(TerminateCause::DdpUntaggedInvalidQn, false);
                 }
                 if msn != self.rx_msn[1] || payload_len != 0 {
-                    return self.rx_error(TerminateCause::DdpUntaggedMsnRange, false);
+                    return self.defer_error(TerminateCause::DdpUntaggedMsnRange, false);
                 }
                 if self.ird.len() >= usize::from(self.cfg.ird) {
-                    self.rx_error(TerminateCause::RdmapCatastrophicStream, false)
+                    self.defer_error(TerminateCause::RdmapCatastrophicStream, false)
                 }
             }
             Opcode::AtomicResponse if ext => {
                 let (qn, msn, _, _) = untagged.expect("untagged opcode");
                 if qn != 3 || msn != self.rx_msn[3] || payload_len != 0 {
-                    return self.rx_error(TerminateCause::DdpUntaggedMsnRange, false);
+                    return self.defer_error(TerminateCause::DdpUntaggedMsnRange, false);
                 }
                 let RdmapBody::AtomicResponse(resp) = repr.body else {
-                    return self.rx_error(TerminateCause::RdmapCatastrophicStream, false);
+                    return self.defer_error(TerminateCause::RdmapCatastrophicStream, false);
                 };
                 match self.ord.front() {
                     Some(OrdEntry {
                         kind: OrdKind::Atomic { req_id },
                         ..
                     }) if *req_id == resp.req_id => {}
-                    _ => self.rx_error(TerminateCause::RdmapUnexpectedOpcode, false),
+                    _ => self.defer_error(TerminateCause::RdmapUnexpectedOpcode, false),
                 }
             }
             Opcode::Terminate => {}
-            _ => self.rx_error(TerminateCause::RdmapUnexpectedOpcode, false),
+            _ => self.defer_error(TerminateCause::RdmapUnexpectedOpcode, false),
         }
+    }
+
+    /// A header broke a rule: discard the segment's payload and send the
+    /// Terminate once the FPDU's CRC has verified (a CRC failure takes
+    /// precedence: the header itself may be what was corrupted).
+    fn defer_error(&mut self, cause: TerminateCause, with_read_request: bool) {
+        self.set_target(Target::Discard);
+        self.rx_deferred = Some((cause, with_read_request));
     }
 
     fn set_target(&mut self, t: Target) {
