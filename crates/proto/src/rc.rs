@@ -908,22 +908,17 @@ impl RcQp {
         }
     }
 
+    /// The queued Terminate as an FPDU (QN 2, MSN 1, MO 0, L), if any.
+    fn terminate_fpdu<M: Memory>(&mut self, mem: &mut M) -> Option<PendingFpdu> {
+        let t = self.terminate.take()?;
+        let repr = SegmentRepr::untagged(Opcode::Terminate, 2, 1, 0, true, RdmapBody::Terminate(t));
+        Some(self.build(mem, &repr, &Body::None, Done::Terminate))
+    }
+
     /// Builds the next FPDU to send, if any.
     fn next_fpdu<M: Memory>(&mut self, mem: &mut M) -> Option<PendingFpdu> {
-        if let Some(t) = self.terminate.take() {
-            let repr = SegmentRepr {
-                last: true,
-                opcode: Opcode::Terminate,
-                ddp: DdpHeader::Untagged {
-                    rsvd_ulp: 0,
-                    qn: 2,
-                    msn: 1,
-                    mo: 0,
-                },
-                dqpn: None,
-                body: RdmapBody::Terminate(t),
-            };
-            return Some(self.build(mem, &repr, &Body::None, Done::Terminate));
+        if let Some(p) = self.terminate_fpdu(mem) {
+            return Some(p);
         }
         if self.state != RcState::Rts {
             return None;
@@ -958,21 +953,7 @@ impl RcQp {
             match r {
                 Some(p) => return Some(p),
                 None if self.state != RcState::Rts => {
-                    return self.terminate.take().map(|t| {
-                        let repr = SegmentRepr {
-                            last: true,
-                            opcode: Opcode::Terminate,
-                            ddp: DdpHeader::Untagged {
-                                rsvd_ulp: 0,
-                                qn: 2,
-                                msn: 1,
-                                mo: 0,
-                            },
-                            dqpn: None,
-                            body: RdmapBody::Terminate(t),
-                        };
-                        self.build(mem, &repr, &Body::None, Done::Terminate)
-                    });
+                    return self.terminate_fpdu(mem);
                 }
                 // A work request that needed no FPDU (local invalidate).
                 None => continue,
@@ -982,10 +963,10 @@ impl RcQp {
 
     fn build_rtr<M: Memory>(&mut self, mem: &mut M, kind: RtrKind) -> PendingFpdu {
         let repr = match kind {
-            RtrKind::Write => tagged(Opcode::RdmaWrite, 1, 0, true),
+            RtrKind::Write => SegmentRepr::tagged(Opcode::RdmaWrite, 1, 0, true),
             RtrKind::Send => {
                 let msn = self.bump_msn(0);
-                untagged(Opcode::Send, 0, msn, 0, true, RdmapBody::None)
+                SegmentRepr::untagged(Opcode::Send, 0, msn, 0, true, RdmapBody::None)
             }
             RtrKind::Read => {
                 let msn = self.bump_msn(1);
@@ -998,7 +979,7 @@ impl RcQp {
                         received: 0,
                     },
                 });
-                untagged(
+                SegmentRepr::untagged(
                     Opcode::ReadRequest,
                     1,
                     msn,
@@ -1030,7 +1011,7 @@ impl RcQp {
                 self.ird.pop_front();
                 self.ird_served_in_row += 1;
                 let msn = self.bump_msn(3);
-                let repr = untagged(
+                let repr = SegmentRepr::untagged(
                     Opcode::AtomicResponse,
                     3,
                     msn,
@@ -1048,7 +1029,7 @@ impl RcQp {
                 let left = u64::from(req.size) - sent;
                 let n = left.min(room);
                 let last = n == left;
-                let repr = tagged(
+                let repr = SegmentRepr::tagged(
                     Opcode::ReadResponse,
                     req.sink_stag,
                     req.sink_to.wrapping_add(sent),
@@ -1112,7 +1093,7 @@ impl RcQp {
             SendOp::Send { imm: Some(imm), .. } if stage == 0 => {
                 // Immediate Data announcing the Send that follows.
                 let msn = self.bump_msn(0);
-                let repr = untagged(
+                let repr = SegmentRepr::untagged(
                     Opcode::ImmediateData,
                     0,
                     msn,
@@ -1143,7 +1124,8 @@ impl RcQp {
                     (false, true) => Opcode::SendInvalidate,
                     (true, true) => Opcode::SendSeInvalidate,
                 };
-                let mut repr = untagged(opcode, 0, msn, framed as u32, last, RdmapBody::None);
+                let mut repr =
+                    SegmentRepr::untagged(opcode, 0, msn, framed as u32, last, RdmapBody::None);
                 if let (Some(s), DdpHeader::Untagged { rsvd_ulp, .. }) = (invalidate, &mut repr.ddp)
                 {
                     *rsvd_ulp = s;
@@ -1183,7 +1165,7 @@ impl RcQp {
                 if stage == 1 {
                     let imm = imm.unwrap_or(0);
                     let msn = self.bump_msn(0);
-                    let repr = untagged(
+                    let repr = SegmentRepr::untagged(
                         Opcode::ImmediateData,
                         0,
                         msn,
@@ -1198,7 +1180,7 @@ impl RcQp {
                 let room = (self.cfg.max_ulpdu - ddp::TAGGED_HEADER_LEN) as u64;
                 let n = (total - framed).min(room);
                 let last = framed + n == total;
-                let repr = tagged(
+                let repr = SegmentRepr::tagged(
                     Opcode::RdmaWrite,
                     rkey,
                     remote_addr.wrapping_add(framed),
@@ -1263,7 +1245,7 @@ impl RcQp {
                 });
                 set_state(self, SqState::AwaitResponse);
                 self.sq_cursor += 1;
-                let repr = untagged(
+                let repr = SegmentRepr::untagged(
                     Opcode::ReadRequest,
                     1,
                     msn,
@@ -1305,7 +1287,7 @@ impl RcQp {
                     compare: c,
                     compare_mask: 0,
                 };
-                let repr = untagged(
+                let repr = SegmentRepr::untagged(
                     Opcode::AtomicRequest,
                     1,
                     msn,
@@ -2056,44 +2038,8 @@ enum Body {
     },
 }
 
-fn tagged(opcode: Opcode, stag: u32, to: u64, last: bool) -> SegmentRepr {
-    SegmentRepr {
-        last,
-        opcode,
-        ddp: DdpHeader::Tagged {
-            stag,
-            to,
-            ext: None,
-        },
-        dqpn: None,
-        body: RdmapBody::None,
-    }
-}
-
-fn untagged(
-    opcode: Opcode,
-    qn: u32,
-    msn: u32,
-    mo: u32,
-    last: bool,
-    body: RdmapBody,
-) -> SegmentRepr {
-    SegmentRepr {
-        last,
-        opcode,
-        ddp: DdpHeader::Untagged {
-            rsvd_ulp: 0,
-            qn,
-            msn,
-            mo,
-        },
-        dqpn: None,
-        body,
-    }
-}
-
 fn tagged_placeholder() -> SegmentRepr {
-    tagged(Opcode::Unknown(0xF), 0, 0, true)
+    SegmentRepr::tagged(Opcode::Unknown(0xF), 0, 0, true)
 }
 
 /// The memory a span refers to (validated when the FPDU was built; the

@@ -183,50 +183,14 @@ impl io::Write for Budget {
 
 // --- segments ---------------------------------------------------------
 
-fn untagged(
-    opcode: Opcode,
-    qn: u32,
-    msn: u32,
-    mo: u32,
-    last: bool,
-    body: RdmapBody,
-) -> SegmentRepr {
-    SegmentRepr {
-        last,
-        opcode,
-        ddp: DdpHeader::Untagged {
-            rsvd_ulp: 0,
-            qn,
-            msn,
-            mo,
-        },
-        dqpn: None,
-        body,
-    }
-}
-
 /// A Send segment (QN 0).
 fn send_seg(msn: u32, mo: u32, last: bool) -> SegmentRepr {
-    untagged(Opcode::Send, 0, msn, mo, last, RdmapBody::None)
-}
-
-fn tagged(opcode: Opcode, stag: u32, to: u64, last: bool) -> SegmentRepr {
-    SegmentRepr {
-        last,
-        opcode,
-        ddp: DdpHeader::Tagged {
-            stag,
-            to,
-            ext: None,
-        },
-        dqpn: None,
-        body: RdmapBody::None,
-    }
+    SegmentRepr::untagged(Opcode::Send, 0, msn, mo, last, RdmapBody::None)
 }
 
 /// A Read Request (QN 1, single segment).
 fn read_request(msn: u32, req: ReadRequest) -> SegmentRepr {
-    untagged(
+    SegmentRepr::untagged(
         Opcode::ReadRequest,
         1,
         msn,
@@ -388,7 +352,7 @@ fn assert_failed_locally(q: &mut Qp, cause: TerminateCause) {
     assert_eq!(q.qp.state(), RcState::Error);
     q.feed_seg(&send_seg(7, 0, true), b"late");
     q.feed_seg(
-        &untagged(Opcode::Unknown(0xD), 0, 1, 0, true, RdmapBody::None),
+        &SegmentRepr::untagged(Opcode::Unknown(0xD), 0, 1, 0, true, RdmapBody::None),
         &[],
     );
     assert!(!q.qp.wants_transmit());
@@ -677,17 +641,17 @@ fn rfc5041_wrong_qn_for_opcode_is_ddp_untagged_0x01() {
     let cases = [
         (
             "Send on QN 1",
-            untagged(Opcode::Send, 1, 1, 0, true, RdmapBody::None),
+            SegmentRepr::untagged(Opcode::Send, 1, 1, 0, true, RdmapBody::None),
             3usize,
         ),
         (
             "Send on QN 2",
-            untagged(Opcode::Send, 2, 1, 0, true, RdmapBody::None),
+            SegmentRepr::untagged(Opcode::Send, 2, 1, 0, true, RdmapBody::None),
             3,
         ),
         (
             "Read Request on QN 0",
-            untagged(
+            SegmentRepr::untagged(
                 Opcode::ReadRequest,
                 0,
                 1,
@@ -774,8 +738,14 @@ fn rfc5041_tagged_continuation_keeps_stag_and_contiguous_to() {
     // Contiguous: accepted and placed, nothing sent back.
     let mut q = Qp::new(RcConfig::default());
     let w = q.region(0x1000, 32, ALL);
-    q.feed_seg(&tagged(Opcode::RdmaWrite, w, 0x1000, false), b"AAAAaaaa");
-    q.feed_seg(&tagged(Opcode::RdmaWrite, w, 0x1008, true), b"BBBBbbbb");
+    q.feed_seg(
+        &SegmentRepr::tagged(Opcode::RdmaWrite, w, 0x1000, false),
+        b"AAAAaaaa",
+    );
+    q.feed_seg(
+        &SegmentRepr::tagged(Opcode::RdmaWrite, w, 0x1008, true),
+        b"BBBBbbbb",
+    );
     assert_eq!(&q.mem.bytes(w)[..16], b"AAAAaaaaBBBBbbbb");
     assert!(q.wire().is_empty());
     assert!(q.completions().is_empty() && q.events().is_empty());
@@ -788,9 +758,12 @@ fn rfc5041_tagged_continuation_keeps_stag_and_contiguous_to() {
         let mut q = Qp::new(RcConfig::default());
         let w = q.region(0x1000, 32, ALL);
         let w2 = q.region(0x2000, 32, ALL);
-        q.feed_seg(&tagged(Opcode::RdmaWrite, w, 0x1000, false), b"AAAAaaaa");
+        q.feed_seg(
+            &SegmentRepr::tagged(Opcode::RdmaWrite, w, 0x1000, false),
+            b"AAAAaaaa",
+        );
         let stag = if second_other_stag { w2 } else { w };
-        let bad = tagged(Opcode::RdmaWrite, stag, second_to, true);
+        let bad = SegmentRepr::tagged(Opcode::RdmaWrite, stag, second_to, true);
         q.feed_seg(&bad, b"BBBBbbbb");
         let t = only_terminate(&q.transmitted());
         assert_cause(&t, TerminateCause::DdpTaggedBaseBounds, (1, 1, 0x01));
@@ -883,7 +856,7 @@ fn rfc5040_zero_length_read_gets_one_zero_length_response() {
     assert_eq!(
         segs,
         vec![(
-            tagged(Opcode::ReadResponse, 0x1234_5601, 0x42, true),
+            SegmentRepr::tagged(Opcode::ReadResponse, 0x1234_5601, 0x42, true),
             vec![]
         )]
     );
@@ -1016,7 +989,7 @@ fn rfc5040_read_response_must_match_the_request() {
         let sink = q.region(0x8000, 64, LOCAL);
         q.post_send(read_wr(1, sink, 0x8000, 16, 0x4401, 0));
         assert_eq!(q.transmitted().len(), 1);
-        let bad = tagged(Opcode::ReadResponse, sink ^ stag_fix, 0x8000 + to_off, true);
+        let bad = SegmentRepr::tagged(Opcode::ReadResponse, sink ^ stag_fix, 0x8000 + to_off, true);
         q.feed_seg(&bad, &pattern(len, 5));
         let t = only_terminate(&q.transmitted());
         assert_cause(&t, cause, raw);
@@ -1044,7 +1017,7 @@ fn rfc5040_send_with_invalidate_invalidates_named_stag() {
     let buf = q.region(0, 64, LOCAL);
     let mr = q.region(0x7000, 64, ALL);
     q.post_recv(10, buf, 0, 64);
-    let mut inv = untagged(Opcode::SendInvalidate, 0, 1, 0, true, RdmapBody::None);
+    let mut inv = SegmentRepr::untagged(Opcode::SendInvalidate, 0, 1, 0, true, RdmapBody::None);
     if let DdpHeader::Untagged { rsvd_ulp, .. } = &mut inv.ddp {
         *rsvd_ulp = mr;
     }
@@ -1055,7 +1028,7 @@ fn rfc5040_send_with_invalidate_invalidates_named_stag() {
     assert!(!q.mem.is_valid(mr));
     assert!(q.wire().is_empty());
 
-    let bad = tagged(Opcode::RdmaWrite, mr, 0x7000, true);
+    let bad = SegmentRepr::tagged(Opcode::RdmaWrite, mr, 0x7000, true);
     q.feed_seg(&bad, b"late");
     let t = only_terminate(&q.transmitted());
     assert_cause(&t, TerminateCause::DdpTaggedInvalidStag, (1, 1, 0x00));
@@ -1072,7 +1045,7 @@ fn rfc5040_unknown_opcode_is_rdmap_unexpected_opcode_0x06() {
         let mut q = Qp::new(RcConfig::default());
         let buf = q.region(0, 64, LOCAL);
         q.post_recv(10, buf, 0, 64);
-        let bad = untagged(Opcode::from(op), 0, 1, 0, true, RdmapBody::None);
+        let bad = SegmentRepr::untagged(Opcode::from(op), 0, 1, 0, true, RdmapBody::None);
         q.feed_seg(&bad, b"??");
         let t = only_terminate(&q.transmitted());
         assert_cause(&t, TerminateCause::RdmapUnexpectedOpcode, (0, 2, 0x06));
@@ -1126,7 +1099,7 @@ fn rfc7306_opcodes_without_softrdma_ext_are_unexpected_opcodes() {
             "Atomic Request" => (Opcode::AtomicRequest, 1),
             _ => (Opcode::AtomicResponse, 3),
         };
-        untagged(opcode, qn, 1, 0, true, body)
+        SegmentRepr::untagged(opcode, qn, 1, 0, true, body)
     };
     for name in [
         "Immediate Data",
@@ -1185,7 +1158,7 @@ fn rfc5040_received_terminate_errors_flushes_and_sends_nothing() {
         Some(softrdma_wire::rdmap::EchoedHeader::from_segment(&ddp_octets(rr)).expect("18 octets"));
     term.rdmap_header = Some(req.to_bytes());
     q.feed_seg(
-        &untagged(Opcode::Terminate, 2, 1, 0, true, RdmapBody::Terminate(term)),
+        &SegmentRepr::untagged(Opcode::Terminate, 2, 1, 0, true, RdmapBody::Terminate(term)),
         &[],
     );
 
@@ -1261,7 +1234,10 @@ fn rfc5044_crc_error_is_llp_terminate_0x02() {
     let buf = q.region(0, 64, LOCAL);
     q.post_recv(10, buf, 0, 64);
     let data: Vec<u8> = (1..=16).collect();
-    let mut bytes = q.fpdu(&tagged(Opcode::RdmaWrite, w, 0x1000, true), &data);
+    let mut bytes = q.fpdu(
+        &SegmentRepr::tagged(Opcode::RdmaWrite, w, 0x1000, true),
+        &data,
+    );
     let hdr = LEN_FIELD + 14;
     bytes[hdr + 10] ^= 0x40;
     bytes.extend(q.fpdu(&send_seg(1, 0, true), b"behind"));
@@ -1347,7 +1323,10 @@ fn rfc5044_crc_error_in_header_is_still_a_crc_error() {
 fn rfc5044_corrupted_header_places_nothing() {
     let mut q = Qp::new(RcConfig::default());
     let w = q.region(0x1000, 64, ALL);
-    let mut bytes = q.fpdu(&tagged(Opcode::RdmaWrite, w, 0x1000, true), b"ABCDEFGH");
+    let mut bytes = q.fpdu(
+        &SegmentRepr::tagged(Opcode::RdmaWrite, w, 0x1000, true),
+        b"ABCDEFGH",
+    );
     bytes[LEN_FIELD + 13] ^= 0x10; // ULPDU octet 13: low octet of the TO
     q.feed(&bytes);
     let t = only_terminate(&q.transmitted());
@@ -1433,7 +1412,7 @@ fn rfc6581_responder_sends_nothing_before_rtr() {
     assert!(!q.qp.wants_transmit());
     assert!(q.wire().is_empty());
 
-    q.feed_seg(&tagged(Opcode::RdmaWrite, 1, 0, true), &[]);
+    q.feed_seg(&SegmentRepr::tagged(Opcode::RdmaWrite, 1, 0, true), &[]);
     assert_eq!(q.qp.state(), RcState::Rts);
     assert!(q.completions().is_empty() && q.events().is_empty());
     assert_eq!(
@@ -1493,7 +1472,7 @@ fn rfc6581_initiator_sends_zero_length_read_first_and_absorbs_response() {
         vec![(CqKind::Send, wc(1, WcStatus::Success, WcOpcode::Send, 4))]
     );
 
-    q.feed_seg(&tagged(Opcode::ReadResponse, 0, 0, true), &[]);
+    q.feed_seg(&SegmentRepr::tagged(Opcode::ReadResponse, 0, 0, true), &[]);
     assert!(q.completions().is_empty() && q.events().is_empty());
     assert!(q.wire().is_empty());
     assert_eq!(q.qp.state(), RcState::Rts);
@@ -1502,7 +1481,10 @@ fn rfc6581_initiator_sends_zero_length_read_first_and_absorbs_response() {
     let segs = q.transmitted();
     assert_eq!(segs.len(), 1);
     assert_eq!(segs[0].0.ddp, untagged_hdr(1, 2, 0), "RTR took MSN 1");
-    q.feed_seg(&tagged(Opcode::ReadResponse, sink, 0x8000, true), b"READ");
+    q.feed_seg(
+        &SegmentRepr::tagged(Opcode::ReadResponse, sink, 0x8000, true),
+        b"READ",
+    );
     assert_eq!(
         q.completions(),
         vec![(
@@ -1538,7 +1520,7 @@ fn rfc6581_first_fpdu_not_the_agreed_rtr_is_llp_0x07() {
         ),
         (
             "a non-empty Write",
-            tagged(Opcode::RdmaWrite, 1, 0, true),
+            SegmentRepr::tagged(Opcode::RdmaWrite, 1, 0, true),
             b"data",
         ),
     ];

@@ -736,6 +736,45 @@ pub struct SegmentRepr {
 }
 
 impl SegmentRepr {
+    /// A tagged segment (RDMA Write, Read Response, Write-Record) with no
+    /// datagram extension words.
+    pub const fn tagged(opcode: Opcode, stag: u32, to: u64, last: bool) -> SegmentRepr {
+        SegmentRepr {
+            last,
+            opcode,
+            ddp: DdpHeader::Tagged {
+                stag,
+                to,
+                ext: None,
+            },
+            dqpn: None,
+            body: RdmapBody::None,
+        }
+    }
+
+    /// An untagged segment on queue `qn` with no datagram extension words.
+    pub const fn untagged(
+        opcode: Opcode,
+        qn: u32,
+        msn: u32,
+        mo: u32,
+        last: bool,
+        body: RdmapBody,
+    ) -> SegmentRepr {
+        SegmentRepr {
+            last,
+            opcode,
+            ddp: DdpHeader::Untagged {
+                rsvd_ulp: 0,
+                qn,
+                msn,
+                mo,
+            },
+            dqpn: None,
+            body,
+        }
+    }
+
     /// Decodes the header of `ulpdu` (a whole DDP segment, DDP header first)
     /// and returns it with its length, i.e. the offset of the payload. See
     /// the module documentation for what is checked.

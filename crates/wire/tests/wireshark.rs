@@ -26,53 +26,18 @@ struct Sent {
     payload: Vec<u8>,
 }
 
-fn tagged(opcode: Opcode, stag: u32, to: u64, last: bool) -> SegmentRepr {
-    SegmentRepr {
-        last,
-        opcode,
-        ddp: DdpHeader::Tagged {
-            stag,
-            to,
-            ext: None,
-        },
-        dqpn: None,
-        body: RdmapBody::None,
-    }
-}
-
-fn untagged(
-    opcode: Opcode,
-    qn: u32,
-    msn: u32,
-    mo: u32,
-    last: bool,
-    body: RdmapBody,
-) -> SegmentRepr {
-    SegmentRepr {
-        last,
-        opcode,
-        ddp: DdpHeader::Untagged {
-            rsvd_ulp: 0,
-            qn,
-            msn,
-            mo,
-        },
-        dqpn: None,
-        body,
-    }
-}
-
 /// The scripted session: every RFC 5040 and RFC 7306 opcode, a two-segment
 /// Send and a two-segment Write, and zero-length messages.
 fn script() -> Vec<Sent> {
     use Dir::{ClientToServer as C, ServerToClient as S};
     let data =
         |n: usize, seed: u8| -> Vec<u8> { (0..n).map(|i| seed.wrapping_add(i as u8)).collect() };
-    let mut inval = untagged(Opcode::SendInvalidate, 0, 2, 0, true, RdmapBody::None);
+    let mut inval = SegmentRepr::untagged(Opcode::SendInvalidate, 0, 2, 0, true, RdmapBody::None);
     if let DdpHeader::Untagged { rsvd_ulp, .. } = &mut inval.ddp {
         *rsvd_ulp = 0x0012_3401;
     }
-    let mut se_inval = untagged(Opcode::SendSeInvalidate, 0, 4, 0, true, RdmapBody::None);
+    let mut se_inval =
+        SegmentRepr::untagged(Opcode::SendSeInvalidate, 0, 4, 0, true, RdmapBody::None);
     if let DdpHeader::Untagged { rsvd_ulp, .. } = &mut se_inval.ddp {
         *rsvd_ulp = 0x0012_3402;
     }
@@ -95,7 +60,7 @@ fn script() -> Vec<Sent> {
     };
     let offending = {
         let mut u = vec![0u8; 18];
-        untagged(Opcode::Send, 0, 9, 0, true, RdmapBody::None).emit(&mut u);
+        SegmentRepr::untagged(Opcode::Send, 0, 9, 0, true, RdmapBody::None).emit(&mut u);
         u
     };
     let mut term = TerminateRepr::new(TerminateCause::DdpUntaggedNoBuffer);
@@ -105,27 +70,27 @@ fn script() -> Vec<Sent> {
         // Peer-to-peer RTR: zero-length Write to STag 1.
         Sent {
             dir: C,
-            repr: tagged(Opcode::RdmaWrite, 1, 0, true),
+            repr: SegmentRepr::tagged(Opcode::RdmaWrite, 1, 0, true),
             payload: vec![],
         },
         Sent {
             dir: C,
-            repr: tagged(Opcode::RdmaWrite, 0x3303, 0x5600_1234_0000, false),
+            repr: SegmentRepr::tagged(Opcode::RdmaWrite, 0x3303, 0x5600_1234_0000, false),
             payload: data(1000, 1),
         },
         Sent {
             dir: C,
-            repr: tagged(Opcode::RdmaWrite, 0x3303, 0x5600_1234_0000 + 1000, true),
+            repr: SegmentRepr::tagged(Opcode::RdmaWrite, 0x3303, 0x5600_1234_0000 + 1000, true),
             payload: data(13, 2),
         },
         Sent {
             dir: C,
-            repr: untagged(Opcode::Send, 0, 1, 0, false, RdmapBody::None),
+            repr: SegmentRepr::untagged(Opcode::Send, 0, 1, 0, false, RdmapBody::None),
             payload: data(700, 3),
         },
         Sent {
             dir: C,
-            repr: untagged(Opcode::Send, 0, 1, 700, true, RdmapBody::None),
+            repr: SegmentRepr::untagged(Opcode::Send, 0, 1, 700, true, RdmapBody::None),
             payload: data(10, 4),
         },
         Sent {
@@ -135,7 +100,7 @@ fn script() -> Vec<Sent> {
         },
         Sent {
             dir: C,
-            repr: untagged(Opcode::SendSe, 0, 3, 0, true, RdmapBody::None),
+            repr: SegmentRepr::untagged(Opcode::SendSe, 0, 3, 0, true, RdmapBody::None),
             payload: data(0, 6),
         },
         Sent {
@@ -145,7 +110,7 @@ fn script() -> Vec<Sent> {
         },
         Sent {
             dir: C,
-            repr: untagged(
+            repr: SegmentRepr::untagged(
                 Opcode::ReadRequest,
                 1,
                 1,
@@ -157,12 +122,12 @@ fn script() -> Vec<Sent> {
         },
         Sent {
             dir: S,
-            repr: tagged(Opcode::ReadResponse, read.sink_stag, read.sink_to, true),
+            repr: SegmentRepr::tagged(Opcode::ReadResponse, read.sink_stag, read.sink_to, true),
             payload: data(64, 8),
         },
         Sent {
             dir: C,
-            repr: untagged(
+            repr: SegmentRepr::untagged(
                 Opcode::ImmediateData,
                 0,
                 5,
@@ -174,7 +139,7 @@ fn script() -> Vec<Sent> {
         },
         Sent {
             dir: C,
-            repr: untagged(
+            repr: SegmentRepr::untagged(
                 Opcode::ImmediateDataSe,
                 0,
                 6,
@@ -186,7 +151,7 @@ fn script() -> Vec<Sent> {
         },
         Sent {
             dir: C,
-            repr: untagged(
+            repr: SegmentRepr::untagged(
                 Opcode::AtomicRequest,
                 1,
                 2,
@@ -198,7 +163,7 @@ fn script() -> Vec<Sent> {
         },
         Sent {
             dir: S,
-            repr: untagged(
+            repr: SegmentRepr::untagged(
                 Opcode::AtomicResponse,
                 3,
                 1,
@@ -213,12 +178,19 @@ fn script() -> Vec<Sent> {
         },
         Sent {
             dir: S,
-            repr: untagged(Opcode::Send, 0, 1, 0, true, RdmapBody::None),
+            repr: SegmentRepr::untagged(Opcode::Send, 0, 1, 0, true, RdmapBody::None),
             payload: data(33, 9),
         },
         Sent {
             dir: S,
-            repr: untagged(Opcode::Terminate, 2, 1, 0, true, RdmapBody::Terminate(term)),
+            repr: SegmentRepr::untagged(
+                Opcode::Terminate,
+                2,
+                1,
+                0,
+                true,
+                RdmapBody::Terminate(term),
+            ),
             payload: vec![],
         },
     ]
