@@ -692,3 +692,43 @@ pub mod cm {
         }
     }
 }
+
+impl std::fmt::Display for RegisterError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RegisterError::InvalidAccess => {
+                "memory registration: REMOTE_WRITE or REMOTE_ATOMIC need LOCAL_WRITE"
+            }
+            RegisterError::InvalidLength => {
+                "memory registration: zero length, or the memory could not be allocated"
+            }
+            RegisterError::TooMany => "memory registration: the registration table is full",
+        })
+    }
+}
+
+impl std::error::Error for RegisterError {}
+
+impl std::fmt::Display for OutOfBounds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("access outside the memory region")
+    }
+}
+
+impl std::error::Error for OutOfBounds {}
+
+impl std::fmt::Display for PostError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PostError::InvalidState(s) => write!(f, "work request refused: the QP is in {s}"),
+            PostError::QueueFull => f.write_str("work request refused: the queue is full"),
+            PostError::NotConnected => f.write_str("work request refused: the QP is not connected"),
+            PostError::Unsupported => {
+                f.write_str("work request refused: not supported on this connection (RFC 7306 needs a softrdma peer)")
+            }
+            PostError::Invalid => f.write_str("work request refused: invalid parameter"),
+        }
+    }
+}
+
+impl std::error::Error for PostError {}
