@@ -513,6 +513,8 @@ impl RcQp {
             return Err(PostError::QueueFull);
         }
         match wr.op {
+            // Write-Record exists only on datagram QPs.
+            SendOp::WriteRecord { .. } => return Err(PostError::Unsupported),
             SendOp::Send {
                 imm: Some(_),
                 invalidate: Some(_),
@@ -1076,6 +1078,13 @@ impl RcQp {
             }
         };
         match e.wr.op {
+            // Refused by post_send; never queued on an RC QP.
+            SendOp::WriteRecord { .. } => {
+                set_state(self, SqState::Done(WcStatus::LocQpOpErr, 0));
+                self.sq_cursor += 1;
+                self.reap_sq();
+                None
+            }
             SendOp::LocalInvalidate { stag } => {
                 let st = match mem.invalidate(stag, false) {
                     Ok(()) => WcStatus::Success,

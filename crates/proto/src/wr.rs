@@ -204,6 +204,14 @@ pub enum SendOp {
         /// Value added.
         add: u64,
     },
+    /// RDMA Write-Record (datagram QPs, softrdma only): placed like a
+    /// Write, and logged at the target (CQ entry or validity map).
+    WriteRecord {
+        /// Target tagged offset.
+        remote_addr: u64,
+        /// Target STag.
+        rkey: u32,
+    },
     /// Invalidate a local STag (`IBV_WR_LOCAL_INV`).
     LocalInvalidate {
         /// The STag.
@@ -272,6 +280,10 @@ pub enum WcStatus {
     FatalErr,
     /// Other error.
     GeneralErr,
+    /// Write-Record only: the message was placed in part before its
+    /// partial-message timeout; the completion lists the ranges placed.
+    /// softrdma only.
+    RecordPartial,
 }
 
 impl WcStatus {
@@ -290,6 +302,8 @@ impl WcStatus {
             WcStatus::RnrRetryExcErr => 13,
             WcStatus::FatalErr => 19,
             WcStatus::GeneralErr => 21,
+            // Outside rdma-core's range; named in softrdma/verbs.h.
+            WcStatus::RecordPartial => 0x1000,
         }
     }
 }
@@ -313,6 +327,11 @@ pub enum WcOpcode {
     Recv,
     /// An RDMA Write with immediate arrived.
     RecvRdmaWithImm,
+    /// An RDMA Write-Record was placed (wholly, or partly: see the status
+    /// and [`WriteRecordInfo`]); consumes no receive. softrdma only.
+    RecvWriteRecord,
+    /// An RDMA Write-Record completed at the sender. softrdma only.
+    WriteRecord,
 }
 
 impl WcOpcode {
@@ -327,6 +346,9 @@ impl WcOpcode {
             WcOpcode::LocalInv => 6,
             WcOpcode::Recv => 128,
             WcOpcode::RecvRdmaWithImm => 129,
+            // Outside rdma-core's range; named in softrdma/verbs.h.
+            WcOpcode::RecvWriteRecord => 0x1000,
+            WcOpcode::WriteRecord => 0x1001,
         }
     }
 
@@ -339,6 +361,7 @@ impl WcOpcode {
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
             SendOp::LocalInvalidate { .. } => WcOpcode::LocalInv,
+            SendOp::WriteRecord { .. } => WcOpcode::WriteRecord,
         }
     }
 }
@@ -360,7 +383,49 @@ pub struct WorkCompletion {
     pub invalidated: Option<u32>,
     /// The message that completed a receive asked for a solicited event.
     pub solicited: bool,
+    /// Datagram QPs: where the message came from.
+    pub src: Option<DgramAddr>,
+    /// Write-Record completions: what was placed.
+    pub record: Option<WriteRecordInfo>,
 }
+
+/// A datagram QP's address: where its UDP socket is, and which of the QPs
+/// sharing that socket (design brief §3: `QPN = (port << 8) | slot`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DgramAddr {
+    /// IP address.
+    pub ip: std::net::IpAddr,
+    /// UDP port.
+    pub port: u16,
+    /// QP number.
+    pub qpn: u32,
+}
+
+/// What a Write-Record completion reports (`docs/datagram.md` §3.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteRecordInfo {
+    /// The sink STag.
+    pub stag: u32,
+    /// Base tagged offset of the message (TO of its first octet).
+    pub to: u64,
+    /// Octets of the message.
+    pub len: u32,
+    /// The message's tagged MSN.
+    pub msn: u32,
+    /// Octet ranges placed, as (offset from `to`, length); one range
+    /// `(0, len)` when the message arrived whole. At most
+    /// [`MAX_RECORD_RANGES`] are listed; `ranges_truncated` says more
+    /// were placed.
+    pub ranges: [(u32, u32); MAX_RECORD_RANGES],
+    /// Entries of `ranges` in use.
+    pub n_ranges: u8,
+    /// More ranges were placed than `ranges` holds (the validity map has
+    /// them all).
+    pub ranges_truncated: bool,
+}
+
+/// Placed ranges a Write-Record completion lists itself.
+pub const MAX_RECORD_RANGES: usize = 4;
 
 impl WorkCompletion {
     /// A completion with no immediate, invalidate or solicited flag.
@@ -373,6 +438,8 @@ impl WorkCompletion {
             imm: None,
             invalidated: None,
             solicited: false,
+            src: None,
+            record: None,
         }
     }
 }
