@@ -15,4 +15,5 @@
 pub mod memory;
 pub mod mpa;
 pub mod rc;
+pub mod record;
 pub mod wr;
