@@ -15,5 +15,7 @@
 pub mod memory;
 pub mod mpa;
 pub mod rc;
+pub mod rd;
 pub mod record;
+pub mod ud;
 pub mod wr;

@@ -40,6 +40,7 @@ pub mod datagram;
 pub mod ddp;
 pub mod fpdu;
 pub mod mpa;
+pub mod rd;
 pub mod rdmap;
 
 use core::fmt;
