@@ -1,0 +1,156 @@
+//! The one interface the engine drives every datagram QP through, UD
+//! ([`crate::ud::UdQp`]) and RD alike, so the UDP runtime is written once.
+//!
+//! Every method has the meaning it has on [`crate::ud::UdQp`]: posting
+//! carries the destination per work request, datagrams come in with their
+//! source address, transmit goes through a [`DatagramSink`], time is passed
+//! in.
+
+use std::io;
+use std::net::IpAddr;
+use std::time::Instant;
+
+use softrdma_wire::rdmap::Opcode;
+
+use crate::memory::{MemError, Memory};
+use crate::rc::{CqKind, PostError};
+use crate::record::Tracker;
+use crate::ud::{DatagramSink, UdEvent, UdQp};
+use crate::wr::{DgramAddr, RecvWr, SendWr, WorkCompletion};
+
+/// Asynchronous events of a datagram QP. None of them stops the QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DgramEvent {
+    /// A Write or Write-Record segment failed the remote access checks;
+    /// nothing of it was placed.
+    RemoteAccess {
+        /// Who sent it.
+        src: DgramAddr,
+        /// The opcode.
+        opcode: Opcode,
+        /// Its (T-)MSN.
+        msn: u32,
+        /// The STag it named.
+        stag: u32,
+        /// Its TO.
+        to: u64,
+        /// Its payload length.
+        len: u32,
+        /// Why the memory refused it.
+        error: MemError,
+    },
+    /// RD: a peer stopped answering (retry limit); its work failed, other
+    /// peers are unaffected.
+    PeerFailed {
+        /// The peer.
+        peer: DgramAddr,
+    },
+}
+
+impl From<UdEvent> for DgramEvent {
+    fn from(e: UdEvent) -> Self {
+        match e {
+            UdEvent::RemoteAccess {
+                src,
+                opcode,
+                msn,
+                stag,
+                to,
+                len,
+                error,
+            } => DgramEvent::RemoteAccess {
+                src,
+                opcode,
+                msn,
+                stag,
+                to,
+                len,
+                error,
+            },
+        }
+    }
+}
+
+/// A datagram queue pair as the engine sees it.
+pub trait DatagramQp {
+    /// The QP number.
+    fn qpn(&self) -> u32;
+    /// Posts a send work request to `dest`.
+    fn post_send(&mut self, wr: SendWr, dest: DgramAddr) -> Result<(), PostError>;
+    /// Posts a receive.
+    fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError>;
+    /// A datagram addressed to this QP arrived from `src_ip:src_port`.
+    fn handle_datagram<M: Memory>(
+        &mut self,
+        src_ip: IpAddr,
+        src_port: u16,
+        data: &[u8],
+        mem: &mut M,
+        now: Instant,
+    );
+    /// Hands datagrams to `sink`; returns how many were accepted.
+    fn poll_transmit<M: Memory, S: DatagramSink>(
+        &mut self,
+        mem: &M,
+        sink: &mut S,
+    ) -> io::Result<usize>;
+    /// True if `poll_transmit` has something to send now.
+    fn wants_transmit(&self) -> bool;
+    /// The next completion and the queue it belongs to.
+    fn poll_completion(&mut self) -> Option<(CqKind, WorkCompletion)>;
+    /// The next asynchronous event.
+    fn poll_event(&mut self) -> Option<DgramEvent>;
+    /// When `handle_timeout` is next due.
+    fn poll_timeout(&self) -> Option<Instant>;
+    /// Runs the timers due at `now`.
+    fn handle_timeout(&mut self, now: Instant);
+    /// Write-Record records and the validity map.
+    fn record_tracker(&mut self) -> &mut Tracker;
+}
+
+impl DatagramQp for UdQp {
+    fn qpn(&self) -> u32 {
+        UdQp::qpn(self)
+    }
+    fn post_send(&mut self, wr: SendWr, dest: DgramAddr) -> Result<(), PostError> {
+        UdQp::post_send(self, wr, dest)
+    }
+    fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        UdQp::post_recv(self, wr)
+    }
+    fn handle_datagram<M: Memory>(
+        &mut self,
+        src_ip: IpAddr,
+        src_port: u16,
+        data: &[u8],
+        mem: &mut M,
+        now: Instant,
+    ) {
+        UdQp::handle_datagram(self, src_ip, src_port, data, mem, now)
+    }
+    fn poll_transmit<M: Memory, S: DatagramSink>(
+        &mut self,
+        mem: &M,
+        sink: &mut S,
+    ) -> io::Result<usize> {
+        UdQp::poll_transmit(self, mem, sink)
+    }
+    fn wants_transmit(&self) -> bool {
+        UdQp::wants_transmit(self)
+    }
+    fn poll_completion(&mut self) -> Option<(CqKind, WorkCompletion)> {
+        UdQp::poll_completion(self)
+    }
+    fn poll_event(&mut self) -> Option<DgramEvent> {
+        UdQp::poll_event(self).map(DgramEvent::from)
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        UdQp::poll_timeout(self)
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        UdQp::handle_timeout(self, now)
+    }
+    fn record_tracker(&mut self) -> &mut Tracker {
+        UdQp::record_tracker(self)
+    }
+}
