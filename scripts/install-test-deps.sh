@@ -14,6 +14,9 @@ set -euo pipefail
 
 APT_PACKAGES=(
     tshark # softrdma-sim: decodes MPA/DDP/RDMAP captures (shared/docs/wire.md §12)
+    iproute2 # softrdma-sim netns: two-host tests in network namespaces joined by veth
+    nftables # softrdma-sim netns: kernel packet loss (numgen random drop rules)
+    iputils-ping # softrdma-sim netns: checks the veth link
 )
 
 # Wait up to 10 minutes if another apt/dpkg holds the lock.

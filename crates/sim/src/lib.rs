@@ -13,6 +13,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod netns;
 pub mod pcap;
 pub mod tshark;
 
