@@ -35,6 +35,19 @@ pub struct Config {
     /// a peer that is not softrdma, wait this long before the first FPDU
     /// (wire.md §9 item 11).
     pub rtr_holdoff: Duration,
+    /// `SOFTRDMA_DGRAM_MTU=N` (default 1500): the path MTU datagram QPs
+    /// size their segments for (IP + UDP + header + payload + CRC ≤ N;
+    /// 128 … 65535). Datagrams go out with DF set, so a value above the
+    /// real path MTU makes large sends fail instead of fragmenting; on
+    /// loopback (MTU 65536) 65535 is safe.
+    pub dgram_mtu: usize,
+    /// `SOFTRDMA_MCAST_PORT=N` (default 18516): the UDP port multicast
+    /// groups are addressed on; every context with a QP attached to a
+    /// group listens on it (`dgram` module documentation).
+    pub mcast_port: u16,
+    /// `SOFTRDMA_DGRAM_OFFLOAD=0|1` (default 1): send runs of equal-sized
+    /// datagrams as UDP GSO messages and receive with UDP GRO.
+    pub dgram_offload: bool,
 }
 
 impl Default for Config {
@@ -48,6 +61,9 @@ impl Default for Config {
             progress: ProgressMode::Both,
             mpa_timeout: Duration::from_secs(10),
             rtr_holdoff: Duration::from_millis(5),
+            dgram_mtu: 1500,
+            mcast_port: 18516,
+            dgram_offload: true,
         }
     }
 }
@@ -106,6 +122,20 @@ impl Config {
             c.rtr_holdoff =
                 Duration::from_micros(number("SOFTRDMA_RTR_HOLDOFF_US", &v, 0, 10_000_000)?);
         }
+        if let Some(v) = get("SOFTRDMA_DGRAM_MTU") {
+            c.dgram_mtu = number(
+                "SOFTRDMA_DGRAM_MTU",
+                &v,
+                softrdma_proto::ud::MIN_MTU as u64,
+                softrdma_proto::ud::MAX_MTU as u64,
+            )? as usize;
+        }
+        if let Some(v) = get("SOFTRDMA_DGRAM_OFFLOAD") {
+            c.dgram_offload = flag("SOFTRDMA_DGRAM_OFFLOAD", &v)?;
+        }
+        if let Some(v) = get("SOFTRDMA_MCAST_PORT") {
+            c.mcast_port = number("SOFTRDMA_MCAST_PORT", &v, 1, 65535)? as u16;
+        }
         Ok(c)
     }
 }
@@ -139,5 +169,24 @@ mod tests {
             .contains("SOFTRDMA_MPA_REV"));
         assert!(Config::from_lookup(env(&[("SOFTRDMA_MPA_CRC", "maybe")])).is_err());
         assert!(Config::from_lookup(env(&[("SOFTRDMA_MAX_FPDU", "10")])).is_err());
+        let c = Config::from_lookup(env(&[
+            ("SOFTRDMA_DGRAM_MTU", "9000"),
+            ("SOFTRDMA_MCAST_PORT", "4791"),
+        ]))
+        .unwrap();
+        assert_eq!((c.dgram_mtu, c.mcast_port), (9000, 4791));
+        assert!(
+            !Config::from_lookup(env(&[("SOFTRDMA_DGRAM_OFFLOAD", "0")]))
+                .unwrap()
+                .dgram_offload
+        );
+        for bad in ["127", "65536", "x", ""] {
+            assert!(Config::from_lookup(
+                |k: &str| (k == "SOFTRDMA_DGRAM_MTU").then(|| bad.to_string())
+            )
+            .unwrap_err()
+            .contains("SOFTRDMA_DGRAM_MTU"));
+        }
+        assert!(Config::from_lookup(env(&[("SOFTRDMA_MCAST_PORT", "0")])).is_err());
     }
 }

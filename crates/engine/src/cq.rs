@@ -9,7 +9,10 @@
 //!
 //! [`Cq::poll`] also drives receive progress inline: when the queue is empty
 //! it drains the sockets of the QPs that complete into it (non-blocking), so
-//! a busy-polling application does not wait for the progress thread.
+//! a busy-polling application does not wait for the progress thread. What
+//! it drains is anything `InlineProgress`: RC QPs, and datagram QPs
+//! (whose progress drains the UDP socket they share; a socket is drained
+//! once per poll however many of its QPs complete here).
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
@@ -17,7 +20,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use softrdma_proto::wr::{WcStatus, WorkCompletion};
+use softrdma_proto::memory::MemError;
+use softrdma_proto::wr::{DgramAddr, WcStatus, WorkCompletion};
+use softrdma_wire::rdmap::Opcode;
 
 use crate::qp::QpShared;
 use crate::sys::EventFd;
@@ -62,7 +67,42 @@ pub enum AsyncEvent {
         /// The QP number.
         qpn: u32,
     },
+    /// A datagram QP received an RDMA Write or Write-Record segment that
+    /// failed the remote access checks (STag, PD, rights, bounds): nothing
+    /// of it was placed. Unlike [`AsyncEvent::QpAccessError`] the QP keeps
+    /// working (a datagram QP has no connection to tear down).
+    DgramRemoteAccessError {
+        /// The datagram QP that received it.
+        qpn: u32,
+        /// Who sent it (for tagged segments the QPN follows the
+        /// `(port << 8) | slot` convention, `docs/datagram.md` §10).
+        src: DgramAddr,
+        /// RDMA Write or Write-Record.
+        opcode: Opcode,
+        /// Its T-MSN (0 for a Write without one).
+        msn: u32,
+        /// The STag it named.
+        stag: u32,
+        /// Its tagged offset.
+        to: u64,
+        /// Its payload length.
+        len: u32,
+        /// Why the memory refused it.
+        error: MemError,
+    },
+    /// A reliable-datagram QP gave up on a peer (retry limit): the work
+    /// toward that peer failed; other peers and the QP carry on.
+    DgramPeerFailed {
+        /// The RD QP.
+        qpn: u32,
+        /// The peer that stopped answering.
+        peer: DgramAddr,
+    },
 }
+
+/// Events queued beyond which datagram QPs drop theirs (counted in
+/// [`crate::DgramQpStats::events_dropped`]).
+pub const MAX_LOSSY_EVENTS: usize = 4096;
 
 /// The context's async event queue: a pollable fd plus the events.
 #[derive(Debug)]
@@ -85,6 +125,22 @@ impl AsyncEvents {
             .unwrap_or_else(|p| p.into_inner())
             .push_back(e);
         self.efd.signal();
+    }
+
+    /// Queues `e` unless [`MAX_LOSSY_EVENTS`] events are waiting already;
+    /// false if it was dropped. For events a remote peer can provoke at
+    /// will (datagram QPs), so an application that does not read its
+    /// events cannot be made to grow the queue without bound.
+    pub(crate) fn raise_lossy(&self, e: AsyncEvent) -> bool {
+        {
+            let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+            if q.len() >= MAX_LOSSY_EVENTS {
+                return false;
+            }
+            q.push_back(e);
+        }
+        self.efd.signal();
+        true
     }
 
     /// The next event, waiting up to `timeout` (`None`: for ever).
@@ -176,6 +232,27 @@ struct CqInner {
     armed: Option<bool>,
 }
 
+/// Something whose receive progress [`Cq::poll`] drives when the CQ is
+/// empty. Implementations only try-lock what another thread may hold for
+/// long (the progress thread is making progress then), never take a CQ's
+/// QP list, and never call [`Cq::poll`].
+pub(crate) trait InlineProgress: Send + Sync {
+    /// Drains what is readable, without blocking.
+    fn progress_inline(&self);
+    /// Identifies what `progress_inline` drains: of several entries with
+    /// the same key, one poll progresses only the first.
+    fn progress_key(&self) -> usize;
+}
+
+impl InlineProgress for QpShared {
+    fn progress_inline(&self) {
+        QpShared::progress_inline(self)
+    }
+    fn progress_key(&self) -> usize {
+        self as *const QpShared as usize
+    }
+}
+
 /// A completion queue.
 #[derive(Debug)]
 pub struct Cq {
@@ -184,7 +261,7 @@ pub struct Cq {
     channel: Option<Arc<CompChannel>>,
     events: Arc<AsyncEvents>,
     /// QPs completing here, for inline progress from `poll`.
-    qps: Mutex<Vec<Weak<QpShared>>>,
+    qps: Mutex<Vec<Weak<dyn InlineProgress>>>,
     inline_progress: AtomicBool,
 }
 
@@ -229,10 +306,10 @@ impl Cq {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).overrun
     }
 
-    pub(crate) fn attach(&self, qp: Weak<QpShared>) {
+    pub(crate) fn attach<Q: InlineProgress + 'static>(&self, qp: Weak<Q>) {
         let mut v = self.qps.lock().unwrap_or_else(|p| p.into_inner());
         v.retain(|w| w.strong_count() > 0);
-        v.push(qp);
+        v.push(qp as Weak<dyn InlineProgress>);
     }
 
     /// Adds completions (from a QP's progress).
@@ -279,7 +356,19 @@ impl Cq {
         // a QP list, so this cannot deadlock.
         {
             let v = self.qps.lock().unwrap_or_else(|p| p.into_inner());
+            // Keys progressed in this poll (QPs sharing a datagram socket
+            // drain it once); past the array's size, repeats are allowed.
+            let mut seen = [0usize; 8];
+            let mut ns = 0;
             for q in v.iter().filter_map(|w| w.upgrade()) {
+                let key = q.progress_key();
+                if seen[..ns].contains(&key) {
+                    continue;
+                }
+                if ns < seen.len() {
+                    seen[ns] = key;
+                    ns += 1;
+                }
                 q.progress_inline();
             }
         }

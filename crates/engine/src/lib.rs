@@ -9,6 +9,7 @@
 //!   view over it.
 //! * [`cq`]: completion queues, completion channels (eventfds), async events.
 //! * [`qp`]: RC queue pairs over TCP.
+//! * [`dgram`]: datagram (UD) queue pairs over UDP, multicast.
 //! * [`srq`]: shared receive queues.
 //! * [`cm`]: connection setup: listen, connect, accept, reject, with MPA
 //!   negotiation, private data and the peer-to-peer RTR.
@@ -22,18 +23,21 @@ pub mod cm;
 pub mod cm_events;
 pub mod config;
 pub mod cq;
+pub mod dgram;
 pub mod ibconn;
 pub mod mr;
 mod progress;
 pub mod qp;
 pub mod srq;
 mod sys;
+mod udp;
 
 use std::io;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 pub use cq::{AsyncEvent, AsyncEvents, CompChannel, Completion, Cq};
+pub use dgram::{DgramError, DgramQpHandle, DgramQpStats, SocketStats, UdOptions, MCAST_QPN};
 pub use mr::{RegError, Registry};
 pub use qp::{Qp, QpCaps, QpError, QpLinkState};
 pub use srq::Srq;
@@ -49,6 +53,7 @@ pub struct Shared {
     pub events: Arc<AsyncEvents>,
     progress: OnceLock<Progress>,
     ib: OnceLock<Arc<ibconn::IbConn>>,
+    dgram: dgram::Service,
     next_pd: AtomicU32,
     next_cq: AtomicU64,
     /// Configuration read from the environment at creation.
@@ -88,6 +93,7 @@ impl Context {
                 events: Arc::new(AsyncEvents::new()?),
                 progress: OnceLock::new(),
                 ib: OnceLock::new(),
+                dgram: dgram::Service::default(),
                 next_pd: AtomicU32::new(1),
                 next_cq: AtomicU64::new(1),
                 config,

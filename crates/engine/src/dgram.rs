@@ -1,0 +1,1579 @@
+//! Datagram queue pairs (UD today, RD next) over real UDP sockets.
+//!
+//! The protocol engines are sans-IO ([`softrdma_proto::dgram::DatagramQp`]);
+//! this module gives them sockets, threads and a clock, the way [`crate::qp`]
+//! does for RC.
+//!
+//! # Sockets, ports and QP numbers
+//!
+//! A context opens UDP sockets on demand, each bound to `(addr, port)`
+//! ([`UdOptions::bind`]; port 0 lets the kernel pick) and shared by up to
+//! 256 QPs. A QP's number is `(port << 8) | slot` (design brief §3, the
+//! convention of [`crate::ibconn`]), so `(IP, QPN)` alone tells a peer
+//! where to send: the UDP port is `qpn >> 8`. A QP created with port 0
+//! takes a free slot of any socket of this context bound to the same IP,
+//! or opens a new socket. QPN `0xFFFFFF` ([`MCAST_QPN`], port 65535 slot
+//! 255) is never handed out: it means "every attached QP" on multicast.
+//!
+//! Every socket has DF set (`IP_PMTUDISC_DO`): nothing is ever
+//! IP-fragmented, segments are sized for the path MTU the QP is given
+//! ([`UdOptions::mtu`], else `SOFTRDMA_DGRAM_MTU`, default 1500), and a
+//! datagram too large for the real path fails its work request
+//! (`EMSGSIZE` → `GeneralErr`) instead of being fragmented.
+//!
+//! # Receive
+//!
+//! The progress thread (epoll, level-triggered) and inline progress from
+//! [`crate::Cq::poll`] read a socket with `recvmmsg`, up to 32 buffers
+//! (datagrams, or GRO runs of them, see below) per call, into buffers
+//! allocated once per socket (no allocation per datagram). Each datagram is demultiplexed on its
+//! destination QPN ([`dest_qpn`]: the DQPN word of a UD datagram, the shim's
+//! DQPN of an RD one): the QPN's port must be the socket's, its low octet
+//! names the slot. Consecutive datagrams for the same QP are handled under
+//! one acquisition of its lock and one registry view
+//! (`handle_datagram`); then its completions go to the CQs (under the QP
+//! lock, as in [`crate::qp`], so a QP's completions keep their order
+//! whichever thread makes progress) and its events, after the lock is
+//! released, to the async event queue ([`AsyncEvent::DgramRemoteAccessError`],
+//! [`AsyncEvent::DgramPeerFailed`]). A datagram for no QP, without a DQPN,
+//! or truncated is dropped and counted ([`SocketStats`]); everything else
+//! is the protocol engine's to check.
+//!
+//! # Transmit
+//!
+//! On the caller's thread in [`DgramQpHandle::post_send`]: the engine
+//! gathers header, registered memory and CRC trailer into a
+//! [`DatagramSink`] over the socket that sends each batch with one
+//! `sendmmsg` (nothing copied). When the socket pushes back
+//! (`WouldBlock`) the QP waits on the socket's writability, which the
+//! progress thread watches and then resumes the QP's transmit.
+//!
+//! UDP segmentation offload pays and is on by default
+//! (`SOFTRDMA_DGRAM_OFFLOAD=0` turns it off): within each batch the sink
+//! sends every run of equal-sized datagrams to one destination (the
+//! segments of a message) as one GSO message (`UDP_SEGMENT`), several per
+//! `sendmmsg`, and sockets have `UDP_GRO` on, so such a run arrives as one
+//! buffer that the receive path splits back into the protocol's
+//! datagrams (each still CRC-checked on its own). The wire is unchanged:
+//! the same datagrams, the kernel (or NIC) does the cutting. A path whose
+//! device refuses GSO gets plain `sendmmsg` from then on. Measured with
+//! `examples/ud_quickbench.rs` on this 2-core VM over loopback (one
+//! process, 16 messages in flight, three runs each): 64 KiB messages at
+//! MTU 1500 go from 0.30 GB/s to 1.4–2.7 GB/s, at MTU 9000 from
+//! 1.4–1.6 to 4.1–4.3 GB/s; 4 KiB messages at MTU 1500 from 0.28 to
+//! 0.41–0.46 GB/s; single-datagram messages are unchanged.
+//!
+//! # Timers
+//!
+//! Reassembly, Write-Record partial timeouts and (RD) retransmission are
+//! due whether or not anybody polls: after every operation a QP asks its
+//! engine for `poll_timeout` and, when that is earlier than the deadline
+//! it has armed, arms the progress thread's timer for its token
+//! (`progress.rs`). When it fires, the progress thread runs
+//! `handle_timeout`, transmits what that produced, flushes completions and
+//! re-arms. An armed deadline that became unnecessary just fires early
+//! and finds nothing to do.
+//!
+//! # Multicast
+//!
+//! `ibv_attach_mcast` semantics, IPv4 only: [`DgramQpHandle::attach_mcast`]
+//! joins the group on the interface of the QP's socket address (any
+//! interface, chosen by route, for a socket bound to 0.0.0.0). A sender
+//! addresses a group as
+//! `DgramAddr { ip: group, port: SOFTRDMA_MCAST_PORT, qpn: MCAST_QPN }`
+//! ([`Context::mcast_dest`]); every QP attached to the group receives a
+//! copy (a QPN other than [`MCAST_QPN`] reaches only that attached QP).
+//!
+//! Why a fixed, well-known port: a group send is one datagram to one UDP
+//! port, while receiving QPs live on sockets with different (ephemeral)
+//! ports, in different processes or network namespaces. So every context
+//! with an attached QP also listens on the multicast port
+//! (`SOFTRDMA_MCAST_PORT`, default 18516) with a second socket bound to
+//! `0.0.0.0:port` with `SO_REUSEADDR` + `SO_REUSEPORT` (every such socket
+//! on a host gets its own copy of each multicast datagram), with
+//! `IP_MULTICAST_ALL` off (it sees only the groups its own context
+//! joined) and `IP_PKTINFO` (it learns which group a datagram was sent
+//! to, and hands it only to QPs attached to that group). Example: one
+//! sender and three receiving QPs in two network namespaces joined by a
+//! veth pair: the sender's socket is bound to its veth address (multicast
+//! leaves through that interface, `IP_MULTICAST_IF`); the receivers' QPs
+//! are bound to their namespace's veth address and joined there; each
+//! receiving context has its own multicast socket on port 18516 of its
+//! namespace (namespaces have separate port spaces; two contexts in one
+//! namespace share the port through `SO_REUSEPORT`). The datagram reaches
+//! the other namespace over the veth and the sender's own namespace
+//! through multicast loopback (`IP_MULTICAST_LOOP`, on). TTL is 1: groups
+//! are link-local. A QP receives a group's datagrams only from the
+//! interface it joined on, so attach QPs whose sockets are bound to an
+//! address of the link the sender uses.
+//!
+//! Until `ud.rs` accepts DQPN [`MCAST_QPN`] itself (see the note at
+//! `retarget`), the multicast path hands each attached UD QP a copy of the
+//! datagram whose DQPN is rewritten to that QP's number, after checking the
+//! original CRC and recomputing it, so integrity checking is unchanged.
+//!
+//! # Adding a transport
+//!
+//! The runtime only uses [`DatagramQp`] through the `AnyQp` enum. An RD
+//! QP is one more line in the `dgram_kinds!` invocation
+//! (`Rd(RdQp, RdQpStats)`: a type implementing [`DatagramQp`] with an
+//! inherent `stats()`), its `Clock` impl (it reads a clock in `post_send`
+//! and `poll_transmit`), and its `Context::create_rd_qp` constructor
+//! (through `create_dgram_qp`, which does the socket, slot, CQ and
+//! progress wiring for any kind).
+//!
+//! # Locks
+//!
+//! Socket receive lock → slot table / group list (briefly) → QP core →
+//! registration table (read) → CQ entries / async events. Transmit: QP
+//! core → registration table, then the socket's writability list. Nothing
+//! takes a socket's receive lock while holding a QP lock, and inline
+//! progress only try-locks the receive lock.
+
+use std::io::{self, IoSlice};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::ops::Range;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
+use std::time::{Duration, Instant};
+
+use softrdma_proto::dgram::{DatagramQp, DgramEvent};
+use softrdma_proto::memory::Memory;
+use softrdma_proto::rc::{CqKind, PostError};
+use softrdma_proto::record::{PartialAction, RecordStats, Tracker};
+use softrdma_proto::ud::{self, Datagram, DatagramSink, UdConfig, UdConfigError, UdQp, UdStats};
+use softrdma_proto::wr::{DgramAddr, RecvWr, SendWr, WorkCompletion};
+use softrdma_wire::datagram::{self as wdgram, CRC_LEN};
+use softrdma_wire::ddp as wddp;
+use softrdma_wire::rd::{Framing, RdShim};
+
+use crate::cq::{AsyncEvent, Completion, Cq, InlineProgress};
+use crate::progress::Source;
+use crate::udp::{self, RxRing, RX_BATCH};
+use crate::{Context, QpCaps, QpError, Shared};
+
+/// The destination QPN meaning "every QP attached to the group" (IB's
+/// multicast QPN).
+pub const MCAST_QPN: u32 = 0x00FF_FFFF;
+
+/// `recvmmsg` calls per readiness event (then epoll is asked again, so one
+/// busy socket cannot starve the others).
+const RX_ROUNDS_THREAD: usize = 8;
+/// `recvmmsg` calls per inline poll.
+const RX_ROUNDS_INLINE: usize = 2;
+/// Progress-thread tokens of datagram sockets and QPs: above every RC QP's
+/// token (a u32 QPN).
+static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1 << 40);
+
+fn next_token() -> u64 {
+    NEXT_TOKEN.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The QPN a datagram is addressed to, for either framing (`docs/datagram.md`
+/// §9.1): a UD datagram's DQPN word, an RD datagram's shim DQPN. `None` if
+/// the first octet is reserved, the datagram too short, or a UD datagram
+/// carries no DQPN. Nothing else is checked (the CRC included).
+pub fn dest_qpn(datagram: &[u8]) -> Option<u32> {
+    match Framing::of(*datagram.first()?).ok()? {
+        Framing::Ud => ud::dqpn_of(datagram),
+        Framing::Rd => {
+            if datagram.len() < softrdma_wire::rd::MIN_DATAGRAM_LEN {
+                return None;
+            }
+            Some(RdShim::new_checked(datagram).ok()?.dst_qpn())
+        }
+    }
+}
+
+// ----------------------------------------------------------------------
+// The protocol engines, behind one enum
+// ----------------------------------------------------------------------
+
+macro_rules! dgram_kinds {
+    ($($(#[$doc:meta])* $kind:ident($ty:ty, $stats:ty)),+ $(,)?) => {
+        /// The protocol engine behind a datagram QP.
+        pub(crate) enum AnyQp {
+            $($(#[$doc])* $kind($ty)),+
+        }
+
+        /// Protocol counters of a datagram QP, by transport (more
+        /// transports may come).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[non_exhaustive]
+        pub enum ProtoStats {
+            $($(#[$doc])* $kind($stats)),+
+        }
+
+        impl AnyQp {
+            fn stats(&self) -> ProtoStats {
+                match self {
+                    $(AnyQp::$kind(q) => ProtoStats::$kind(q.stats())),+
+                }
+            }
+
+            /// Before calls that take no `now` (post, transmit).
+            fn tick(&mut self) {
+                match self {
+                    $(AnyQp::$kind(q) => Clock::tick(q)),+
+                }
+            }
+        }
+
+        impl DatagramQp for AnyQp {
+            fn qpn(&self) -> u32 {
+                match self {
+                    $(AnyQp::$kind(q) => DatagramQp::qpn(q)),+
+                }
+            }
+            fn post_send(&mut self, wr: SendWr, dest: DgramAddr) -> Result<(), PostError> {
+                match self {
+                    $(AnyQp::$kind(q) => DatagramQp::post_send(q, wr, dest)),+
+                }
+            }
+            fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+                match self {
+                    $(AnyQp::$kind(q) => DatagramQp::post_recv(q, wr)),+
+                }
+            }
+            fn handle_datagram<M: Memory>(
+                &mut self,
+                src_ip: IpAddr,
+                src_port: u16,
+                data: &[u8],
+                mem: &mut M,
+                now: Instant,
+            ) {
+                match self {
+                    $(AnyQp::$kind(q) => {
+                        DatagramQp::handle_datagram(q, src_ip, src_port, data, mem, now)
+                    }),+
+                }
+            }
+            fn poll_transmit<M: Memory, S: DatagramSink>(
+                &mut self,
+                mem: &M,
+                sink: &mut S,
+            ) -> io::Result<usize> {
+                match self {
+                    $(AnyQp::$kind(q) => DatagramQp::poll_transmit(q, mem, sink)),+
+                }
+            }
+            fn wants_transmit(&self) -> bool {
+                match self {
+                    $(AnyQp::$kind(q) => DatagramQp::wants_transmit(q)),+
+                }
+            }
+            fn poll_completion(&mut self) -> Option<(CqKind, WorkCompletion)> {
+                match self {
+                    $(AnyQp::$kind(q) => DatagramQp::poll_completion(q)),+
+                }
+            }
+            fn poll_event(&mut self) -> Option<DgramEvent> {
+                match self {
+                    $(AnyQp::$kind(q) => DatagramQp::poll_event(q)),+
+                }
+            }
+            fn poll_timeout(&self) -> Option<Instant> {
+                match self {
+                    $(AnyQp::$kind(q) => DatagramQp::poll_timeout(q)),+
+                }
+            }
+            fn handle_timeout(&mut self, now: Instant) {
+                match self {
+                    $(AnyQp::$kind(q) => DatagramQp::handle_timeout(q, now)),+
+                }
+            }
+            fn record_tracker(&mut self) -> &mut Tracker {
+                match self {
+                    $(AnyQp::$kind(q) => DatagramQp::record_tracker(q)),+
+                }
+            }
+        }
+    };
+}
+
+dgram_kinds! {
+    /// Unreliable datagram ([`UdQp`]).
+    Ud(UdQp, UdStats),
+}
+
+/// Engines whose `post_send`/`poll_transmit` read a clock of their own
+/// (RD's `RdQp::set_now`: RTO and ACK timing) get it advanced here; UD
+/// needs none. Belongs in [`DatagramQp`] (a `set_now` with a no-op
+/// default); until then, one impl per kind.
+trait Clock {
+    fn tick(&mut self) {}
+}
+
+impl Clock for UdQp {}
+
+// ----------------------------------------------------------------------
+// Public types
+// ----------------------------------------------------------------------
+
+/// How a UD QP is created ([`Context::create_ud_qp`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdOptions {
+    /// Protocol settings. `qpn` is replaced by the number the socket slot
+    /// gives, `sq_depth`/`rq_depth` by the [`QpCaps`], and `mtu` by
+    /// [`UdOptions::mtu`] or the context's `SOFTRDMA_DGRAM_MTU`.
+    pub proto: UdConfig,
+    /// The path MTU; `None`: the context's [`crate::config::Config::dgram_mtu`].
+    pub mtu: Option<usize>,
+    /// Where the QP's socket is bound. Port 0: any socket of this context
+    /// bound to the same IP that has a free slot, else a new one on a port
+    /// the kernel picks. Bind a concrete address to make
+    /// [`DgramQpHandle::local_addr`] something a peer can use.
+    pub bind: SocketAddr,
+}
+
+impl Default for UdOptions {
+    fn default() -> Self {
+        UdOptions {
+            proto: UdConfig::default(),
+            mtu: None,
+            bind: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+        }
+    }
+}
+
+/// Why a datagram QP operation failed.
+#[derive(Debug)]
+pub enum DgramError {
+    /// A socket could not be opened or configured.
+    Io(io::Error),
+    /// The protocol engine refused the settings.
+    Config(UdConfigError),
+    /// The requested port's 256 QP slots are taken.
+    PortFull,
+    /// Not an IPv4 multicast group address.
+    NotMulticast,
+    /// The QP is not attached to that group.
+    NotAttached,
+}
+
+impl std::fmt::Display for DgramError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DgramError::Io(e) => write!(f, "datagram socket: {e}"),
+            DgramError::Config(e) => write!(f, "datagram QP settings: {e}"),
+            DgramError::PortFull => f.write_str("all 256 QP slots of the port are taken"),
+            DgramError::NotMulticast => f.write_str("not an IPv4 multicast group address"),
+            DgramError::NotAttached => f.write_str("the QP is not attached to the group"),
+        }
+    }
+}
+
+impl std::error::Error for DgramError {}
+
+impl From<io::Error> for DgramError {
+    fn from(e: io::Error) -> Self {
+        DgramError::Io(e)
+    }
+}
+
+/// Counters of a datagram QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DgramQpStats {
+    /// The protocol engine's counters.
+    pub proto: ProtoStats,
+    /// Write-Record counters.
+    pub record: RecordStats,
+    /// Async events not queued because [`crate::cq::MAX_LOSSY_EVENTS`]
+    /// were waiting.
+    pub events_dropped: u64,
+}
+
+/// Counters of one UDP socket (shared by its QPs), or of the context's
+/// multicast socket.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SocketStats {
+    /// Datagrams read.
+    pub rx_datagrams: u64,
+    /// `recvmmsg` calls that returned datagrams.
+    pub rx_batches: u64,
+    /// Dropped: longer than a receive buffer.
+    pub rx_truncated: u64,
+    /// Dropped: no destination QPN could be read.
+    pub rx_no_dqpn: u64,
+    /// Dropped: the destination QPN names no QP of this socket (or no QP
+    /// attached to the group).
+    pub rx_no_qp: u64,
+    /// Multicast socket: dropped because not sent to a multicast group.
+    pub rx_not_group: u64,
+    /// Receive errors other than "nothing to read".
+    pub rx_errors: u64,
+    /// Datagrams the socket accepted.
+    pub tx_datagrams: u64,
+    /// `sendmmsg`/`sendmsg` calls.
+    pub tx_calls: u64,
+    /// Sends refused with `WouldBlock` (the QP then waits for writability).
+    pub tx_would_block: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    rx_datagrams: AtomicU64,
+    rx_batches: AtomicU64,
+    rx_truncated: AtomicU64,
+    rx_no_dqpn: AtomicU64,
+    rx_no_qp: AtomicU64,
+    rx_not_group: AtomicU64,
+    rx_errors: AtomicU64,
+    tx_datagrams: AtomicU64,
+    tx_calls: AtomicU64,
+    tx_would_block: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+impl Counters {
+    fn snapshot(&self) -> SocketStats {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        SocketStats {
+            rx_datagrams: g(&self.rx_datagrams),
+            rx_batches: g(&self.rx_batches),
+            rx_truncated: g(&self.rx_truncated),
+            rx_no_dqpn: g(&self.rx_no_dqpn),
+            rx_no_qp: g(&self.rx_no_qp),
+            rx_not_group: g(&self.rx_not_group),
+            rx_errors: g(&self.rx_errors),
+            tx_datagrams: g(&self.tx_datagrams),
+            tx_calls: g(&self.tx_calls),
+            tx_would_block: g(&self.tx_would_block),
+        }
+    }
+}
+
+// ----------------------------------------------------------------------
+// The context's datagram service
+// ----------------------------------------------------------------------
+
+/// The datagram sockets of one context (a field of [`Shared`]).
+#[derive(Debug, Default)]
+pub(crate) struct Service {
+    sockets: Mutex<Vec<Arc<DgramSocket>>>,
+    /// The multicast listener, opened on the first attach.
+    mcast: Mutex<Option<Arc<DgramSocket>>>,
+}
+
+impl Service {
+    /// A socket bound like `bind` with a free slot, reserved.
+    fn reserve(
+        &self,
+        shared: &Arc<Shared>,
+        bind: SocketAddr,
+    ) -> Result<(Arc<DgramSocket>, u8), DgramError> {
+        let mut socks = self.sockets.lock().unwrap_or_else(|p| p.into_inner());
+        for s in socks.iter() {
+            if s.local.ip() != bind.ip() || (bind.port() != 0 && s.local.port() != bind.port()) {
+                continue;
+            }
+            if let Some(slot) = s.reserve_slot() {
+                return Ok((s.clone(), slot));
+            }
+            if bind.port() != 0 {
+                return Err(DgramError::PortFull);
+            }
+        }
+        let s = DgramSocket::open(shared, bind)?;
+        let slot = s.reserve_slot().ok_or(DgramError::PortFull)?;
+        socks.push(s.clone());
+        Ok((s, slot))
+    }
+
+    /// The multicast listener, opened on first use.
+    fn mcast_socket(&self, shared: &Arc<Shared>) -> Result<Arc<DgramSocket>, DgramError> {
+        let mut m = self.mcast.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = m.as_ref() {
+            return Ok(s.clone());
+        }
+        let s = DgramSocket::open_mcast(shared, shared.config.mcast_port)?;
+        *m = Some(s.clone());
+        Ok(s)
+    }
+
+    fn mcast_if_open(&self) -> Option<Arc<DgramSocket>> {
+        self.mcast.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+// ----------------------------------------------------------------------
+// Sockets
+// ----------------------------------------------------------------------
+
+#[derive(Default)]
+enum Slot {
+    #[default]
+    Free,
+    Reserved,
+    Bound(Weak<DgramQpShared>),
+}
+
+struct Group {
+    addr: Ipv4Addr,
+    iface: Ipv4Addr,
+    qps: Vec<Weak<DgramQpShared>>,
+}
+
+enum Role {
+    /// A port of QPs, demultiplexed by slot.
+    Unicast { slots: Mutex<Vec<Slot>> },
+    /// The multicast listener: by group.
+    Multicast { groups: Mutex<Vec<Group>> },
+}
+
+struct RxState {
+    ring: RxRing,
+    /// Multicast: the QPs one datagram goes to (kept, not reallocated).
+    targets: Vec<Arc<DgramQpShared>>,
+    /// Multicast: the datagram with its DQPN rewritten ([`retarget`]).
+    scratch: Vec<u8>,
+}
+
+#[derive(Default)]
+struct TxWait {
+    qps: Vec<Weak<DgramQpShared>>,
+    watching: bool,
+}
+
+/// One UDP socket of a context.
+pub(crate) struct DgramSocket {
+    sock: UdpSocket,
+    local: SocketAddr,
+    v6: bool,
+    /// Send runs of equal-sized datagrams as one UDP GSO message.
+    gso: AtomicBool,
+    /// `UDP_GRO` is on: buffers may hold several datagrams.
+    gro: bool,
+    token: u64,
+    shared: Weak<Shared>,
+    role: Role,
+    rx: Mutex<RxState>,
+    tx_wait: Mutex<TxWait>,
+    stats: Counters,
+}
+
+impl std::fmt::Debug for DgramSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DgramSocket")
+            .field("local", &self.local)
+            .field("multicast", &matches!(self.role, Role::Multicast { .. }))
+            .finish()
+    }
+}
+
+enum RxDrop {
+    Truncated,
+    NoDqpn,
+    NoQp,
+}
+
+impl DgramSocket {
+    fn new(
+        shared: &Arc<Shared>,
+        sock: UdpSocket,
+        role: Role,
+        offload: bool,
+    ) -> io::Result<Arc<DgramSocket>> {
+        let local = sock.local_addr()?;
+        let gro = offload && udp::enable_gro(sock.as_raw_fd());
+        let s = Arc::new(DgramSocket {
+            v6: local.is_ipv6(),
+            gso: AtomicBool::new(offload),
+            gro,
+            local,
+            token: next_token(),
+            shared: Arc::downgrade(shared),
+            role,
+            rx: Mutex::new(RxState {
+                ring: RxRing::new(),
+                targets: Vec::with_capacity(8),
+                scratch: Vec::with_capacity(udp::RX_BUF),
+            }),
+            tx_wait: Mutex::new(TxWait::default()),
+            stats: Counters::default(),
+            sock,
+        });
+        shared
+            .progress()?
+            .register(s.sock.as_raw_fd(), s.token, Arc::downgrade(&s))?;
+        Ok(s)
+    }
+
+    /// A QP socket bound to `bind`.
+    fn open(shared: &Arc<Shared>, bind: SocketAddr) -> io::Result<Arc<DgramSocket>> {
+        let sock = UdpSocket::bind(bind)?;
+        sock.set_nonblocking(true)?;
+        let fd = sock.as_raw_fd();
+        udp::configure(fd, bind.is_ipv6())?;
+        if let IpAddr::V4(a) = bind.ip() {
+            if !a.is_unspecified() {
+                udp::set_multicast_if(fd, a)?;
+            }
+        }
+        let slots = (0..256).map(|_| Slot::Free).collect();
+        DgramSocket::new(
+            shared,
+            sock,
+            Role::Unicast {
+                slots: Mutex::new(slots),
+            },
+            shared.config.dgram_offload,
+        )
+    }
+
+    /// The multicast listener on `port`.
+    fn open_mcast(shared: &Arc<Shared>, port: u16) -> io::Result<Arc<DgramSocket>> {
+        let sock = udp::bind_shared_v4(std::net::SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port))?;
+        DgramSocket::new(
+            shared,
+            sock,
+            Role::Multicast {
+                groups: Mutex::new(Vec::new()),
+            },
+            false,
+        )
+    }
+
+    fn slots(&self) -> MutexGuard<'_, Vec<Slot>> {
+        match &self.role {
+            Role::Unicast { slots } => slots.lock().unwrap_or_else(|p| p.into_inner()),
+            Role::Multicast { .. } => unreachable!("QP slots of the multicast socket"),
+        }
+    }
+
+    fn qpn_of(&self, slot: u8) -> u32 {
+        (u32::from(self.local.port()) << 8) | u32::from(slot)
+    }
+
+    fn reserve_slot(&self) -> Option<u8> {
+        let mut slots = self.slots();
+        let i = (0..256usize).find(|&i| {
+            let free = match &slots[i] {
+                Slot::Free => true,
+                Slot::Reserved => false,
+                Slot::Bound(w) => w.strong_count() == 0,
+            };
+            free && self.qpn_of(i as u8) != MCAST_QPN
+        })?;
+        slots[i] = Slot::Reserved;
+        Some(i as u8)
+    }
+
+    fn bind_slot(&self, slot: u8, qp: Weak<DgramQpShared>) {
+        self.slots()[usize::from(slot)] = Slot::Bound(qp);
+    }
+
+    fn free_slot(&self, slot: u8) {
+        self.slots()[usize::from(slot)] = Slot::Free;
+    }
+
+    fn slot_qp(&self, slot: u8) -> Option<Arc<DgramQpShared>> {
+        match &self.slots()[usize::from(slot)] {
+            Slot::Bound(w) => w.upgrade(),
+            _ => None,
+        }
+    }
+
+    /// The slot a datagram on this (unicast) socket is for.
+    fn slot_of(&self, data: &[u8], m: &udp::RxMeta) -> Result<u8, RxDrop> {
+        if m.truncated {
+            return Err(RxDrop::Truncated);
+        }
+        let dqpn = dest_qpn(data).ok_or(RxDrop::NoDqpn)?;
+        if m.src.is_none() || dqpn >> 8 != u32::from(self.local.port()) {
+            return Err(RxDrop::NoQp);
+        }
+        Ok(dqpn as u8)
+    }
+
+    fn count_drop(&self, d: RxDrop) {
+        let c = match d {
+            RxDrop::Truncated => &self.stats.rx_truncated,
+            RxDrop::NoDqpn => &self.stats.rx_no_dqpn,
+            RxDrop::NoQp => &self.stats.rx_no_qp,
+        };
+        bump(c, 1);
+    }
+
+    /// Reads and delivers what the socket holds: from the progress thread
+    /// (`wait`: take the receive lock) or inline (skip if someone has it).
+    fn drain(&self, wait: bool) {
+        let mut rx = match self.rx.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) if wait => {
+                self.rx.lock().unwrap_or_else(|p| p.into_inner())
+            }
+            Err(TryLockError::WouldBlock) => return,
+        };
+        let rounds = if wait {
+            RX_ROUNDS_THREAD
+        } else {
+            RX_ROUNDS_INLINE
+        };
+        let mcast = matches!(self.role, Role::Multicast { .. });
+        let fd = self.sock.as_raw_fd();
+        for _ in 0..rounds {
+            let n = match udp::recv_batch(fd, &mut rx.ring, mcast || self.gro) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    // A pending ICMP error and the like: reported once.
+                    bump(&self.stats.rx_errors, 1);
+                    continue;
+                }
+            };
+            let units = rx.ring.len();
+            bump(&self.stats.rx_batches, 1);
+            bump(&self.stats.rx_datagrams, units as u64);
+            let now = Instant::now();
+            if mcast {
+                self.dispatch_mcast(&mut rx, units, now);
+            } else {
+                self.dispatch(&rx.ring, units, now);
+            }
+            if n < RX_BATCH {
+                break;
+            }
+        }
+    }
+
+    /// Hands datagrams `0..n` to their QPs, runs for the same QP at once.
+    fn dispatch(&self, ring: &RxRing, n: usize, now: Instant) {
+        let mut i = 0;
+        while i < n {
+            let (data, m) = ring.get(i);
+            let slot = match self.slot_of(data, m) {
+                Ok(s) => s,
+                Err(d) => {
+                    self.count_drop(d);
+                    i += 1;
+                    continue;
+                }
+            };
+            let mut j = i + 1;
+            while j < n && {
+                let (d, m) = ring.get(j);
+                matches!(self.slot_of(d, m), Ok(s) if s == slot)
+            } {
+                j += 1;
+            }
+            match self.slot_qp(slot) {
+                Some(qp) => qp.receive(ring, i..j, now),
+                None => bump(&self.stats.rx_no_qp, (j - i) as u64),
+            }
+            i = j;
+        }
+    }
+
+    /// The multicast listener: each datagram to every QP attached to the
+    /// group it was sent to (and named by its DQPN, or all for
+    /// [`MCAST_QPN`]).
+    fn dispatch_mcast(&self, rx: &mut RxState, n: usize, now: Instant) {
+        let Role::Multicast { groups } = &self.role else {
+            return;
+        };
+        let RxState {
+            ring,
+            targets,
+            scratch,
+        } = rx;
+        for i in 0..n {
+            let (data, m) = ring.get(i);
+            if m.truncated {
+                self.count_drop(RxDrop::Truncated);
+                continue;
+            }
+            let (Some(src), Some(IpAddr::V4(group))) = (m.src, m.dst) else {
+                bump(&self.stats.rx_not_group, 1);
+                continue;
+            };
+            if !group.is_multicast() {
+                bump(&self.stats.rx_not_group, 1);
+                continue;
+            }
+            let Some(dqpn) = dest_qpn(data) else {
+                self.count_drop(RxDrop::NoDqpn);
+                continue;
+            };
+            if Framing::of(data[0]) != Ok(Framing::Ud) {
+                // RD is point to point: no multicast.
+                self.count_drop(RxDrop::NoQp);
+                continue;
+            }
+            {
+                let gs = groups.lock().unwrap_or_else(|p| p.into_inner());
+                for g in gs.iter().filter(|g| g.addr == group) {
+                    for q in g.qps.iter().filter_map(Weak::upgrade) {
+                        if (dqpn == MCAST_QPN || dqpn == q.qpn)
+                            && !targets.iter().any(|t| Arc::ptr_eq(t, &q))
+                        {
+                            targets.push(q);
+                        }
+                    }
+                }
+            }
+            if targets.is_empty() {
+                self.count_drop(RxDrop::NoQp);
+                continue;
+            }
+            for q in targets.drain(..) {
+                if dqpn == MCAST_QPN && retarget(data, q.qpn, scratch) {
+                    q.receive_one(scratch, src, now);
+                } else {
+                    q.receive_one(data, src, now);
+                }
+            }
+        }
+    }
+
+    /// `qp` waits for the socket to take datagrams again.
+    fn wait_writable(&self, qp: Weak<DgramQpShared>) {
+        let mut w = self.tx_wait.lock().unwrap_or_else(|p| p.into_inner());
+        w.qps.push(qp);
+        if !w.watching {
+            w.watching = true;
+            if let Some(s) = self.shared.upgrade() {
+                if let Ok(p) = s.progress() {
+                    let _ = p.watch_write(self.sock.as_raw_fd(), self.token, true);
+                }
+            }
+        }
+    }
+
+    fn on_writable(&self) {
+        let waiting = {
+            let mut w = self.tx_wait.lock().unwrap_or_else(|p| p.into_inner());
+            if w.watching {
+                w.watching = false;
+                if let Some(s) = self.shared.upgrade() {
+                    if let Ok(p) = s.progress() {
+                        let _ = p.watch_write(self.sock.as_raw_fd(), self.token, false);
+                    }
+                }
+            }
+            std::mem::take(&mut w.qps)
+        };
+        for q in waiting.iter().filter_map(Weak::upgrade) {
+            q.resume_transmit();
+        }
+    }
+}
+
+impl Source for DgramSocket {
+    fn on_ready(&self, readable: bool, writable: bool) {
+        if writable {
+            self.on_writable();
+        }
+        if readable {
+            self.drain(true);
+        }
+    }
+}
+
+/// Copies a UD datagram addressed to [`MCAST_QPN`] into `out` with its DQPN
+/// rewritten to `qpn` (the top octet, the sender's slot, is kept) and its
+/// CRC recomputed, if the original's CRC is good; false otherwise (the QP
+/// then gets the original and counts the CRC error).
+///
+/// Interim, engine-side: `ud.rs` accepts only its own QPN in the DQPN word
+/// (`UdQp::handle_datagram`, the `let slot = match repr.dqpn { Some(w) if
+/// w & QPN_MASK == self.cfg.qpn => …` arm). Once that arm also accepts
+/// `w & QPN_MASK == MCAST_QPN` (with a `pub const MCAST_QPN` in ud.rs),
+/// this copy can go: the multicast path then hands every attached QP the
+/// datagram as received.
+fn retarget(data: &[u8], qpn: u32, out: &mut Vec<u8>) -> bool {
+    let n = data.len();
+    let Some(&c) = data.first() else {
+        return false;
+    };
+    let at = if c & wddp::FLAG_T != 0 {
+        wddp::TAGGED_HEADER_LEN
+            + if c & wddp::FLAG_X != 0 {
+                wddp::EXT_LEN
+            } else {
+                0
+            }
+    } else {
+        wddp::UNTAGGED_HEADER_LEN
+    };
+    if n < at + wddp::DQPN_LEN + CRC_LEN
+        || wdgram::trailer(&data[..n - CRC_LEN], &[]) != data[n - CRC_LEN..]
+    {
+        return false;
+    }
+    out.clear();
+    out.extend_from_slice(data);
+    out[at + 1..at + 4].copy_from_slice(&qpn.to_be_bytes()[1..]);
+    let t = wdgram::trailer(&out[..n - CRC_LEN], &[]);
+    out[n - CRC_LEN..].copy_from_slice(&t);
+    true
+}
+
+/// The socket as the engine's [`DatagramSink`].
+struct SockSink<'a> {
+    sock: &'a DgramSocket,
+    /// A send hit `WouldBlock`.
+    blocked: bool,
+}
+
+impl SockSink<'_> {
+    fn note<T>(&mut self, r: &io::Result<T>, sent: u64) {
+        bump(&self.sock.stats.tx_calls, 1);
+        bump(&self.sock.stats.tx_datagrams, sent);
+        if matches!(r, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
+            self.blocked = true;
+            bump(&self.sock.stats.tx_would_block, 1);
+        }
+    }
+}
+
+impl DatagramSink for SockSink<'_> {
+    fn send(&mut self, dest: (IpAddr, u16), bufs: &[IoSlice<'_>]) -> io::Result<()> {
+        let r = udp::send_one(self.sock.sock.as_raw_fd(), self.sock.v6, dest, bufs);
+        self.note(&r, u64::from(r.is_ok()));
+        r
+    }
+
+    fn send_batch(&mut self, batch: &[Datagram<'_>]) -> io::Result<usize> {
+        let r = udp::send_batch(
+            self.sock.sock.as_raw_fd(),
+            self.sock.v6,
+            Some(&self.sock.gso),
+            batch,
+        );
+        let sent = *r.as_ref().unwrap_or(&0) as u64;
+        self.note(&r, sent);
+        r
+    }
+}
+
+// ----------------------------------------------------------------------
+// QPs
+// ----------------------------------------------------------------------
+
+struct Core {
+    qp: AnyQp,
+    /// Completions gathered under the QP lock, handed to the CQs before
+    /// it is released.
+    out_send: Vec<Completion>,
+    out_recv: Vec<Completion>,
+    /// The deadline armed with the progress thread.
+    timer: Option<Instant>,
+    /// Waiting for the socket to become writable.
+    tx_waiting: bool,
+    /// Multicast groups attached.
+    groups: Vec<Ipv4Addr>,
+}
+
+/// The shared part of a datagram QP (CQs, socket and progress thread
+/// hold it weakly).
+pub(crate) struct DgramQpShared {
+    shared: Arc<Shared>,
+    socket: Arc<DgramSocket>,
+    this: Weak<DgramQpShared>,
+    qpn: u32,
+    pd: u32,
+    slot: u8,
+    send_cq: Arc<Cq>,
+    recv_cq: Arc<Cq>,
+    /// Progress-thread token of the QP's timer.
+    token: u64,
+    /// Attached to a multicast group (inline progress drains that socket
+    /// too).
+    in_groups: AtomicBool,
+    /// Async events dropped (the event queue was full).
+    events_dropped: AtomicU64,
+    core: Mutex<Core>,
+}
+
+impl DgramQpShared {
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Datagrams `range` of `ring`, all for this QP.
+    fn receive(&self, ring: &RxRing, range: Range<usize>, now: Instant) {
+        let mut c = self.lock();
+        let qp = &mut c.qp;
+        self.shared.registry.with_view(self.pd, |v| {
+            for i in range {
+                let (data, m) = ring.get(i);
+                if let Some(src) = m.src {
+                    qp.handle_datagram(src.ip(), src.port(), data, v, now);
+                }
+            }
+        });
+        self.settle(c);
+    }
+
+    fn receive_one(&self, data: &[u8], src: SocketAddr, now: Instant) {
+        let mut c = self.lock();
+        let qp = &mut c.qp;
+        self.shared.registry.with_view(self.pd, |v| {
+            qp.handle_datagram(src.ip(), src.port(), data, v, now)
+        });
+        self.settle(c);
+    }
+
+    /// Hands the engine's datagrams to the socket until it is done or the
+    /// socket pushes back (then waits for writability).
+    fn transmit(&self, c: &mut Core) {
+        if c.tx_waiting {
+            return;
+        }
+        c.qp.tick();
+        let mut sink = SockSink {
+            sock: &self.socket,
+            blocked: false,
+        };
+        // Each round sends, or fails (and completes) one request, or
+        // stops; the bound only guards against an engine breaking that.
+        for _ in 0..1 << 16 {
+            let qp = &mut c.qp;
+            let r = self
+                .shared
+                .registry
+                .with_view(self.pd, |v| qp.poll_transmit(v, &mut sink));
+            match r {
+                Ok(0) => break,
+                Ok(_) if sink.blocked || !c.qp.wants_transmit() => break,
+                Ok(_) => {}
+                // The head request failed (completed in error); go on.
+                Err(_) if sink.blocked => break,
+                Err(_) => {}
+            }
+        }
+        if sink.blocked {
+            c.tx_waiting = true;
+            self.socket.wait_writable(self.this.clone());
+        }
+    }
+
+    /// Arms the progress thread's timer if the engine needs one earlier
+    /// than the one armed.
+    fn arm(&self, c: &mut Core) {
+        let Some(next) = c.qp.poll_timeout() else {
+            return;
+        };
+        self.arm_at(c, next);
+    }
+
+    fn arm_at(&self, c: &mut Core, next: Instant) {
+        if c.timer.is_none_or(|armed| next < armed) {
+            c.timer = Some(next);
+            if let Ok(p) = self.shared.progress() {
+                p.set_timer(self.token, next);
+            }
+        }
+    }
+
+    /// After any engine call: transmit what it produced, arm its timer,
+    /// flush its completions and events.
+    fn settle(&self, mut c: MutexGuard<'_, Core>) {
+        if c.qp.wants_transmit() {
+            self.transmit(&mut c);
+        }
+        self.arm(&mut c);
+        self.flush(c);
+    }
+
+    /// Moves completions into the CQs (under the QP lock, in order), then,
+    /// after the lock is released, events into the async event queue.
+    fn flush(&self, mut c: MutexGuard<'_, Core>) {
+        let mut events: [Option<AsyncEvent>; 8] = [None; 8];
+        let mut ne = 0;
+        {
+            let Core {
+                qp,
+                out_send,
+                out_recv,
+                ..
+            } = &mut *c;
+            while let Some((kind, wc)) = qp.poll_completion() {
+                let comp = Completion {
+                    wc,
+                    qp_num: self.qpn,
+                };
+                match kind {
+                    CqKind::Send => out_send.push(comp),
+                    CqKind::Recv => out_recv.push(comp),
+                }
+            }
+            while let Some(ev) = qp.poll_event() {
+                let ae = self.async_event(ev);
+                if ne < events.len() {
+                    events[ne] = Some(ae);
+                    ne += 1;
+                } else {
+                    self.raise(ae);
+                }
+            }
+        }
+        if !c.out_send.is_empty() {
+            self.send_cq.push(&c.out_send);
+            c.out_send.clear();
+        }
+        if !c.out_recv.is_empty() {
+            self.recv_cq.push(&c.out_recv);
+            c.out_recv.clear();
+        }
+        drop(c);
+        for e in events[..ne].iter().flatten() {
+            self.raise(*e);
+        }
+    }
+
+    fn raise(&self, e: AsyncEvent) {
+        if !self.shared.events.raise_lossy(e) {
+            bump(&self.events_dropped, 1);
+        }
+    }
+
+    fn async_event(&self, ev: DgramEvent) -> AsyncEvent {
+        match ev {
+            DgramEvent::RemoteAccess {
+                src,
+                opcode,
+                msn,
+                stag,
+                to,
+                len,
+                error,
+            } => AsyncEvent::DgramRemoteAccessError {
+                qpn: self.qpn,
+                src,
+                opcode,
+                msn,
+                stag,
+                to,
+                len,
+                error,
+            },
+            DgramEvent::PeerFailed { peer } => AsyncEvent::DgramPeerFailed {
+                qpn: self.qpn,
+                peer,
+            },
+        }
+    }
+
+    /// The socket became writable.
+    fn resume_transmit(&self) {
+        let mut c = self.lock();
+        c.tx_waiting = false;
+        self.transmit(&mut c);
+        self.arm(&mut c);
+        self.flush(c);
+    }
+}
+
+impl Source for DgramQpShared {
+    fn on_ready(&self, _readable: bool, _writable: bool) {}
+
+    fn on_timer(&self, now: Instant) {
+        let mut c = self.lock();
+        c.timer = None;
+        c.qp.handle_timeout(now);
+        // A deadline the engine still reports as due right after it ran
+        // its timers is retried a millisecond later, not in a busy loop.
+        if let Some(next) = c.qp.poll_timeout() {
+            self.arm_at(&mut c, next.max(now + Duration::from_millis(1)));
+        }
+        self.settle(c);
+    }
+}
+
+impl InlineProgress for DgramQpShared {
+    fn progress_inline(&self) {
+        self.socket.drain(false);
+        if self.in_groups.load(Ordering::Relaxed) {
+            if let Some(m) = self.shared.dgram.mcast_if_open() {
+                m.drain(false);
+            }
+        }
+    }
+
+    fn progress_key(&self) -> usize {
+        Arc::as_ptr(&self.socket) as usize
+    }
+}
+
+/// A datagram queue pair (UD). Dropping it destroys the QP: its slot is
+/// freed, its multicast groups left, its queued work discarded without
+/// completions (as `ibv_destroy_qp`).
+pub struct DgramQpHandle {
+    inner: Arc<DgramQpShared>,
+}
+
+impl std::fmt::Debug for DgramQpHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DgramQpHandle")
+            .field("qpn", &self.inner.qpn)
+            .field("local", &self.inner.socket.local)
+            .finish()
+    }
+}
+
+impl DgramQpHandle {
+    /// The QP number: `(port << 8) | slot`.
+    pub fn qpn(&self) -> u32 {
+        self.inner.qpn
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> u32 {
+        self.inner.pd
+    }
+
+    /// Where peers send to reach this QP (the socket's bound address).
+    pub fn local_addr(&self) -> DgramAddr {
+        DgramAddr {
+            ip: self.inner.socket.local.ip(),
+            port: self.inner.socket.local.port(),
+            qpn: self.inner.qpn,
+        }
+    }
+
+    /// Posts a send work request to `dest` and transmits what the socket
+    /// takes. Send (± immediate, solicited), RDMA Write and Write-Record;
+    /// the engine refuses the rest ([`QpError::Unsupported`]).
+    pub fn post_send(&self, wr: SendWr, dest: DgramAddr) -> Result<(), QpError> {
+        let mut c = self.inner.lock();
+        c.qp.tick();
+        c.qp.post_send(wr, dest)?;
+        self.inner.transmit(&mut c);
+        self.inner.arm(&mut c);
+        self.inner.flush(c);
+        Ok(())
+    }
+
+    /// Posts a receive.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), QpError> {
+        let mut c = self.inner.lock();
+        c.qp.post_recv(wr)?;
+        self.inner.flush(c);
+        Ok(())
+    }
+
+    /// Write-Record validity map: the valid ranges (absolute TOs,
+    /// `[start, end)`) of `stag` within `[to, to + len)`, written to `out`;
+    /// returns how many, and whether more did not fit.
+    pub fn valid_ranges(
+        &self,
+        stag: u32,
+        to: u64,
+        len: u64,
+        out: &mut [(u64, u64)],
+    ) -> (usize, bool) {
+        self.inner
+            .lock()
+            .qp
+            .record_tracker()
+            .valid_ranges(stag, to, len, out)
+    }
+
+    /// Whether every octet of `[to, to + len)` of `stag` is valid.
+    pub fn is_valid(&self, stag: u32, to: u64, len: u64) -> bool {
+        self.inner
+            .lock()
+            .qp
+            .record_tracker()
+            .is_valid(stag, to, len)
+    }
+
+    /// Clears validity of `[to, to + len)` of `stag` (the data was used).
+    pub fn clear(&self, stag: u32, to: u64, len: u64) {
+        self.inner.lock().qp.record_tracker().clear(stag, to, len)
+    }
+
+    /// Forgets every Write-Record state of `stag` (call when its region is
+    /// deregistered).
+    pub fn forget_stag(&self, stag: u32) {
+        self.inner.lock().qp.record_tracker().forget_stag(stag)
+    }
+
+    /// How long a Write-Record message may place nothing new before it is
+    /// retired as partial.
+    pub fn set_record_partial_timeout(&self, timeout: Duration) {
+        let mut c = self.inner.lock();
+        c.qp.record_tracker().set_partial_timeout(timeout);
+        self.inner.arm(&mut c);
+        self.inner.flush(c);
+    }
+
+    /// What a partial Write-Record message gives (a `RecordPartial`
+    /// completion, or nothing).
+    pub fn set_record_partial_action(&self, action: PartialAction) {
+        self.inner
+            .lock()
+            .qp
+            .record_tracker()
+            .set_partial_action(action)
+    }
+
+    /// The QP's counters.
+    pub fn stats(&self) -> DgramQpStats {
+        let mut c = self.inner.lock();
+        DgramQpStats {
+            proto: c.qp.stats(),
+            record: c.qp.record_tracker().stats(),
+            events_dropped: self.inner.events_dropped.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The counters of the socket this QP shares.
+    pub fn socket_stats(&self) -> SocketStats {
+        self.inner.socket.stats.snapshot()
+    }
+
+    /// The counters of the context's multicast socket (zero before the
+    /// first attach).
+    pub fn mcast_socket_stats(&self) -> SocketStats {
+        self.inner
+            .shared
+            .dgram
+            .mcast_if_open()
+            .map(|s| s.stats.snapshot())
+            .unwrap_or_default()
+    }
+
+    /// Attaches the QP to the IPv4 multicast `group`
+    /// (`ibv_attach_mcast`): datagrams sent to
+    /// [`Context::mcast_dest`]`(group)` reach it. Attaching twice is a
+    /// no-op.
+    pub fn attach_mcast(&self, group: IpAddr) -> Result<(), DgramError> {
+        let IpAddr::V4(g) = group.to_canonical() else {
+            return Err(DgramError::NotMulticast);
+        };
+        if !g.is_multicast() {
+            return Err(DgramError::NotMulticast);
+        }
+        let q = &self.inner;
+        let iface = match q.socket.local.ip() {
+            IpAddr::V4(a) => a,
+            IpAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
+        };
+        let m = q.shared.dgram.mcast_socket(&q.shared)?;
+        let Role::Multicast { groups } = &m.role else {
+            unreachable!("the multicast socket has the multicast role");
+        };
+        {
+            let mut gs = groups.lock().unwrap_or_else(|p| p.into_inner());
+            let i = match gs.iter().position(|x| x.addr == g && x.iface == iface) {
+                Some(i) => i,
+                None => {
+                    udp::join_v4(m.sock.as_raw_fd(), g, iface)?;
+                    gs.push(Group {
+                        addr: g,
+                        iface,
+                        qps: Vec::new(),
+                    });
+                    gs.len() - 1
+                }
+            };
+            let entry = &mut gs[i];
+            entry.qps.retain(|w| w.strong_count() > 0);
+            if entry.qps.iter().any(|w| w.ptr_eq(&q.this)) {
+                return Ok(());
+            }
+            entry.qps.push(q.this.clone());
+        }
+        q.lock().groups.push(g);
+        q.in_groups.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Detaches the QP from `group` (`ibv_detach_mcast`); the context
+    /// leaves the group when no QP of it is attached any more.
+    pub fn detach_mcast(&self, group: IpAddr) -> Result<(), DgramError> {
+        let IpAddr::V4(g) = group.to_canonical() else {
+            return Err(DgramError::NotMulticast);
+        };
+        let q = &self.inner;
+        {
+            let mut c = q.lock();
+            let Some(i) = c.groups.iter().position(|x| *x == g) else {
+                return Err(DgramError::NotAttached);
+            };
+            c.groups.swap_remove(i);
+            q.in_groups.store(!c.groups.is_empty(), Ordering::Relaxed);
+        }
+        q.leave(g);
+        Ok(())
+    }
+}
+
+impl DgramQpShared {
+    /// Removes this QP from `group`'s list (leaving it when empty).
+    fn leave(&self, g: Ipv4Addr) {
+        let Some(m) = self.shared.dgram.mcast_if_open() else {
+            return;
+        };
+        let Role::Multicast { groups } = &m.role else {
+            return;
+        };
+        let mut gs = groups.lock().unwrap_or_else(|p| p.into_inner());
+        for entry in gs.iter_mut().filter(|x| x.addr == g) {
+            entry
+                .qps
+                .retain(|w| w.strong_count() > 0 && !w.ptr_eq(&self.this));
+        }
+        gs.retain(|entry| {
+            let keep = !entry.qps.is_empty();
+            if !keep {
+                let _ = udp::leave_v4(m.sock.as_raw_fd(), entry.addr, entry.iface);
+            }
+            keep
+        });
+    }
+}
+
+impl Drop for DgramQpHandle {
+    fn drop(&mut self) {
+        let q = &self.inner;
+        q.socket.free_slot(q.slot);
+        let groups = std::mem::take(&mut q.lock().groups);
+        q.in_groups.store(false, Ordering::Relaxed);
+        for g in groups {
+            q.leave(g);
+        }
+        if let Ok(p) = q.shared.progress() {
+            p.remove_source(q.token);
+        }
+    }
+}
+
+impl Context {
+    /// A UD queue pair in protection domain `pd` whose number is
+    /// `(port << 8) | slot` of a UDP socket of this context
+    /// ([`UdOptions::bind`]); `opts.proto.qpn` is overridden.
+    pub fn create_ud_qp(
+        &self,
+        pd: u32,
+        caps: QpCaps,
+        send_cq: Arc<Cq>,
+        recv_cq: Arc<Cq>,
+        opts: UdOptions,
+    ) -> Result<DgramQpHandle, DgramError> {
+        let mtu = opts.mtu.unwrap_or(self.shared.config.dgram_mtu);
+        self.create_dgram_qp(pd, send_cq, recv_cq, opts.bind, |qpn| {
+            let cfg = UdConfig {
+                qpn,
+                mtu,
+                sq_depth: caps.max_send_wr,
+                rq_depth: caps.max_recv_wr,
+                ..opts.proto
+            };
+            UdQp::new(cfg).map(AnyQp::Ud).map_err(DgramError::Config)
+        })
+    }
+
+    /// Where to send to reach every QP attached to `group` (in any
+    /// context using the same `SOFTRDMA_MCAST_PORT`).
+    pub fn mcast_dest(&self, group: IpAddr) -> DgramAddr {
+        DgramAddr {
+            ip: group,
+            port: self.shared.config.mcast_port,
+            qpn: MCAST_QPN,
+        }
+    }
+
+    /// The transport-independent part of creating a datagram QP: a socket
+    /// slot, the engine `make` builds for its QPN, the CQ and progress
+    /// hooks.
+    fn create_dgram_qp(
+        &self,
+        pd: u32,
+        send_cq: Arc<Cq>,
+        recv_cq: Arc<Cq>,
+        bind: SocketAddr,
+        make: impl FnOnce(u32) -> Result<AnyQp, DgramError>,
+    ) -> Result<DgramQpHandle, DgramError> {
+        let shared = &self.shared;
+        let (socket, slot) = shared.dgram.reserve(shared, bind)?;
+        let qpn = socket.qpn_of(slot);
+        let qp = match make(qpn) {
+            Ok(q) => q,
+            Err(e) => {
+                socket.free_slot(slot);
+                return Err(e);
+            }
+        };
+        let inner = Arc::new_cyclic(|this| DgramQpShared {
+            shared: shared.clone(),
+            socket: socket.clone(),
+            this: this.clone(),
+            qpn,
+            pd,
+            slot,
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            token: next_token(),
+            in_groups: AtomicBool::new(false),
+            events_dropped: AtomicU64::new(0),
+            core: Mutex::new(Core {
+                qp,
+                out_send: Vec::with_capacity(64),
+                out_recv: Vec::with_capacity(64),
+                timer: None,
+                tx_waiting: false,
+                groups: Vec::new(),
+            }),
+        });
+        socket.bind_slot(slot, Arc::downgrade(&inner));
+        shared
+            .progress()?
+            .add_source(inner.token, Arc::downgrade(&inner));
+        send_cq.attach(Arc::downgrade(&inner));
+        if !Arc::ptr_eq(&send_cq, &recv_cq) {
+            recv_cq.attach(Arc::downgrade(&inner));
+        }
+        Ok(DgramQpHandle { inner })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use softrdma_wire::rdmap::{Opcode, RdmapBody, SegmentRepr};
+
+    fn ud_datagram(dqpn: u32) -> Vec<u8> {
+        let mut repr = SegmentRepr::untagged(Opcode::Send, 0x02_0304, 7, 0, true, RdmapBody::None);
+        repr.dqpn = Some((0xAB << 24) | dqpn);
+        let mut out = vec![0u8; wdgram::buffer_len(&repr, 5)];
+        let n = wdgram::emit_into(&repr, b"hello", &mut out);
+        out.truncate(n);
+        out
+    }
+
+    #[test]
+    fn dest_qpn_both_framings() {
+        assert_eq!(dest_qpn(&ud_datagram(0x12_3456)), Some(0x12_3456));
+        assert_eq!(dest_qpn(&[]), None);
+        assert_eq!(dest_qpn(&[0x00; 40]), None);
+        let mut rd = vec![0u8; softrdma_wire::rd::MIN_DATAGRAM_LEN];
+        rd[0] = softrdma_wire::rd::MAGIC;
+        rd[1..4].copy_from_slice(&[0x65, 0x43, 0x21]);
+        assert_eq!(dest_qpn(&rd), Some(0x65_4321));
+        assert_eq!(dest_qpn(&rd[..10]), None);
+    }
+
+    #[test]
+    fn retarget_keeps_slot_and_fixes_crc() {
+        let d = ud_datagram(MCAST_QPN);
+        let mut out = Vec::new();
+        assert!(retarget(&d, 0x42_4207, &mut out));
+        let (repr, payload) = wdgram::parse(&out).unwrap();
+        assert_eq!(repr.dqpn, Some((0xAB << 24) | 0x42_4207));
+        assert_eq!(payload, b"hello");
+        let mut bad = d.clone();
+        bad[25] ^= 1;
+        assert!(!retarget(&bad, 1, &mut out));
+    }
+}

@@ -1,0 +1,771 @@
+//! The UDP socket calls std does not offer, for the datagram runtime
+//! ([`crate::dgram`]): `recvmmsg` into buffers allocated once per socket,
+//! `sendmmsg`/`sendmsg` of gather lists (header, registered memory,
+//! trailer: nothing is copied), the socket options we need (DF, buffer
+//! sizes, multicast membership and sending interface, `IP_PKTINFO`) and a
+//! listener bound with `SO_REUSEADDR`/`SO_REUSEPORT`.
+//!
+//! Segmentation offload: [`send_batch`] sends each run of consecutive
+//! equal-sized datagrams to one destination as one UDP GSO message
+//! (`UDP_SEGMENT`, the run's last datagram may be shorter), several such
+//! messages per `sendmmsg`; the kernel (or the NIC) cuts it into exactly
+//! the datagrams the protocol built. A socket with `UDP_GRO` gets such
+//! runs back as one buffer with the segment size in a control message;
+//! [`recv_batch`] splits it into the original datagrams again. If the
+//! kernel refuses GSO on a path (no checksum offload: `EIO`), the batch is
+//! sent datagram by datagram and GSO is switched off for the socket.
+//!
+//! Every `unsafe` block is one FFI call (or the setup of the structures it
+//! reads) on a descriptor the caller owns, and says why it is sound.
+
+use std::io::{self, IoSlice};
+use std::mem::{size_of, zeroed};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use softrdma_proto::ud::Datagram;
+
+/// Datagrams read by one `recvmmsg`.
+pub(crate) const RX_BATCH: usize = 32;
+/// Room for one datagram: the largest UDP payload fits, so nothing a peer
+/// with a larger MTU sends is truncated.
+pub(crate) const RX_BUF: usize = 65536;
+/// Datagrams handed to one `sendmmsg` (a larger batch is sent in pieces).
+const TX_BATCH: usize = 32;
+/// Gather pieces for one `sendmmsg` (header, payload pieces and trailer
+/// of each datagram).
+const TX_IOVS: usize = TX_BATCH * 12;
+/// Most datagrams in one GSO message (the kernel's `UDP_MAX_SEGMENTS` is
+/// 64 on older kernels).
+const GSO_MAX_SEGS: usize = 64;
+/// Control buffer per received datagram (room for `IP_PKTINFO` and
+/// `UDP_GRO`).
+const CMSG_WORDS: usize = 8;
+/// Pieces (datagrams once GRO runs are split) a ring holds without growing.
+const RX_UNITS: usize = RX_BATCH * 64;
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// `setsockopt` with an `int` value.
+pub(crate) fn set_int(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: passes a pointer to a live c_int and its size; `fd` is open
+    // (the caller owns it); the kernel only reads the value.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            &v as *const libc::c_int as *const libc::c_void,
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
+fn set_mreqn(fd: RawFd, name: libc::c_int, group: Ipv4Addr, iface: Ipv4Addr) -> io::Result<()> {
+    let m = libc::ip_mreqn {
+        imr_multiaddr: in_addr(group),
+        imr_address: in_addr(iface),
+        imr_ifindex: 0,
+    };
+    // SAFETY: a live ip_mreqn and its size; the kernel only reads it.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            name,
+            &m as *const libc::ip_mreqn as *const libc::c_void,
+            size_of::<libc::ip_mreqn>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
+fn in_addr(ip: Ipv4Addr) -> libc::in_addr {
+    libc::in_addr {
+        s_addr: u32::from_ne_bytes(ip.octets()),
+    }
+}
+
+/// Joins `group` on the interface that owns `iface` (unspecified: the
+/// kernel picks by route).
+pub(crate) fn join_v4(fd: RawFd, group: Ipv4Addr, iface: Ipv4Addr) -> io::Result<()> {
+    set_mreqn(fd, libc::IP_ADD_MEMBERSHIP, group, iface)
+}
+
+/// Leaves what [`join_v4`] joined.
+pub(crate) fn leave_v4(fd: RawFd, group: Ipv4Addr, iface: Ipv4Addr) -> io::Result<()> {
+    set_mreqn(fd, libc::IP_DROP_MEMBERSHIP, group, iface)
+}
+
+/// Asks the kernel to hand runs of datagrams over as one buffer
+/// (`UDP_GRO`); false if it cannot.
+pub(crate) fn enable_gro(fd: RawFd) -> bool {
+    set_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok()
+}
+
+/// Multicast sends leave through the interface that owns `iface`.
+pub(crate) fn set_multicast_if(fd: RawFd, iface: Ipv4Addr) -> io::Result<()> {
+    set_mreqn(fd, libc::IP_MULTICAST_IF, Ipv4Addr::UNSPECIFIED, iface)
+}
+
+/// Options every datagram socket gets: DF (path MTU discovery "do", so the
+/// kernel never fragments and an oversized datagram fails with EMSGSIZE),
+/// large buffers (best effort: capped by `net.core.{r,w}mem_max`), and for
+/// IPv4 multicast sends looped back to local members with TTL 1.
+pub(crate) fn configure(fd: RawFd, v6: bool) -> io::Result<()> {
+    if v6 {
+        set_int(
+            fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IPV6_PMTUDISC_DO,
+        )?;
+        set_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_LOOP, 1)?;
+    } else {
+        set_int(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        )?;
+        set_int(fd, libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP, 1)?;
+        set_int(fd, libc::IPPROTO_IP, libc::IP_MULTICAST_TTL, 1)?;
+    }
+    let _ = set_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, 4 << 20);
+    let _ = set_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, 4 << 20);
+    Ok(())
+}
+
+/// An IPv4 socket bound to `addr` that shares the port with every other
+/// socket bound the same way (`SO_REUSEADDR` + `SO_REUSEPORT`: each gets a
+/// copy of every multicast datagram), receives only the groups it joined
+/// itself (`IP_MULTICAST_ALL` off) and reports each datagram's destination
+/// address (`IP_PKTINFO`). Non-blocking.
+pub(crate) fn bind_shared_v4(addr: SocketAddrV4) -> io::Result<UdpSocket> {
+    // SAFETY: plain socket(2); the result is checked.
+    let fd = cvt(unsafe {
+        libc::socket(
+            libc::AF_INET,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    })?;
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    set_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+    set_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+    set_int(fd, libc::IPPROTO_IP, libc::IP_MULTICAST_ALL, 0)?;
+    set_int(fd, libc::IPPROTO_IP, libc::IP_PKTINFO, 1)?;
+    let _ = set_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, 4 << 20);
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: addr.port().to_be(),
+        sin_addr: in_addr(*addr.ip()),
+        sin_zero: [0; 8],
+    };
+    // SAFETY: a live sockaddr_in and its size.
+    cvt(unsafe {
+        libc::bind(
+            fd,
+            &sin as *const libc::sockaddr_in as *const libc::sockaddr,
+            size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    })?;
+    Ok(UdpSocket::from(owned))
+}
+
+/// Encodes `dest` for a socket of the given family; `None` if it cannot be
+/// reached from it (IPv6 from an IPv4 socket).
+fn encode_addr(
+    dest: (IpAddr, u16),
+    v6_socket: bool,
+    out: &mut libc::sockaddr_storage,
+) -> Option<libc::socklen_t> {
+    let (ip, port) = dest;
+    let ip = match (ip, v6_socket) {
+        (IpAddr::V6(a), false) => IpAddr::V4(a.to_ipv4_mapped()?),
+        (IpAddr::V4(a), true) => IpAddr::V6(a.to_ipv6_mapped()),
+        (ip, _) => ip,
+    };
+    match ip {
+        IpAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: port.to_be(),
+                sin_addr: in_addr(a),
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for every
+            // sockaddr type; the write stays inside `out`.
+            unsafe {
+                std::ptr::write(
+                    out as *mut libc::sockaddr_storage as *mut libc::sockaddr_in,
+                    sin,
+                )
+            };
+            Some(size_of::<libc::sockaddr_in>() as libc::socklen_t)
+        }
+        IpAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: port.to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.octets(),
+                },
+                sin6_scope_id: 0,
+            };
+            // SAFETY: as above.
+            unsafe {
+                std::ptr::write(
+                    out as *mut libc::sockaddr_storage as *mut libc::sockaddr_in6,
+                    sin6,
+                )
+            };
+            Some(size_of::<libc::sockaddr_in6>() as libc::socklen_t)
+        }
+    }
+}
+
+fn decode_addr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match i32::from(ss.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in;
+            // storage is aligned and large enough for it.
+            let sin =
+                unsafe { &*(ss as *const libc::sockaddr_storage as *const libc::sockaddr_in) };
+            let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 =
+                unsafe { &*(ss as *const libc::sockaddr_storage as *const libc::sockaddr_in6) };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// What `recvmmsg` said about one buffer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RxMeta {
+    /// The sender.
+    pub src: Option<SocketAddr>,
+    /// The datagram's destination address (sockets with `IP_PKTINFO`).
+    pub dst: Option<IpAddr>,
+    /// Longer than [`RX_BUF`]: cut, to be dropped.
+    pub truncated: bool,
+}
+
+const NO_META: RxMeta = RxMeta {
+    src: None,
+    dst: None,
+    truncated: false,
+};
+
+/// One datagram of the last batch: where it lies, and its buffer's meta.
+#[derive(Debug, Clone, Copy)]
+struct Unit {
+    start: u32,
+    len: u32,
+    meta: u8,
+}
+
+/// Receive buffers of one socket, allocated once ([`RX_BATCH`] ×
+/// [`RX_BUF`] octets, zero pages until used).
+pub(crate) struct RxRing {
+    bufs: Box<[u8]>,
+    meta: [RxMeta; RX_BATCH],
+    /// The datagrams of the last batch (GRO buffers split).
+    units: Vec<Unit>,
+}
+
+impl RxRing {
+    pub(crate) fn new() -> RxRing {
+        RxRing {
+            bufs: vec![0u8; RX_BATCH * RX_BUF].into_boxed_slice(),
+            meta: [NO_META; RX_BATCH],
+            units: Vec::with_capacity(RX_UNITS),
+        }
+    }
+
+    /// Datagrams in the last batch.
+    pub(crate) fn len(&self) -> usize {
+        self.units.len()
+    }
+
+    /// Datagram `i` of the last batch.
+    pub(crate) fn get(&self, i: usize) -> (&[u8], &RxMeta) {
+        let u = self.units[i];
+        let start = u.start as usize;
+        (
+            &self.bufs[start..start + u.len as usize],
+            &self.meta[usize::from(u.meta)],
+        )
+    }
+}
+
+/// Reads up to [`RX_BATCH`] buffers without blocking (`WouldBlock` if
+/// there is nothing) and returns how many; [`RxRing::len`] says how many
+/// datagrams they hold (a `UDP_GRO` buffer holds several: it is split at
+/// its segment size). `cmsg`: the socket has `IP_PKTINFO` or `UDP_GRO` on.
+pub(crate) fn recv_batch(fd: RawFd, ring: &mut RxRing, cmsg: bool) -> io::Result<usize> {
+    // SAFETY: all-zero is a valid value of these plain C structs (null
+    // pointers, zero lengths).
+    let mut hdrs: [libc::mmsghdr; RX_BATCH] = unsafe { zeroed() };
+    // SAFETY: as above.
+    let mut addrs: [libc::sockaddr_storage; RX_BATCH] = unsafe { zeroed() };
+    let mut iovs = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; RX_BATCH];
+    let mut cmsgs = [[0u64; CMSG_WORDS]; RX_BATCH];
+    // Every pointer below derives from one base pointer per array, taken
+    // once the arrays are no longer touched by index.
+    let bufs = ring.bufs.as_mut_ptr();
+    let (iov_p, addr_p, cmsg_p) = (iovs.as_mut_ptr(), addrs.as_mut_ptr(), cmsgs.as_mut_ptr());
+    for (i, h) in hdrs.iter_mut().enumerate() {
+        // SAFETY: `i < RX_BATCH`, so every offset stays inside its array
+        // (`bufs` is RX_BATCH * RX_BUF long).
+        unsafe {
+            *iov_p.add(i) = libc::iovec {
+                iov_base: bufs.add(i * RX_BUF) as *mut libc::c_void,
+                iov_len: RX_BUF,
+            };
+            let h = &mut h.msg_hdr;
+            h.msg_name = addr_p.add(i) as *mut libc::c_void;
+            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = iov_p.add(i);
+            h.msg_iovlen = 1;
+            if cmsg {
+                h.msg_control = cmsg_p.add(i) as *mut libc::c_void;
+                h.msg_controllen = (CMSG_WORDS * 8) as _;
+            }
+        }
+    }
+    // SAFETY: every header points at live buffers of the sizes it states
+    // (the ring's, `addrs`, `cmsgs`), all outliving the call; the kernel
+    // writes at most those sizes.
+    let n = unsafe {
+        libc::recvmmsg(
+            fd,
+            hdrs.as_mut_ptr(),
+            RX_BATCH as libc::c_uint,
+            libc::MSG_DONTWAIT,
+            std::ptr::null_mut(),
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    ring.units.clear();
+    for (i, mh) in hdrs.iter().enumerate().take(n as usize) {
+        let h = &mh.msg_hdr;
+        let mut dst = None;
+        let mut seg = 0usize;
+        if cmsg {
+            // SAFETY: `h` is the msghdr the kernel filled, its control
+            // buffer (`cmsgs[i]`) is live and msg_controllen says how much
+            // of it holds control messages; the CMSG macros stay inside it
+            // and the payloads are read unaligned.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(h);
+                while !c.is_null() {
+                    let (level, kind) = ((*c).cmsg_level, (*c).cmsg_type);
+                    if level == libc::IPPROTO_IP && kind == libc::IP_PKTINFO {
+                        let info: libc::in_pktinfo =
+                            std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::in_pktinfo);
+                        dst = Some(IpAddr::V4(Ipv4Addr::from(
+                            info.ipi_addr.s_addr.to_ne_bytes(),
+                        )));
+                    } else if level == libc::SOL_UDP && kind == libc::UDP_GRO {
+                        let v: libc::c_int =
+                            std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
+                        seg = usize::try_from(v).unwrap_or(0);
+                    }
+                    c = libc::CMSG_NXTHDR(h, c);
+                }
+            }
+        }
+        ring.meta[i] = RxMeta {
+            src: decode_addr(&addrs[i]),
+            dst,
+            truncated: h.msg_flags & libc::MSG_TRUNC != 0,
+        };
+        let len = (mh.msg_len as usize).min(RX_BUF);
+        let seg = if seg == 0 { len.max(1) } else { seg };
+        let mut off = 0;
+        loop {
+            let l = seg.min(len - off);
+            ring.units.push(Unit {
+                start: (i * RX_BUF + off) as u32,
+                len: l as u32,
+                meta: i as u8,
+            });
+            off += l;
+            if off >= len {
+                break;
+            }
+        }
+    }
+    Ok(n as usize)
+}
+
+fn dgram_len(d: &Datagram<'_>) -> usize {
+    d.bufs.iter().map(|b| b.len()).sum()
+}
+
+/// `sendmmsg` of gathered datagrams, in pieces of [`TX_BATCH`]: `Ok(n ≥ 1)`
+/// when the first `n` were accepted, `Err` when the first one was not (the
+/// [`softrdma_proto::ud::DatagramSink::send_batch`] contract). A
+/// destination the socket's family cannot reach ends the batch there
+/// (`EAFNOSUPPORT` if it is the first).
+///
+/// `gso`: when set, runs of equal-sized datagrams to one destination go
+/// as one GSO message each; cleared when the kernel refuses GSO but takes
+/// the same datagrams one by one.
+pub(crate) fn send_batch(
+    fd: RawFd,
+    v6: bool,
+    gso: Option<&AtomicBool>,
+    batch: &[Datagram<'_>],
+) -> io::Result<usize> {
+    let mut total = 0;
+    while total < batch.len() {
+        let chunk = &batch[total..batch.len().min(total + TX_BATCH)];
+        let use_gso = gso.is_some_and(|g| g.load(Ordering::Relaxed));
+        let r = match send_chunk(fd, v6, use_gso, chunk) {
+            Err(e)
+                if use_gso
+                    && e.raw_os_error()
+                        .is_some_and(|c| c == libc::EIO || c == libc::EINVAL) =>
+            {
+                let plain = send_chunk(fd, v6, false, chunk);
+                if plain.is_ok() {
+                    if let Some(g) = gso {
+                        g.store(false, Ordering::Relaxed);
+                    }
+                }
+                plain
+            }
+            r => r,
+        };
+        match r {
+            Ok(k) => {
+                total += k;
+                if k < chunk.len() {
+                    return Ok(total);
+                }
+            }
+            Err(e) => return if total == 0 { Err(e) } else { Ok(total) },
+        }
+    }
+    Ok(total)
+}
+
+/// One `sendmmsg` of at most [`TX_BATCH`] datagrams; returns how many
+/// datagrams were accepted (whole GSO messages only).
+fn send_chunk(fd: RawFd, v6: bool, gso: bool, chunk: &[Datagram<'_>]) -> io::Result<usize> {
+    // SAFETY: all-zero is a valid value of these plain C structs.
+    let mut hdrs: [libc::mmsghdr; TX_BATCH] = unsafe { zeroed() };
+    // SAFETY: as above.
+    let mut addrs: [libc::sockaddr_storage; TX_BATCH] = unsafe { zeroed() };
+    let mut iovs = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; TX_IOVS];
+    let mut cmsgs = [[0u64; 4]; TX_BATCH];
+    // Per message: address length, first iovec, iovec count, datagrams,
+    // GSO segment size (0: none).
+    let mut plan = [(0 as libc::socklen_t, 0usize, 0usize, 0usize, 0u16); TX_BATCH];
+    let limit = if v6 { 65527 } else { 65507 };
+    let (mut m, mut i, mut niov) = (0, 0, 0);
+    while i < chunk.len() {
+        let d = &chunk[i];
+        let Some(alen) = encode_addr(d.dest, v6, &mut addrs[m]) else {
+            break;
+        };
+        let size = dgram_len(d);
+        let mut j = i + 1;
+        if gso && size > 0 {
+            let mut bytes = size;
+            while j < chunk.len() && j - i < GSO_MAX_SEGS && chunk[j].dest == d.dest {
+                let l = dgram_len(&chunk[j]);
+                if l == 0 || l > size || bytes + l > limit {
+                    break;
+                }
+                bytes += l;
+                j += 1;
+                if l < size {
+                    break;
+                }
+            }
+        }
+        let pieces: usize = chunk[i..j].iter().map(|d| d.bufs.len()).sum();
+        if niov + pieces > TX_IOVS {
+            if m == 0 {
+                return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
+            }
+            break;
+        }
+        let first = niov;
+        for b in chunk[i..j].iter().flat_map(|d| d.bufs.iter()) {
+            iovs[niov] = libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            };
+            niov += 1;
+        }
+        let seg = if j - i > 1 { size as u16 } else { 0 };
+        plan[m] = (alen, first, niov - first, j - i, seg);
+        m += 1;
+        i = j;
+    }
+    if m == 0 {
+        return Err(io::Error::from_raw_os_error(libc::EAFNOSUPPORT));
+    }
+    let (iov_p, addr_p, cmsg_p) = (iovs.as_mut_ptr(), addrs.as_mut_ptr(), cmsgs.as_mut_ptr());
+    for (k, h) in hdrs.iter_mut().enumerate().take(m) {
+        let (alen, first, count, _, seg) = plan[k];
+        let h = &mut h.msg_hdr;
+        // SAFETY: `k < m ≤ TX_BATCH` and `first + count ≤ TX_IOVS`, so the
+        // pointers stay inside their arrays. The iovecs point at the
+        // caller's IoSlices, which borrow live memory for the whole call.
+        unsafe {
+            h.msg_name = addr_p.add(k) as *mut libc::c_void;
+            h.msg_namelen = alen;
+            h.msg_iov = iov_p.add(first);
+            h.msg_iovlen = count as _;
+            if seg > 0 {
+                let c = cmsg_p.add(k) as *mut libc::c_void;
+                h.msg_control = c;
+                h.msg_controllen = libc::CMSG_SPACE(size_of::<u16>() as libc::c_uint) as _;
+                let cm = libc::CMSG_FIRSTHDR(h);
+                (*cm).cmsg_level = libc::SOL_UDP;
+                (*cm).cmsg_type = libc::UDP_SEGMENT;
+                (*cm).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as libc::c_uint) as _;
+                std::ptr::write_unaligned(libc::CMSG_DATA(cm) as *mut u16, seg);
+            }
+        }
+    }
+    // SAFETY: `hdrs[..m]` point at live addresses, iovecs and control
+    // buffers set up above.
+    let r = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), m as libc::c_uint, libc::MSG_DONTWAIT) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(plan[..r as usize].iter().map(|p| p.3).sum())
+}
+
+/// `sendmsg` of one gathered datagram.
+pub(crate) fn send_one(
+    fd: RawFd,
+    v6: bool,
+    dest: (IpAddr, u16),
+    bufs: &[IoSlice<'_>],
+) -> io::Result<()> {
+    // SAFETY: all-zero is a valid sockaddr_storage / msghdr.
+    let mut addr: libc::sockaddr_storage = unsafe { zeroed() };
+    let len =
+        encode_addr(dest, v6, &mut addr).ok_or(io::Error::from_raw_os_error(libc::EAFNOSUPPORT))?;
+    // SAFETY: as above.
+    let mut h: libc::msghdr = unsafe { zeroed() };
+    h.msg_name = &mut addr as *mut libc::sockaddr_storage as *mut libc::c_void;
+    h.msg_namelen = len;
+    h.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+    h.msg_iovlen = bufs.len() as _;
+    // SAFETY: `h` points at a live address and at the caller's IoSlices
+    // (ABI-compatible with iovec), read only.
+    let r = unsafe { libc::sendmsg(fd, &h, libc::MSG_DONTWAIT) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn batch_roundtrip_with_gather() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_nonblocking(true).unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        configure(tx.as_raw_fd(), false).unwrap();
+        let to = rx.local_addr().unwrap();
+        let parts: Vec<[IoSlice<'_>; 2]> = (0..40u8)
+            .map(|i| {
+                [
+                    IoSlice::new(b"head-"),
+                    IoSlice::new(std::slice::from_ref(&CHARS[i as usize])),
+                ]
+            })
+            .collect();
+        let batch: Vec<Datagram<'_>> = parts
+            .iter()
+            .map(|p| Datagram {
+                dest: (to.ip(), to.port()),
+                bufs: p,
+            })
+            .collect();
+        assert_eq!(send_batch(tx.as_raw_fd(), false, None, &batch).unwrap(), 40);
+        send_one(
+            tx.as_raw_fd(),
+            false,
+            (to.ip(), to.port()),
+            &[IoSlice::new(b"one")],
+        )
+        .unwrap();
+        let mut ring = RxRing::new();
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while got.len() < 41 && std::time::Instant::now() < deadline {
+            match recv_batch(rx.as_raw_fd(), &mut ring, false) {
+                Ok(_) => {
+                    for i in 0..ring.len() {
+                        let (d, m) = ring.get(i);
+                        assert_eq!(m.src, Some(tx.local_addr().unwrap()));
+                        got.push(d.to_vec());
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(got.len(), 41);
+        assert_eq!(got[0], b"head-a");
+        assert_eq!(got[39], [b"head-".as_slice(), &[CHARS[39]]].concat());
+        assert_eq!(got[40], b"one");
+        // An IPv6 destination from an IPv4 socket is refused, not sent.
+        let v6 = [IoSlice::new(b"x")];
+        let bad = [Datagram {
+            dest: ("::2".parse().unwrap(), 9),
+            bufs: &v6,
+        }];
+        assert_eq!(
+            send_batch(tx.as_raw_fd(), false, None, &bad)
+                .unwrap_err()
+                .raw_os_error(),
+            Some(libc::EAFNOSUPPORT)
+        );
+    }
+
+    const CHARS: [u8; 40] = *b"abcdefghijklmnopqrstuvwxyz0123456789ABCD";
+
+    /// Runs of equal-sized datagrams leave as GSO messages and come back,
+    /// split, as the same datagrams in order (with or without GRO on the
+    /// receiver).
+    #[test]
+    fn gso_runs_and_gro_split() {
+        for gro in [true, false] {
+            let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+            rx.set_nonblocking(true).unwrap();
+            if gro {
+                assert!(enable_gro(rx.as_raw_fd()));
+            }
+            let other = UdpSocket::bind("127.0.0.1:0").unwrap();
+            other.set_nonblocking(true).unwrap();
+            let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+            configure(tx.as_raw_fd(), false).unwrap();
+            let to = rx.local_addr().unwrap();
+            let to2 = other.local_addr().unwrap();
+            // Sizes: a run of 5 × 1000 ending in 300, a 1000 to another
+            // port, a run of 3 × 700, single 50, then 70 × 100 (more than
+            // one GSO message can take).
+            let mut want: Vec<(SocketAddr, Vec<u8>)> = Vec::new();
+            let mut k = 0u8;
+            let mut add = |dst: SocketAddr, len: usize| {
+                k = k.wrapping_add(1);
+                want.push((dst, (0..len).map(|i| k ^ i as u8).collect()));
+            };
+            for _ in 0..5 {
+                add(to, 1000);
+            }
+            add(to, 300);
+            add(to2, 1000);
+            for _ in 0..3 {
+                add(to, 700);
+            }
+            add(to, 50);
+            for _ in 0..70 {
+                add(to, 100);
+            }
+            // Each datagram in two pieces (header, payload) like the engine's.
+            let bufs: Vec<[IoSlice<'_>; 2]> = want
+                .iter()
+                .map(|(_, d)| {
+                    [
+                        IoSlice::new(&d[..10.min(d.len())]),
+                        IoSlice::new(&d[10.min(d.len())..]),
+                    ]
+                })
+                .collect();
+            let batch: Vec<Datagram<'_>> = want
+                .iter()
+                .zip(&bufs)
+                .map(|((dst, _), b)| Datagram {
+                    dest: (dst.ip(), dst.port()),
+                    bufs: b,
+                })
+                .collect();
+            let flag = AtomicBool::new(true);
+            let mut sent = 0;
+            while sent < batch.len() {
+                sent += send_batch(tx.as_raw_fd(), false, Some(&flag), &batch[sent..]).unwrap();
+            }
+            assert!(flag.load(Ordering::Relaxed), "loopback takes GSO");
+            let mut ring = RxRing::new();
+            let mut got: Vec<(SocketAddr, Vec<u8>)> = Vec::new();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while got.len() < want.len() && std::time::Instant::now() < deadline {
+                for (s, addr) in [(&rx, to), (&other, to2)] {
+                    match recv_batch(s.as_raw_fd(), &mut ring, gro) {
+                        Ok(_) => {
+                            for i in 0..ring.len() {
+                                got.push((addr, ring.get(i).0.to_vec()));
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }
+            let mut w2: Vec<_> = want.iter().filter(|(a, _)| *a == to2).cloned().collect();
+            let mut w1: Vec<_> = want.iter().filter(|(a, _)| *a == to).cloned().collect();
+            let g2: Vec<_> = got.iter().filter(|(a, _)| *a == to2).cloned().collect();
+            let g1: Vec<_> = got.iter().filter(|(a, _)| *a == to).cloned().collect();
+            assert_eq!(g1.len(), w1.len(), "gro={gro}");
+            assert!(
+                g1 == std::mem::take(&mut w1),
+                "gro={gro}: order and contents"
+            );
+            assert!(g2 == std::mem::take(&mut w2));
+        }
+    }
+}
