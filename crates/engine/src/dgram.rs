@@ -107,10 +107,8 @@
 //! interface it joined on, so attach QPs whose sockets are bound to an
 //! address of the link the sender uses.
 //!
-//! Until `ud.rs` accepts DQPN [`MCAST_QPN`] itself (see the note at
-//! `retarget`), the multicast path hands each attached UD QP a copy of the
-//! datagram whose DQPN is rewritten to that QP's number, after checking the
-//! original CRC and recomputing it, so integrity checking is unchanged.
+//! A UD QP accepts DQPN [`MCAST_QPN`] as addressed to itself, so the
+//! multicast path hands every attached QP the datagram as received.
 //!
 //! # Adding a transport
 //!
@@ -144,8 +142,6 @@ use softrdma_proto::rc::{CqKind, PostError};
 use softrdma_proto::record::{PartialAction, RecordStats, Tracker};
 use softrdma_proto::ud::{self, Datagram, DatagramSink, UdConfig, UdConfigError, UdQp, UdStats};
 use softrdma_proto::wr::{DgramAddr, RecvWr, SendWr, WorkCompletion};
-use softrdma_wire::datagram::{self as wdgram, CRC_LEN};
-use softrdma_wire::ddp as wddp;
 use softrdma_wire::rd::{Framing, RdShim};
 
 use crate::cq::{AsyncEvent, Completion, Cq, InlineProgress};
@@ -155,7 +151,7 @@ use crate::{Context, QpCaps, QpError, Shared};
 
 /// The destination QPN meaning "every QP attached to the group" (IB's
 /// multicast QPN).
-pub const MCAST_QPN: u32 = 0x00FF_FFFF;
+pub use softrdma_proto::ud::MCAST_QPN;
 
 /// `recvmmsg` calls per readiness event (then epoll is asked again, so one
 /// busy socket cannot starve the others).
@@ -530,8 +526,6 @@ struct RxState {
     ring: RxRing,
     /// Multicast: the QPs one datagram goes to (kept, not reallocated).
     targets: Vec<Arc<DgramQpShared>>,
-    /// Multicast: the datagram with its DQPN rewritten ([`retarget`]).
-    scratch: Vec<u8>,
 }
 
 #[derive(Default)]
@@ -592,7 +586,6 @@ impl DgramSocket {
             rx: Mutex::new(RxState {
                 ring: RxRing::new(),
                 targets: Vec::with_capacity(8),
-                scratch: Vec::with_capacity(udp::RX_BUF),
             }),
             tx_wait: Mutex::new(TxWait::default()),
             stats: Counters::default(),
@@ -779,11 +772,7 @@ impl DgramSocket {
         let Role::Multicast { groups } = &self.role else {
             return;
         };
-        let RxState {
-            ring,
-            targets,
-            scratch,
-        } = rx;
+        let RxState { ring, targets } = rx;
         for i in 0..n {
             let (data, m) = ring.get(i);
             if m.truncated {
@@ -824,11 +813,7 @@ impl DgramSocket {
                 continue;
             }
             for q in targets.drain(..) {
-                if dqpn == MCAST_QPN && retarget(data, q.qpn, scratch) {
-                    q.receive_one(scratch, src, now);
-                } else {
-                    q.receive_one(data, src, now);
-                }
+                q.receive_one(data, src, now);
             }
         }
     }
@@ -882,39 +867,6 @@ impl Source for DgramSocket {
 /// CRC recomputed, if the original's CRC is good; false otherwise (the QP
 /// then gets the original and counts the CRC error).
 ///
-/// Interim, engine-side: `ud.rs` accepts only its own QPN in the DQPN word
-/// (`UdQp::handle_datagram`, the `let slot = match repr.dqpn { Some(w) if
-/// w & QPN_MASK == self.cfg.qpn => …` arm). Once that arm also accepts
-/// `w & QPN_MASK == MCAST_QPN` (with a `pub const MCAST_QPN` in ud.rs),
-/// this copy can go: the multicast path then hands every attached QP the
-/// datagram as received.
-fn retarget(data: &[u8], qpn: u32, out: &mut Vec<u8>) -> bool {
-    let n = data.len();
-    let Some(&c) = data.first() else {
-        return false;
-    };
-    let at = if c & wddp::FLAG_T != 0 {
-        wddp::TAGGED_HEADER_LEN
-            + if c & wddp::FLAG_X != 0 {
-                wddp::EXT_LEN
-            } else {
-                0
-            }
-    } else {
-        wddp::UNTAGGED_HEADER_LEN
-    };
-    if n < at + wddp::DQPN_LEN + CRC_LEN
-        || wdgram::trailer(&data[..n - CRC_LEN], &[]) != data[n - CRC_LEN..]
-    {
-        return false;
-    }
-    out.clear();
-    out.extend_from_slice(data);
-    out[at + 1..at + 4].copy_from_slice(&qpn.to_be_bytes()[1..]);
-    let t = wdgram::trailer(&out[..n - CRC_LEN], &[]);
-    out[n - CRC_LEN..].copy_from_slice(&t);
-    true
-}
 
 /// The socket as the engine's [`DatagramSink`].
 struct SockSink<'a> {
@@ -1541,6 +1493,7 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use softrdma_wire::datagram as wdgram;
     use softrdma_wire::rdmap::{Opcode, RdmapBody, SegmentRepr};
 
     fn ud_datagram(dqpn: u32) -> Vec<u8> {
@@ -1562,18 +1515,5 @@ mod tests {
         rd[1..4].copy_from_slice(&[0x65, 0x43, 0x21]);
         assert_eq!(dest_qpn(&rd), Some(0x65_4321));
         assert_eq!(dest_qpn(&rd[..10]), None);
-    }
-
-    #[test]
-    fn retarget_keeps_slot_and_fixes_crc() {
-        let d = ud_datagram(MCAST_QPN);
-        let mut out = Vec::new();
-        assert!(retarget(&d, 0x42_4207, &mut out));
-        let (repr, payload) = wdgram::parse(&out).unwrap();
-        assert_eq!(repr.dqpn, Some((0xAB << 24) | 0x42_4207));
-        assert_eq!(payload, b"hello");
-        let mut bad = d.clone();
-        bad[25] ^= 1;
-        assert!(!retarget(&bad, 1, &mut out));
     }
 }

@@ -106,6 +106,10 @@ pub trait DatagramQp {
     fn handle_timeout(&mut self, now: Instant);
     /// Write-Record records and the validity map.
     fn record_tracker(&mut self) -> &mut Tracker;
+    /// Tells the QP the current time before a call that has no `now`
+    /// argument (`post_send`, `poll_transmit`); QPs without timers on
+    /// those paths ignore it.
+    fn set_now(&mut self, _now: Instant) {}
 }
 
 impl DatagramQp for UdQp {

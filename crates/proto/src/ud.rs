@@ -157,6 +157,10 @@ use crate::wr::{
 
 /// QP numbers are 24 bits; the DQPN word's top octet is the source slot.
 pub const QPN_MASK: u32 = 0x00FF_FFFF;
+
+/// The DQPN of a multicast datagram: every QP attached to the group takes
+/// it (ibv_attach_mcast semantics). No QP may have this number.
+pub const MCAST_QPN: u32 = QPN_MASK;
 /// Length of the IBA Global Route Header placed in front of received
 /// payloads when [`UdConfig::grh`] is set.
 pub const GRH_LEN: usize = 40;
@@ -672,7 +676,7 @@ pub struct UdQp {
 impl UdQp {
     /// A UD QP ready to send and receive, with every queue allocated.
     pub fn new(cfg: UdConfig) -> Result<Self, UdConfigError> {
-        if cfg.qpn & !QPN_MASK != 0 {
+        if cfg.qpn & !QPN_MASK != 0 || cfg.qpn == MCAST_QPN {
             return Err(UdConfigError::Qpn);
         }
         if !(MIN_MTU..=MAX_MTU).contains(&cfg.mtu) {
@@ -1129,7 +1133,7 @@ impl UdQp {
             }
         };
         let slot = match repr.dqpn {
-            Some(w) if w & QPN_MASK == self.cfg.qpn => (w >> 24) as u8,
+            Some(w) if w & QPN_MASK == self.cfg.qpn || w & QPN_MASK == MCAST_QPN => (w >> 24) as u8,
             None if self.cfg.accept_without_dqpn => 0,
             _ => {
                 self.stats.rx_bad_dqpn += 1;
