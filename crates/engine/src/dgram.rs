@@ -862,12 +862,6 @@ impl Source for DgramSocket {
     }
 }
 
-/// Copies a UD datagram addressed to [`MCAST_QPN`] into `out` with its DQPN
-/// rewritten to `qpn` (the top octet, the sender's slot, is kept) and its
-/// CRC recomputed, if the original's CRC is good; false otherwise (the QP
-/// then gets the original and counts the CRC error).
-///
-
 /// The socket as the engine's [`DatagramSink`].
 struct SockSink<'a> {
     sock: &'a DgramSocket,

@@ -3,7 +3,8 @@
 //! The shape follows libibverbs: a [`Context`] gives [`ProtectionDomain`]s,
 //! [`CompletionQueue`]s and [`CompletionChannel`]s; a protection domain
 //! registers [`MemoryRegion`]s and creates [`QueuePair`]s; the [`cm`] module
-//! connects queue pairs (rdma_cm semantics over iWARP/MPA).
+//! connects queue pairs (rdma_cm semantics over iWARP/MPA). Datagram queue
+//! pairs ([`UdQueuePair`], with [`AddressHandle`]s) are in [`dgram`].
 //!
 //! ```
 //! use softrdma_verbs::{Access, Context, QpCaps};
@@ -40,6 +41,12 @@ use softrdma_engine as engine;
 
 pub mod qp_state;
 pub use qp_state::{Destination, ModifyError, QpAttr, QpState};
+
+pub mod dgram;
+pub use dgram::{
+    AddressHandle, AhError, DgramAddr, DgramError, UdPostError, UdQpOptions, UdQpStats,
+    UdQueuePair, WriteRecordInfo,
+};
 
 /// Why a device could not be opened.
 #[derive(Debug)]
