@@ -17,6 +17,7 @@ pub mod memory;
 pub mod mpa;
 pub mod rc;
 pub mod rd;
+pub mod rdqp;
 pub mod record;
 pub mod ud;
 pub mod wr;

@@ -461,6 +461,12 @@ struct Tx<T> {
     rewound_at: Option<u32>,
     /// A zero-window probe is to be sent.
     probe_due: bool,
+    /// Report tokens not yet sent (at offsets `high..high + urgent`); each
+    /// may exceed the window once.
+    urgent: usize,
+    /// Tokens acknowledged (drained from `queue`) in this session: the
+    /// position of `queue[i]` is `base + i`.
+    base: u64,
     /// Last data datagram sent.
     last_data: Instant,
 }
@@ -479,6 +485,8 @@ impl<T> Tx<T> {
             sample: None,
             rewound_at: None,
             probe_due: false,
+            urgent: 0,
+            base: 0,
             last_data: now,
         }
     }
@@ -519,6 +527,19 @@ impl Rx {
     }
 }
 
+/// A report's hold on our ACK of the peer's session
+/// ([`RdEndpoint::send_report`]).
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    /// The peer's session (our receive side) it applies to.
+    rx_epoch: u32,
+    /// The PSN of the reported datagram: ACKs subject to the hold name it
+    /// as the next expected.
+    cap: u32,
+    /// Position of the report token in our queue (see `Tx::base`).
+    pos: u64,
+}
+
 #[derive(Debug)]
 struct Peer<T> {
     id: u64,
@@ -539,6 +560,8 @@ struct Peer<T> {
     ready: bool,
     /// Deadline registered in the timer heap.
     timer_at: Option<Instant>,
+    /// Unacknowledged reports, oldest first.
+    holds: VecDeque<Hold>,
 }
 
 impl<T: Copy> Peer<T> {
@@ -551,8 +574,17 @@ impl<T: Copy> Peer<T> {
     /// within the window.
     fn can_send_data(&self, cfg: &RdConfig) -> bool {
         self.tx.as_ref().is_some_and(|t| {
-            t.next < t.queue.len() && (t.next < t.high || t.next < self.limit(cfg))
+            t.next < t.queue.len() && (t.next < t.high || t.next < self.limit(cfg) || t.urgent > 0)
         })
+    }
+
+    /// The queue offset of the latest report, if one holds back the ACK of
+    /// the peer's current session and was sent already.
+    fn report_carrier(&self) -> Option<usize> {
+        let (r, t) = (self.rx?, self.tx.as_ref()?);
+        let h = self.holds.iter().rev().find(|h| h.rx_epoch == r.epoch)?;
+        let off = usize::try_from(h.pos.checked_sub(t.base)?).ok()?;
+        (off < t.high && off < t.queue.len()).then_some(off)
     }
 
     fn owes_control(&self) -> bool {
@@ -610,8 +642,17 @@ impl<T: Copy> Peer<T> {
         self.rto = (s + var).clamp(cfg.rto_min, cfg.rto_max);
     }
 
-    /// The feedback for the next datagram to this peer; clears what it owes.
-    fn take_feedback(&mut self, stats: &mut RdStats) -> Feedback {
+    /// The feedback for the next datagram to this peer, a data datagram
+    /// carrying the token at position `pos` or a control datagram (`None`);
+    /// clears what it owes. A report's hold caps the ACK on control
+    /// datagrams and on data datagrams before the report.
+    fn take_feedback(&mut self, stats: &mut RdStats, pos: Option<u64>) -> Feedback {
+        let cap = self.rx.and_then(|r| {
+            self.holds
+                .iter()
+                .find(|h| h.rx_epoch == r.epoch && pos.is_none_or(|x| h.pos > x))
+                .map(|h| h.cap)
+        });
         match self.rx.as_mut() {
             None => Feedback::None,
             Some(r) => {
@@ -625,7 +666,7 @@ impl<T: Copy> Peer<T> {
                 r.unacked = 0;
                 Feedback::Ack {
                     epoch: r.epoch,
-                    psn: r.expected,
+                    psn: cap.unwrap_or(r.expected),
                     nak,
                 }
             }
@@ -793,6 +834,7 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
                 told_zero: false,
                 ready: false,
                 timer_at: None,
+                holds: VecDeque::new(),
             },
         );
         true
@@ -801,6 +843,43 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
     /// Queues `token` for `peer`. Creates the peer entry and, when needed, a
     /// new session (see the module documentation).
     pub fn send(&mut self, peer: K, token: T, now: Instant) -> Result<(), SendError> {
+        self.enqueue(peer, token, now, false)
+    }
+
+    /// Queues `token` as a *report* about the datagram just delivered from
+    /// `peer` (an error the layer above must tell the peer about before the
+    /// peer may count that datagram as acknowledged):
+    ///
+    /// * it goes out before every token not yet sent, and even when the
+    ///   window is full (each report may exceed it by one datagram);
+    ///   [`RdConfig::max_queue`] does not apply, the caller bounds reports;
+    /// * until it is acknowledged, the ACK covering the reported datagram
+    ///   rides only on data datagrams at or after the report: control
+    ///   datagrams and re-sent earlier datagrams name the reported PSN as
+    ///   the next expected. A peer that processes segments before the ACK
+    ///   they carry, and that waits until it has *delivered* up to a data
+    ///   datagram whose ACK it used, always sees the report first.
+    ///
+    /// Without a session from `peer` it is queued the same way, with no
+    /// hold.
+    pub fn send_report(&mut self, peer: K, token: T, now: Instant) -> Result<(), SendError> {
+        let rx = self
+            .peers
+            .get(&peer)
+            .and_then(|p| p.rx)
+            .map(|r| (r.epoch, r.expected.wrapping_sub(1)));
+        self.enqueue(peer, token, now, true)?;
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return Ok(());
+        };
+        if let (Some((rx_epoch, cap)), Some(t)) = (rx, p.tx.as_ref()) {
+            let pos = t.base + (t.high + t.urgent - 1) as u64;
+            p.holds.push_back(Hold { rx_epoch, cap, pos });
+        }
+        Ok(())
+    }
+
+    fn enqueue(&mut self, peer: K, token: T, now: Instant, urgent: bool) -> Result<(), SendError> {
         if !self.peers.contains_key(&peer) && !self.create_peer(peer, now) {
             return Err(SendError::TableFull);
         }
@@ -816,6 +895,7 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
             self.stats.tx_sessions += 1;
             if let Some(p) = self.peers.get_mut(&peer) {
                 p.tx = Some(Tx::new(e, now));
+                p.holds.clear();
             }
         }
         let max_queue = self.cfg.max_queue;
@@ -825,10 +905,14 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
         let Some(tx) = p.tx.as_mut() else {
             return Err(SendError::TableFull);
         };
-        if tx.queue.len() >= max_queue {
+        if urgent {
+            tx.queue.insert(tx.high + tx.urgent, token);
+            tx.urgent += 1;
+        } else if tx.queue.len() >= max_queue {
             return Err(SendError::QueueFull);
+        } else {
+            tx.queue.push_back(token);
         }
-        tx.queue.push_back(token);
         p.last_activity = now;
         Self::arm_probe(p, &self.cfg, now);
         self.touch(peer);
@@ -971,6 +1055,9 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
                 events.push_back(Event::Acked { peer, token });
             }
             stats.acked += n as u64;
+            t.base += n as u64;
+            let base = t.base;
+            p.holds.retain(|h| h.pos >= base);
             t.una = psn;
             t.next = t.next.saturating_sub(n);
             t.high -= n;
@@ -1041,6 +1128,7 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
             Some(r) if r.epoch == d.epoch => {}
             Some(r) if d.syn && seq_after(d.epoch, r.epoch) => {
                 p.rx = Some(Rx::new(d.epoch));
+                p.holds.clear();
                 self.stats.rx_sessions += 1;
                 self.events.push_back(Event::SessionStarted {
                     peer,
@@ -1162,11 +1250,16 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
         let mut shim = RdShimRepr::control(cfg.local_qpn, key.qpn(), window);
         let mut token = None;
         let mut retransmission = false;
+        let mut pos = None;
         if p.can_send_data(cfg) {
             let t = p.tx.as_mut()?;
             let off = t.next;
             let psn = t.una.wrapping_add(off as u32);
             retransmission = off < t.high;
+            if !retransmission && t.urgent > 0 {
+                t.urgent -= 1;
+            }
+            pos = Some(t.base + off as u64);
             token = Some(t.queue[off]);
             t.next += 1;
             t.high = t.high.max(t.next);
@@ -1190,16 +1283,33 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
                 stats.data_sent += 1;
             }
         } else if p.owes_control() {
+            let carrier = p.report_carrier();
             if let Some(t) = p.tx.as_mut() {
                 shim.poll = t.probe_due;
                 t.probe_due = false;
+                // An ACK a report holds back on control datagrams rides in
+                // full on that report, sent again.
+                if let Some(off) = carrier {
+                    pos = Some(t.base + off as u64);
+                    token = Some(t.queue[off]);
+                    retransmission = true;
+                    shim.data = Some(DataSeq {
+                        epoch: t.epoch,
+                        psn: t.una.wrapping_add(off as u32),
+                        syn: !t.confirmed,
+                    });
+                }
             }
             p.reply_due = false;
-            stats.control_sent += 1;
+            if carrier.is_some() {
+                stats.retransmitted += 1;
+            } else {
+                stats.control_sent += 1;
+            }
         } else {
             return None;
         }
-        shim.feedback = p.take_feedback(stats);
+        shim.feedback = p.take_feedback(stats, pos);
         p.told_zero = window == 0;
         p.last_activity = now;
         Some(Transmit {
@@ -1301,6 +1411,7 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
         let Some(t) = p.tx.take() else {
             return;
         };
+        p.holds.clear();
         p.srtt = None;
         p.rttvar = Duration::ZERO;
         p.rto = self.cfg.rto_initial;
