@@ -1,4 +1,5 @@
-//! Datagram queue pairs (UD today, RD next) over real UDP sockets.
+//! Datagram queue pairs, UD ([`Context::create_ud_qp`]) and RD
+//! ([`Context::create_rd_qp`]), over real UDP sockets.
 //!
 //! The protocol engines are sans-IO ([`softrdma_proto::dgram::DatagramQp`]);
 //! this module gives them sockets, threads and a clock, the way [`crate::qp`]
@@ -112,13 +113,21 @@
 //!
 //! # Adding a transport
 //!
-//! The runtime only uses [`DatagramQp`] through the `AnyQp` enum. An RD
-//! QP is one more line in the `dgram_kinds!` invocation
-//! (`Rd(RdQp, RdQpStats)`: a type implementing [`DatagramQp`] with an
-//! inherent `stats()`), its `Clock` impl (it reads a clock in `post_send`
-//! and `poll_transmit`), and its `Context::create_rd_qp` constructor
+//! The runtime only uses [`DatagramQp`] through the `AnyQp` enum. A
+//! transport is one line in the `dgram_kinds!` invocation
+//! (`Rd(RdQp, RdQpCounters, rd_counters)`: a type implementing
+//! [`DatagramQp`], the type of its counters in [`ProtoStats`] and the
+//! function reading them) and a `Context::create_*_qp` constructor
 //! (through `create_dgram_qp`, which does the socket, slot, CQ and
-//! progress wiring for any kind).
+//! progress wiring for any kind). The runtime calls
+//! [`DatagramQp::set_now`] before `post_send` and `poll_transmit` (RD
+//! reads its clock there: RTO samples, ACK timing); UD ignores it.
+//!
+//! An RD QP's retransmission, delayed-ACK, probe and expiry deadlines are
+//! ordinary `poll_timeout` deadlines (see Timers), so a peer that stops
+//! answering fails (its work requests complete with `RetryExcErr`,
+//! [`AsyncEvent::DgramPeerFailed`] is raised) whether or not anybody
+//! polls.
 //!
 //! # Locks
 //!
@@ -139,10 +148,12 @@ use std::time::{Duration, Instant};
 use softrdma_proto::dgram::{DatagramQp, DgramEvent};
 use softrdma_proto::memory::Memory;
 use softrdma_proto::rc::{CqKind, PostError};
+use softrdma_proto::rd::RdStats;
+use softrdma_proto::rdqp::{self, RdQp, RdQpConfig, RdQpConfigError, RdQpStats};
 use softrdma_proto::record::{PartialAction, RecordStats, Tracker};
-use softrdma_proto::ud::{self, Datagram, DatagramSink, UdConfig, UdConfigError, UdQp, UdStats};
+use softrdma_proto::ud::{Datagram, DatagramSink, UdConfig, UdConfigError, UdQp, UdStats};
 use softrdma_proto::wr::{DgramAddr, RecvWr, SendWr, WorkCompletion};
-use softrdma_wire::rd::{Framing, RdShim};
+use softrdma_wire::rd::Framing;
 
 use crate::cq::{AsyncEvent, Completion, Cq, InlineProgress};
 use crate::progress::Source;
@@ -167,19 +178,13 @@ fn next_token() -> u64 {
 }
 
 /// The QPN a datagram is addressed to, for either framing (`docs/datagram.md`
-/// §9.1): a UD datagram's DQPN word, an RD datagram's shim DQPN. `None` if
-/// the first octet is reserved, the datagram too short, or a UD datagram
-/// carries no DQPN. Nothing else is checked (the CRC included).
+/// §9.1; the first octet tells them apart, so UD and RD QPs share sockets):
+/// a UD datagram's DQPN word, an RD datagram's shim DQPN
+/// ([`rdqp::dqpn_of`]). `None` if the first octet is reserved, the
+/// datagram too short, or a UD datagram carries no DQPN. Nothing else is
+/// checked (the CRC included): the QP does that.
 pub fn dest_qpn(datagram: &[u8]) -> Option<u32> {
-    match Framing::of(*datagram.first()?).ok()? {
-        Framing::Ud => ud::dqpn_of(datagram),
-        Framing::Rd => {
-            if datagram.len() < softrdma_wire::rd::MIN_DATAGRAM_LEN {
-                return None;
-            }
-            Some(RdShim::new_checked(datagram).ok()?.dst_qpn())
-        }
-    }
+    rdqp::dqpn_of(datagram)
 }
 
 // ----------------------------------------------------------------------
@@ -187,8 +192,10 @@ pub fn dest_qpn(datagram: &[u8]) -> Option<u32> {
 // ----------------------------------------------------------------------
 
 macro_rules! dgram_kinds {
-    ($($(#[$doc:meta])* $kind:ident($ty:ty, $stats:ty)),+ $(,)?) => {
-        /// The protocol engine behind a datagram QP.
+    ($($(#[$doc:meta])* $kind:ident($ty:ty, $stats:ty, $get:path)),+ $(,)?) => {
+        /// The protocol engine behind a datagram QP (one per QP, inside
+        /// its lock: the variants' sizes do not matter).
+        #[allow(clippy::large_enum_variant)]
         pub(crate) enum AnyQp {
             $($(#[$doc])* $kind($ty)),+
         }
@@ -197,6 +204,7 @@ macro_rules! dgram_kinds {
         /// transports may come).
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         #[non_exhaustive]
+        #[allow(clippy::large_enum_variant)]
         pub enum ProtoStats {
             $($(#[$doc])* $kind($stats)),+
         }
@@ -204,14 +212,7 @@ macro_rules! dgram_kinds {
         impl AnyQp {
             fn stats(&self) -> ProtoStats {
                 match self {
-                    $(AnyQp::$kind(q) => ProtoStats::$kind(q.stats())),+
-                }
-            }
-
-            /// Before calls that take no `now` (post, transmit).
-            fn tick(&mut self) {
-                match self {
-                    $(AnyQp::$kind(q) => Clock::tick(q)),+
+                    $(AnyQp::$kind(q) => ProtoStats::$kind($get(q))),+
                 }
             }
         }
@@ -285,24 +286,40 @@ macro_rules! dgram_kinds {
                     $(AnyQp::$kind(q) => DatagramQp::record_tracker(q)),+
                 }
             }
+            fn set_now(&mut self, now: Instant) {
+                match self {
+                    $(AnyQp::$kind(q) => DatagramQp::set_now(q, now)),+
+                }
+            }
         }
     };
 }
 
 dgram_kinds! {
     /// Unreliable datagram ([`UdQp`]).
-    Ud(UdQp, UdStats),
+    Ud(UdQp, UdStats, UdQp::stats),
+    /// Reliable datagram ([`RdQp`]): its counters and its reliability
+    /// layer's.
+    Rd(RdQp, RdQpCounters, rd_counters),
 }
 
-/// Engines whose `post_send`/`poll_transmit` read a clock of their own
-/// (RD's `RdQp::set_now`: RTO and ACK timing) get it advanced here; UD
-/// needs none. Belongs in [`DatagramQp`] (a `set_now` with a no-op
-/// default); until then, one impl per kind.
-trait Clock {
-    fn tick(&mut self) {}
+/// Counters of an RD QP: the QP's ([`RdQpStats`]: messages, drops by
+/// cause, Terminates) and its reliability layer's ([`RdStats`]:
+/// retransmissions, timeouts, NAKs, sessions, peers failed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RdQpCounters {
+    /// The RD queue pair's counters.
+    pub qp: RdQpStats,
+    /// The reliability layer's counters.
+    pub rd: RdStats,
 }
 
-impl Clock for UdQp {}
+fn rd_counters(q: &RdQp) -> RdQpCounters {
+    RdQpCounters {
+        qp: q.stats(),
+        rd: *q.rd_stats(),
+    }
+}
 
 // ----------------------------------------------------------------------
 // Public types
@@ -334,13 +351,44 @@ impl Default for UdOptions {
     }
 }
 
+/// How an RD QP is created ([`Context::create_rd_qp`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RdOptions {
+    /// Protocol settings (queue limits, ORD/IRD, GRH, Write-Record
+    /// logging, the reliability layer's timers and windows). `qpn` is
+    /// replaced by the number the socket slot gives, `sq_depth`/`rq_depth`
+    /// by the [`QpCaps`], `mtu` by [`RdOptions::mtu`] or the context's
+    /// `SOFTRDMA_DGRAM_MTU`, and `rd.epoch_seed` by the wall clock in
+    /// milliseconds (so a QP re-created on the same port starts sessions
+    /// newer than its predecessor's, `docs/datagram.md` §9.4).
+    pub proto: RdQpConfig,
+    /// The path MTU; `None`: the context's [`crate::config::Config::dgram_mtu`].
+    pub mtu: Option<usize>,
+    /// Where the QP's socket is bound, as [`UdOptions::bind`]; UD and RD
+    /// QPs share sockets (the first octet of a datagram tells the framings
+    /// apart).
+    pub bind: SocketAddr,
+}
+
+impl Default for RdOptions {
+    fn default() -> Self {
+        RdOptions {
+            proto: RdQpConfig::default(),
+            mtu: None,
+            bind: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+        }
+    }
+}
+
 /// Why a datagram QP operation failed.
 #[derive(Debug)]
 pub enum DgramError {
     /// A socket could not be opened or configured.
     Io(io::Error),
-    /// The protocol engine refused the settings.
+    /// The UD protocol engine refused the settings.
     Config(UdConfigError),
+    /// The RD protocol engine refused the settings.
+    RdConfig(RdQpConfigError),
     /// The requested port's 256 QP slots are taken.
     PortFull,
     /// Not an IPv4 multicast group address.
@@ -354,6 +402,7 @@ impl std::fmt::Display for DgramError {
         match self {
             DgramError::Io(e) => write!(f, "datagram socket: {e}"),
             DgramError::Config(e) => write!(f, "datagram QP settings: {e}"),
+            DgramError::RdConfig(e) => write!(f, "RD QP settings: {e}"),
             DgramError::PortFull => f.write_str("all 256 QP slots of the port are taken"),
             DgramError::NotMulticast => f.write_str("not an IPv4 multicast group address"),
             DgramError::NotAttached => f.write_str("the QP is not attached to the group"),
@@ -974,7 +1023,7 @@ impl DgramQpShared {
         if c.tx_waiting {
             return;
         }
-        c.qp.tick();
+        c.qp.set_now(Instant::now());
         let mut sink = SockSink {
             sock: &self.socket,
             blocked: false,
@@ -1150,7 +1199,7 @@ impl InlineProgress for DgramQpShared {
     }
 }
 
-/// A datagram queue pair (UD). Dropping it destroys the QP: its slot is
+/// A datagram queue pair (UD or RD). Dropping it destroys the QP: its slot is
 /// freed, its multicast groups left, its queued work discarded without
 /// completions (as `ibv_destroy_qp`).
 pub struct DgramQpHandle {
@@ -1187,11 +1236,12 @@ impl DgramQpHandle {
     }
 
     /// Posts a send work request to `dest` and transmits what the socket
-    /// takes. Send (± immediate, solicited), RDMA Write and Write-Record;
-    /// the engine refuses the rest ([`QpError::Unsupported`]).
+    /// takes. UD: Send (± immediate, solicited), RDMA Write and
+    /// Write-Record; RD: those and RDMA Read and atomics. The engine
+    /// refuses the rest ([`QpError::Unsupported`]).
     pub fn post_send(&self, wr: SendWr, dest: DgramAddr) -> Result<(), QpError> {
         let mut c = self.inner.lock();
-        c.qp.tick();
+        c.qp.set_now(Instant::now());
         c.qp.post_send(wr, dest)?;
         self.inner.transmit(&mut c);
         self.inner.arm(&mut c);
@@ -1417,6 +1467,45 @@ impl Context {
                 ..opts.proto
             };
             UdQp::new(cfg).map(AnyQp::Ud).map_err(DgramError::Config)
+        })
+    }
+
+    /// An RD (reliable datagram) queue pair in protection domain `pd`,
+    /// numbered like a UD QP (`(port << 8) | slot` of a UDP socket of this
+    /// context, [`RdOptions::bind`], shared with UD QPs); `opts.proto.qpn`
+    /// is overridden. Reliable, in-order, exactly-once delivery per peer
+    /// QP with retransmission and ACK timers run by the progress thread;
+    /// Send (± immediate), RDMA Write, Write-Record, RDMA Read and atomics
+    /// (`docs/datagram.md` §11). A peer that stops answering fails only
+    /// its own work requests (`RetryExcErr`) and raises
+    /// [`AsyncEvent::DgramPeerFailed`].
+    pub fn create_rd_qp(
+        &self,
+        pd: u32,
+        caps: QpCaps,
+        send_cq: Arc<Cq>,
+        recv_cq: Arc<Cq>,
+        opts: RdOptions,
+    ) -> Result<DgramQpHandle, DgramError> {
+        let mtu = opts.mtu.unwrap_or(self.shared.config.dgram_mtu);
+        let epoch_seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_millis() as u32);
+        self.create_dgram_qp(pd, send_cq, recv_cq, opts.bind, |qpn| {
+            let cfg = RdQpConfig {
+                qpn,
+                mtu,
+                sq_depth: caps.max_send_wr,
+                rq_depth: caps.max_recv_wr,
+                rd: softrdma_proto::rd::RdConfig {
+                    epoch_seed,
+                    ..opts.proto.rd
+                },
+                ..opts.proto
+            };
+            RdQp::new(cfg, Instant::now())
+                .map(AnyQp::Rd)
+                .map_err(DgramError::RdConfig)
         })
     }
 

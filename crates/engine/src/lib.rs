@@ -9,7 +9,7 @@
 //!   view over it.
 //! * [`cq`]: completion queues, completion channels (eventfds), async events.
 //! * [`qp`]: RC queue pairs over TCP.
-//! * [`dgram`]: datagram (UD) queue pairs over UDP, multicast.
+//! * [`dgram`]: datagram (UD and RD) queue pairs over UDP, multicast.
 //! * [`srq`]: shared receive queues.
 //! * [`cm`]: connection setup: listen, connect, accept, reject, with MPA
 //!   negotiation, private data and the peer-to-peer RTR.
@@ -37,7 +37,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 pub use cq::{AsyncEvent, AsyncEvents, CompChannel, Completion, Cq};
-pub use dgram::{DgramError, DgramQpHandle, DgramQpStats, SocketStats, UdOptions, MCAST_QPN};
+pub use dgram::{
+    DgramError, DgramQpHandle, DgramQpStats, RdOptions, RdQpCounters, SocketStats, UdOptions,
+    MCAST_QPN,
+};
 pub use mr::{RegError, Registry};
 pub use qp::{Qp, QpCaps, QpError, QpLinkState};
 pub use srq::Srq;

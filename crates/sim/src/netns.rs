@@ -20,6 +20,8 @@ pub struct NetPair {
     pub ns: [String; 2],
     /// Addresses of "a" and "b" on the veth link.
     pub addr: [Ipv4Addr; 2],
+    /// The veth device in each namespace.
+    veth: [String; 2],
     loss_permille: [u32; 2],
 }
 
@@ -55,18 +57,17 @@ impl NetPair {
             Ipv4Addr::new(10, 231, subnet, 1),
             Ipv4Addr::new(10, 231, subnet, 2),
         ];
+        // Interface names are limited to 15 characters.
+        let (va, vb) = (short(&format!("{tag}va")), short(&format!("{tag}vb")));
         let pair = NetPair {
             ns: ns.clone(),
             addr,
+            veth: [va.clone(), vb.clone()],
             loss_permille: [0, 0],
         };
         // From here on, Drop cleans up whatever was made.
         run(&["ip", "netns", "add", &ns[0]])?;
         run(&["ip", "netns", "add", &ns[1]])?;
-        let va = format!("{tag}va");
-        let vb = format!("{tag}vb");
-        // Interface names are limited to 15 characters.
-        let (va, vb) = (short(&va), short(&vb));
         run(&[
             "ip", "link", "add", &va, "netns", &ns[0], "type", "veth", "peer", "name", &vb,
             "netns", &ns[1],
@@ -131,6 +132,29 @@ impl NetPair {
         }
         self.loss_permille[side] = permille;
         Ok(())
+    }
+
+    /// Sets the MTU of `side`'s veth device (1500 when created). Set both
+    /// sides alike: each end sizes what it sends by its own device.
+    pub fn set_mtu(&mut self, side: usize, mtu: u32) -> Result<(), String> {
+        let mtu = mtu.to_string();
+        run(&[
+            "ip",
+            "-n",
+            &self.ns[side],
+            "link",
+            "set",
+            "dev",
+            &self.veth[side],
+            "mtu",
+            &mtu,
+        ])?;
+        Ok(())
+    }
+
+    /// The veth device of `side` (in namespace `ns[side]`).
+    pub fn veth(&self, side: usize) -> &str {
+        &self.veth[side]
     }
 
     /// The loss set on `side`.
@@ -229,6 +253,13 @@ mod tests {
             assert!(p.dropped(0) >= 2, "the rule counted its drops");
         }
         p.set_loss(0, 0).unwrap();
+        p.set_mtu(0, 9000).unwrap();
+        let show = p
+            .command(0, "ip")
+            .args(["link", "show", "dev", p.veth(0)])
+            .output()
+            .unwrap();
+        assert!(String::from_utf8_lossy(&show.stdout).contains("mtu 9000"));
         drop(p);
         let list = String::from_utf8_lossy(
             &Command::new("ip")

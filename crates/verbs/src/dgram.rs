@@ -1,10 +1,14 @@
-//! Datagram queue pairs: UD today (`IBV_QPT_UD`), over softrdma's
-//! iWARP-over-UDP framing (`docs/datagram.md`).
+//! Datagram queue pairs, unreliable (UD, `IBV_QPT_UD`) and reliable (RD),
+//! over softrdma's iWARP-over-UDP framing (`docs/datagram.md`).
 //!
 //! * [`UdQueuePair`]: created with [`ProtectionDomain::create_ud_qp`]; no
 //!   connection and no state machine: it can send and receive as soon as
 //!   it exists. Every send names its destination with an
 //!   [`AddressHandle`].
+//! * [`RdQueuePair`]: created with [`ProtectionDomain::create_rd_qp`];
+//!   the same, plus reliable, in-order, exactly-once delivery per peer QP
+//!   and the one-sided operations (see [Reliable
+//!   datagrams](#reliable-datagrams)).
 //! * [`AddressHandle`] (`ibv_ah`): where a datagram goes, an IP address, a
 //!   UDP port and a QP number ([`DgramAddr`]). Made from the protection
 //!   domain ([`ProtectionDomain::create_ah`] and friends), from a received
@@ -68,10 +72,81 @@
 //!
 //! # Reliable datagrams
 //!
-//! RD queue pairs (reliable, ordered datagrams over the same framing with
-//! a retransmitting shim) will come as an `RdQueuePair` here when the
-//! engine can create them; there is deliberately no placeholder until
-//! then. They will take the same [`AddressHandle`]s.
+//! An [`RdQueuePair`] talks to any number of peer RD QPs without
+//! connections, like UD, with the same [`AddressHandle`]s and addresses
+//! (UD and RD QPs even share UDP sockets), but every datagram carries a
+//! small shim that gives each (local QP, peer QP) pair reliable,
+//! in-order, exactly-once delivery: cumulative ACKs, NAKs, retransmission
+//! with RFC 6298 timers (run by the context's progress thread, whether or
+//! not anybody polls), go-back-N (`docs/datagram.md` §9, §11). On top
+//! of it:
+//!
+//! * **Operations:** Send (± immediate, ± solicited), RDMA Write, RDMA
+//!   Write-Record, RDMA Read and the 8-octet atomics (fetch-and-add,
+//!   compare-and-swap). Send with Invalidate, Write with immediate and
+//!   local invalidate are refused ([`RdPostError::Unsupported`]); a
+//!   multicast address handle too (RD is point to point).
+//! * **Completion:** a Send, Write or Write-Record completes when the peer
+//!   has acknowledged all of it (it reached the peer's RDMA layer), a Read
+//!   or atomic when its response is placed. Requests to one peer start
+//!   and complete in posting order; requests to different peers are
+//!   independent.
+//! * **Errors at the target** fail only the request concerned: a remote
+//!   access violation with `RemAccessErr` (and an
+//!   [`crate::AsyncEvent::DgramRemoteAccessError`] at the target), a
+//!   message too long for the receive with `RemInvReqErr`, a Send that
+//!   finds no receive posted with `RnrRetryExcErr` (RD never retries
+//!   that: keep receives posted).
+//! * **Peer failure:** a peer that stops answering (the retry limit of
+//!   [`RdQpOptions::reliability`], about 4 s by default) fails every
+//!   request to it with `RetryExcErr` and raises
+//!   [`crate::AsyncEvent::DgramPeerFailed`]; other peers carry on.
+//! * **Write-Record** validity queries work as on UD
+//!   ([`RdQueuePair::record_valid_ranges`] and friends).
+//!
+//! ```
+//! use std::time::Duration;
+//! use softrdma_verbs::{
+//!     Access, Context, Payload, QpCaps, RdQpOptions, RecvWr, SendFlags, SendOp, SendWr, SgList,
+//!     WcOpcode, WcStatus,
+//! };
+//! let opts = RdQpOptions { bind: "127.0.0.1:0".parse().unwrap(), ..RdQpOptions::default() };
+//! let (actx, bctx) = (Context::open().unwrap(), Context::open().unwrap());
+//! let (apd, bpd) = (actx.alloc_pd(), bctx.alloc_pd());
+//! let (acq, bcq) = (actx.create_cq(16, None), bctx.create_cq(16, None));
+//! let a = apd.create_rd_qp(&acq, &acq, QpCaps::default(), opts)?;
+//! let b = bpd.create_rd_qp(&bcq, &bcq, QpCaps::default(), opts)?;
+//! let amr = apd.register(4096, Access::LOCAL_WRITE)?;
+//! let bmr = bpd.register(4096, Access::LOCAL_WRITE | Access::REMOTE_READ)?;
+//! bmr.write_at(0, b"remote data")?;
+//! let to_b = apd.create_ah(b.address())?;
+//! let flags = SendFlags { signaled: true, ..SendFlags::default() };
+//!
+//! // A Send into a posted receive, then a Read of b's memory.
+//! let sge = bmr.sge(1024, 1024);
+//! b.post_recv(RecvWr { wr_id: 1, sgl: SgList::single(sge.addr, sge.length, sge.lkey) })?;
+//! amr.write_at(0, b"hello")?;
+//! let sge = amr.sge(0, 5);
+//! let payload = Payload::Sgl(SgList::single(sge.addr, sge.length, sge.lkey));
+//! let op = SendOp::Send { imm: None, invalidate: None };
+//! a.post_send(SendWr { wr_id: 2, op, payload, flags }, &to_b)?;
+//! let sge = amr.sge(100, 11);
+//! let payload = Payload::Sgl(SgList::single(sge.addr, sge.length, sge.lkey));
+//! let op = SendOp::Read { remote_addr: bmr.addr(), rkey: bmr.rkey() };
+//! a.post_send(SendWr { wr_id: 3, op, payload, flags }, &to_b)?;
+//!
+//! let wait = Duration::from_secs(5);
+//! let sent = acq.wait_one(wait).unwrap().wc;
+//! let read = acq.wait_one(wait).unwrap().wc;
+//! assert_eq!((sent.wr_id, sent.status), (2, WcStatus::Success));
+//! assert_eq!((read.wr_id, read.opcode, read.byte_len), (3, WcOpcode::RdmaRead, 11));
+//! let recv = bcq.wait_one(wait).unwrap().wc;
+//! assert_eq!((recv.wr_id, recv.byte_len, recv.src), (1, 5, Some(a.address())));
+//! let mut got = [0u8; 11];
+//! amr.read_at(100, &mut got)?;
+//! assert_eq!(&got, b"remote data");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! # Example: `ibv_ud_pingpong` in one process
 //!
@@ -143,17 +218,19 @@ use std::time::Duration;
 
 pub use softrdma_engine::dgram::{DgramError, SocketStats};
 pub use softrdma_engine::MCAST_QPN;
+pub use softrdma_proto::rd::{RdConfig, RdStats};
 pub use softrdma_proto::record::{PartialAction, RecordConfig, RecordMode, RecordStats};
 pub use softrdma_proto::ud::{UdStats, GRH_LEN, MAX_MSG_LIMIT, MAX_MTU, MIN_MTU};
 pub use softrdma_proto::wr::{DgramAddr, WriteRecordInfo, MAX_RECORD_RANGES};
 
 use softrdma_engine as engine;
 use softrdma_engine::dgram::ProtoStats;
+use softrdma_proto::rdqp::RdQpConfig;
 use softrdma_proto::ud::{UdConfig, QPN_MASK};
 
 use crate::{
-    CompletionQueue, MemoryRegion, OutOfBounds, ProtectionDomain, QpCaps, RecvWr, SendOp, SendWr,
-    WorkCompletion,
+    CompletionQueue, MemoryRegion, OutOfBounds, Payload, ProtectionDomain, QpCaps, RecvWr, SendOp,
+    SendWr, WorkCompletion,
 };
 #[cfg(doc)]
 use crate::{WcOpcode, WcStatus};
@@ -334,7 +411,7 @@ impl ProtectionDomain {
             },
         )?;
         Ok(UdQueuePair {
-            inner: Arc::new(UdInner {
+            inner: Arc::new(DgramInner {
                 qp,
                 pd: self.clone(),
                 max_msg: opts.max_msg,
@@ -510,11 +587,11 @@ pub struct UdQpStats {
 /// completions, as `ibv_destroy_qp`).
 #[derive(Debug, Clone)]
 pub struct UdQueuePair {
-    inner: Arc<UdInner>,
+    inner: Arc<DgramInner>,
 }
 
 #[derive(Debug)]
-struct UdInner {
+struct DgramInner {
     qp: engine::DgramQpHandle,
     pd: ProtectionDomain,
     max_msg: usize,
@@ -536,15 +613,7 @@ impl UdQueuePair {
     /// its default route, or loopback without one (see
     /// [`UdQueuePair::address_toward`]).
     pub fn address(&self) -> DgramAddr {
-        let a = self.inner.qp.local_addr();
-        if a.ip.is_unspecified() {
-            DgramAddr {
-                ip: host_address(a.ip),
-                ..a
-            }
-        } else {
-            a
-        }
+        address(&self.inner.qp)
     }
 
     /// What `peer` needs to reach this QP: for a QP bound to `0.0.0.0`,
@@ -552,14 +621,7 @@ impl UdQueuePair {
     /// its completions); otherwise the bound address. Fails only if there
     /// is no route to `peer`.
     pub fn address_toward(&self, peer: IpAddr) -> io::Result<DgramAddr> {
-        let a = self.inner.qp.local_addr();
-        if !a.ip.is_unspecified() {
-            return Ok(a);
-        }
-        Ok(DgramAddr {
-            ip: engine::ibconn::local_addr_toward(peer)?,
-            ..a
-        })
+        address_toward(&self.inner.qp, peer)
     }
 
     /// The address the QP's socket is bound to (its IP may be
@@ -635,27 +697,7 @@ impl UdQueuePair {
         offset: usize,
         len: usize,
     ) -> Result<Vec<Range<usize>>, OutOfBounds> {
-        mr.check(offset, len)?;
-        let base = mr.addr();
-        let end = base + (offset + len) as u64;
-        let mut at = base + offset as u64;
-        let mut buf = [(0u64, 0u64); 32];
-        let mut out = Vec::new();
-        loop {
-            let (n, more) =
-                self.inner
-                    .qp
-                    .valid_ranges(mr.rkey(), at, end.saturating_sub(at), &mut buf);
-            out.extend(
-                buf[..n]
-                    .iter()
-                    .map(|&(a, b)| (a - base) as usize..(b - base) as usize),
-            );
-            match buf[..n].last() {
-                Some(&(_, b)) if more && b < end => at = b,
-                _ => return Ok(out),
-            }
-        }
+        record_valid_ranges(&self.inner.qp, mr, offset, len)
     }
 
     /// Whether every octet of `[offset, offset + len)` of `mr` is valid
@@ -666,11 +708,7 @@ impl UdQueuePair {
         offset: usize,
         len: usize,
     ) -> Result<bool, OutOfBounds> {
-        mr.check(offset, len)?;
-        Ok(self
-            .inner
-            .qp
-            .is_valid(mr.rkey(), mr.addr() + offset as u64, len as u64))
+        record_is_valid(&self.inner.qp, mr, offset, len)
     }
 
     /// Clears validity of `[offset, offset + len)` of `mr` (the data was
@@ -681,11 +719,7 @@ impl UdQueuePair {
         offset: usize,
         len: usize,
     ) -> Result<(), OutOfBounds> {
-        mr.check(offset, len)?;
-        self.inner
-            .qp
-            .clear(mr.rkey(), mr.addr() + offset as u64, len as u64);
-        Ok(())
+        record_clear(&self.inner.qp, mr, offset, len)
     }
 
     /// Forgets every Write-Record state of `mr` at this QP (validity map,
@@ -721,6 +755,447 @@ impl UdQueuePair {
             events_dropped: s.events_dropped,
             socket: q.socket_stats(),
             mcast_socket: q.mcast_socket_stats(),
+        }
+    }
+
+    /// The engine QP (for the C ABI and tools in this workspace).
+    pub fn engine(&self) -> &engine::DgramQpHandle {
+        &self.inner.qp
+    }
+}
+
+// ----------------------------------------------------------------------
+// What UD and RD queue pairs share
+// ----------------------------------------------------------------------
+
+fn address(qp: &engine::DgramQpHandle) -> DgramAddr {
+    let a = qp.local_addr();
+    if a.ip.is_unspecified() {
+        DgramAddr {
+            ip: host_address(a.ip),
+            ..a
+        }
+    } else {
+        a
+    }
+}
+
+fn address_toward(qp: &engine::DgramQpHandle, peer: IpAddr) -> io::Result<DgramAddr> {
+    let a = qp.local_addr();
+    if !a.ip.is_unspecified() {
+        return Ok(a);
+    }
+    Ok(DgramAddr {
+        ip: engine::ibconn::local_addr_toward(peer)?,
+        ..a
+    })
+}
+
+fn record_valid_ranges(
+    qp: &engine::DgramQpHandle,
+    mr: &MemoryRegion,
+    offset: usize,
+    len: usize,
+) -> Result<Vec<Range<usize>>, OutOfBounds> {
+    mr.check(offset, len)?;
+    let base = mr.addr();
+    let end = base + (offset + len) as u64;
+    let mut at = base + offset as u64;
+    let mut buf = [(0u64, 0u64); 32];
+    let mut out = Vec::new();
+    loop {
+        let (n, more) = qp.valid_ranges(mr.rkey(), at, end.saturating_sub(at), &mut buf);
+        out.extend(
+            buf[..n]
+                .iter()
+                .map(|&(a, b)| (a - base) as usize..(b - base) as usize),
+        );
+        match buf[..n].last() {
+            Some(&(_, b)) if more && b < end => at = b,
+            _ => return Ok(out),
+        }
+    }
+}
+
+fn record_is_valid(
+    qp: &engine::DgramQpHandle,
+    mr: &MemoryRegion,
+    offset: usize,
+    len: usize,
+) -> Result<bool, OutOfBounds> {
+    mr.check(offset, len)?;
+    Ok(qp.is_valid(mr.rkey(), mr.addr() + offset as u64, len as u64))
+}
+
+fn record_clear(
+    qp: &engine::DgramQpHandle,
+    mr: &MemoryRegion,
+    offset: usize,
+    len: usize,
+) -> Result<(), OutOfBounds> {
+    mr.check(offset, len)?;
+    qp.clear(mr.rkey(), mr.addr() + offset as u64, len as u64);
+    Ok(())
+}
+
+// ----------------------------------------------------------------------
+// RD queue pairs
+// ----------------------------------------------------------------------
+
+/// How an RD queue pair is created ([`ProtectionDomain::create_rd_qp`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RdQpOptions {
+    /// The address the QP's UDP socket is bound to, as
+    /// [`UdQpOptions::bind`] (UD and RD QPs share sockets). Default
+    /// `0.0.0.0:0`.
+    pub bind: SocketAddr,
+    /// Path MTU the QP sizes its datagrams for ([`MIN_MTU`]..=[`MAX_MTU`]);
+    /// `None` (the default): `SOFTRDMA_DGRAM_MTU` (1500). Every datagram
+    /// carries the 26-octet RD shim, so payloads are that much smaller
+    /// than on UD.
+    pub mtu: Option<usize>,
+    /// Largest message sent, received or read, up to [`MAX_MSG_LIMIT`]
+    /// (default 1 GiB). Longer sends are refused
+    /// ([`RdPostError::MessageTooLong`]); a longer message arriving
+    /// completes its receive with `LocLenErr`.
+    pub max_msg: usize,
+    /// Reads and atomics outstanding per peer, at most (default 16); more
+    /// wait in the send queue.
+    pub ord: u16,
+    /// Reads and atomics served per peer at once, at most (default 16); a
+    /// peer asking for more gets its request failed with `RemOpErr`.
+    pub ird: u16,
+    /// Put a 40-octet IBA GRH ([`GRH_LEN`]) in front of every received
+    /// payload, as [`UdQpOptions::grh`] (default off).
+    pub grh: bool,
+    /// Write-Record logging at this QP as a target (default: both logs,
+    /// partials delivered; the partial timeout is the reliability layer's
+    /// give-up span, since over RD a message stays partial only if its
+    /// sender gave up).
+    pub record: RecordConfig,
+    /// The reliability layer: windows, ACK and retransmission timers, the
+    /// retry limit after which a peer fails, idle expiry, bounds
+    /// ([`RdConfig`]; its `local_qpn` and `epoch_seed` are set by the
+    /// engine). Default [`RdConfig::default`]: RTO 2 ms–500 ms, 7 retries
+    /// (a silent peer fails after about 4 s), windows of 64 datagrams.
+    pub reliability: RdConfig,
+}
+
+impl Default for RdQpOptions {
+    fn default() -> Self {
+        let proto = RdQpConfig::default();
+        RdQpOptions {
+            bind: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+            mtu: None,
+            max_msg: proto.max_msg as usize,
+            ord: proto.ord,
+            ird: proto.ird,
+            grh: false,
+            record: proto.record,
+            reliability: proto.rd,
+        }
+    }
+}
+
+/// Why a work request was refused by an RD QP (nothing was queued).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdPostError {
+    /// The operation does not exist on RD (`op` names it): Send with
+    /// Invalidate, RDMA Write with immediate, local invalidate.
+    Unsupported {
+        /// The refused operation, in words.
+        op: &'static str,
+    },
+    /// The message is longer than the QP's [`RdQpOptions::max_msg`].
+    MessageTooLong {
+        /// Octets of the message.
+        len: u64,
+        /// The QP's limit.
+        max: usize,
+    },
+    /// The queue is full.
+    QueueFull,
+    /// The address handle belongs to another protection domain.
+    ForeignAddressHandle,
+    /// RD is point to point: a multicast address handle is refused.
+    MulticastAddressHandle,
+    /// An invalid parameter: a Read into inline data, or an atomic whose
+    /// local buffer is not one 8-octet scatter list.
+    Invalid,
+}
+
+impl fmt::Display for RdPostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RdPostError::Unsupported { op } => write!(
+                f,
+                "work request refused: {op} is not supported on RD queue pairs"
+            ),
+            RdPostError::MessageTooLong { len, max } => write!(
+                f,
+                "work request refused: a {len}-octet message is longer than the RD QP's \
+                 maximum message ({max} octets)"
+            ),
+            RdPostError::QueueFull => f.write_str("work request refused: the queue is full"),
+            RdPostError::ForeignAddressHandle => f.write_str(
+                "work request refused: the address handle belongs to another protection domain",
+            ),
+            RdPostError::MulticastAddressHandle => f.write_str(
+                "work request refused: RD is point to point, not for a multicast address handle",
+            ),
+            RdPostError::Invalid => f.write_str(
+                "work request refused: invalid parameter (a Read into inline data, or an \
+                 atomic without an 8-octet local buffer)",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RdPostError {}
+
+impl From<engine::QpError> for RdPostError {
+    fn from(e: engine::QpError) -> Self {
+        match e {
+            engine::QpError::QueueFull => RdPostError::QueueFull,
+            // Refused before the engine sees it; kept for completeness.
+            engine::QpError::Unsupported => RdPostError::Unsupported {
+                op: "the operation",
+            },
+            engine::QpError::NotConnected | engine::QpError::Invalid => RdPostError::Invalid,
+        }
+    }
+}
+
+/// The operations RD refuses, named for [`RdPostError::Unsupported`].
+fn rd_unsupported(op: &SendOp) -> Option<&'static str> {
+    match op {
+        SendOp::Send {
+            invalidate: Some(_),
+            ..
+        } => Some("Send with Invalidate"),
+        SendOp::Write { imm: Some(_), .. } => Some("RDMA Write with immediate"),
+        SendOp::LocalInvalidate { .. } => Some("local invalidate"),
+        _ => None,
+    }
+}
+
+/// Counters of an RD queue pair ([`RdQueuePair::stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RdQpStats {
+    /// The RD QP's counters (`softrdma_proto::rdqp::RdQpStats`: datagrams,
+    /// messages, drops by cause, Terminates sent and received).
+    pub rd: softrdma_proto::rdqp::RdQpStats,
+    /// The reliability layer's counters: data sent and re-sent, timeouts,
+    /// NAKs, duplicates, sessions, peers failed and expired.
+    pub reliability: RdStats,
+    /// Write-Record counters (this QP as a target).
+    pub record: RecordStats,
+    /// Async events not queued because too many were waiting.
+    pub events_dropped: u64,
+    /// The counters of the UDP socket this QP shares with others.
+    pub socket: SocketStats,
+}
+
+/// A reliable-datagram queue pair; see the [module documentation](self).
+/// Clones share the QP, which is destroyed with the last of them (queued
+/// work discarded without completions, as `ibv_destroy_qp`).
+#[derive(Debug, Clone)]
+pub struct RdQueuePair {
+    inner: Arc<DgramInner>,
+}
+
+impl ProtectionDomain {
+    /// An RD queue pair completing into `send_cq` and `recv_cq`, ready at
+    /// once (no connection, no state transitions). `caps` gives the queue
+    /// depths: the send queue holds requests until they complete (a Send,
+    /// Write or Write-Record when the peer acknowledged all of it), the
+    /// receive queue posted receives. Write-Record completions go to
+    /// `recv_cq` and take no receive.
+    pub fn create_rd_qp(
+        &self,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        caps: QpCaps,
+        opts: RdQpOptions,
+    ) -> Result<RdQueuePair, DgramError> {
+        let grh = opts.grh.then(|| {
+            let ip = opts.bind.ip();
+            if ip.is_unspecified() {
+                host_address(ip)
+            } else {
+                ip
+            }
+        });
+        let proto = RdQpConfig {
+            max_msg: opts.max_msg as u64,
+            ord: opts.ord,
+            ird: opts.ird,
+            grh,
+            record: opts.record,
+            rd: opts.reliability,
+            ..RdQpConfig::default()
+        };
+        let qp = self.ctx.create_rd_qp(
+            self.pd,
+            caps,
+            send_cq.cq.clone(),
+            recv_cq.cq.clone(),
+            engine::RdOptions {
+                proto,
+                mtu: opts.mtu,
+                bind: opts.bind,
+            },
+        )?;
+        Ok(RdQueuePair {
+            inner: Arc::new(DgramInner {
+                qp,
+                pd: self.clone(),
+                max_msg: opts.max_msg,
+            }),
+        })
+    }
+}
+
+impl RdQueuePair {
+    /// The QP number: `(port << 8) | slot` of its UDP socket.
+    pub fn qpn(&self) -> u32 {
+        self.inner.qp.qpn()
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.inner.pd
+    }
+
+    /// What a peer needs to reach this QP, as [`UdQueuePair::address`].
+    pub fn address(&self) -> DgramAddr {
+        address(&self.inner.qp)
+    }
+
+    /// What `peer` needs to reach this QP, as
+    /// [`UdQueuePair::address_toward`].
+    pub fn address_toward(&self, peer: IpAddr) -> io::Result<DgramAddr> {
+        address_toward(&self.inner.qp, peer)
+    }
+
+    /// The address the QP's socket is bound to (its IP may be
+    /// unspecified).
+    pub fn local_addr(&self) -> SocketAddr {
+        let a = self.inner.qp.local_addr();
+        SocketAddr::new(a.ip, a.port)
+    }
+
+    /// Posts a send work request to `ah` and transmits what the socket
+    /// takes at once: Send (± immediate, solicited), RDMA Write, RDMA
+    /// Write-Record, RDMA Read (into an SGL) and the 8-octet atomics (the
+    /// original value lands in an 8-octet local buffer). Anything else is
+    /// [`RdPostError::Unsupported`]. The completion comes when the peer
+    /// has acknowledged the whole message (Send, Write, Write-Record) or
+    /// its response has been placed (Read, atomics); completions of
+    /// requests to one peer come in posting order. Errors the target
+    /// finds fail that request alone (`RemAccessErr`, `RemInvReqErr`,
+    /// `RnrRetryExcErr` when no receive was posted: RD does not retry
+    /// that); a peer that stops answering fails every request to it with
+    /// `RetryExcErr` and raises [`crate::AsyncEvent::DgramPeerFailed`].
+    pub fn post_send(&self, wr: SendWr, ah: &AddressHandle) -> Result<(), RdPostError> {
+        if let Some(op) = rd_unsupported(&wr.op) {
+            return Err(RdPostError::Unsupported { op });
+        }
+        if !ah.pd.same_as(&self.inner.pd) {
+            return Err(RdPostError::ForeignAddressHandle);
+        }
+        if ah.is_multicast() {
+            return Err(RdPostError::MulticastAddressHandle);
+        }
+        let len = wr.payload.len();
+        if len > self.inner.max_msg as u64 {
+            return Err(RdPostError::MessageTooLong {
+                len,
+                max: self.inner.max_msg,
+            });
+        }
+        let inline = matches!(wr.payload, Payload::Inline(_));
+        match wr.op {
+            SendOp::Read { .. } if inline => return Err(RdPostError::Invalid),
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } if inline || len != 8 => {
+                return Err(RdPostError::Invalid)
+            }
+            _ => {}
+        }
+        Ok(self.inner.qp.post_send(wr, ah.dest)?)
+    }
+
+    /// Posts a receive. A message longer than the buffer completes it
+    /// with `LocLenErr` (and fails the sender's request); with
+    /// [`RdQpOptions::grh`], the first [`GRH_LEN`] octets of the buffer
+    /// take the GRH and `byte_len` counts them.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), RdPostError> {
+        Ok(self.inner.qp.post_recv(wr)?)
+    }
+
+    /// Write-Record validity map, as [`UdQueuePair::record_valid_ranges`].
+    pub fn record_valid_ranges(
+        &self,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+    ) -> Result<Vec<Range<usize>>, OutOfBounds> {
+        record_valid_ranges(&self.inner.qp, mr, offset, len)
+    }
+
+    /// Whether every octet of `[offset, offset + len)` of `mr` is valid,
+    /// as [`UdQueuePair::record_is_valid`].
+    pub fn record_is_valid(
+        &self,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+    ) -> Result<bool, OutOfBounds> {
+        record_is_valid(&self.inner.qp, mr, offset, len)
+    }
+
+    /// Clears validity of `[offset, offset + len)` of `mr`, as
+    /// [`UdQueuePair::record_clear`].
+    pub fn record_clear(
+        &self,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), OutOfBounds> {
+        record_clear(&self.inner.qp, mr, offset, len)
+    }
+
+    /// Forgets every Write-Record state of `mr` at this QP, as
+    /// [`UdQueuePair::record_forget`].
+    pub fn record_forget(&self, mr: &MemoryRegion) {
+        self.inner.qp.forget_stag(mr.rkey())
+    }
+
+    /// How long a Write-Record message may place nothing new before it is
+    /// retired as partial ([`RecordConfig::partial_timeout`]).
+    pub fn set_record_partial_timeout(&self, timeout: Duration) {
+        self.inner.qp.set_record_partial_timeout(timeout)
+    }
+
+    /// What a partial Write-Record message gives
+    /// ([`RecordConfig::partial_action`]).
+    pub fn set_record_partial_action(&self, action: PartialAction) {
+        self.inner.qp.set_record_partial_action(action)
+    }
+
+    /// The QP's counters.
+    pub fn stats(&self) -> RdQpStats {
+        let q = &self.inner.qp;
+        let s = q.stats();
+        let ProtoStats::Rd(c) = s.proto else {
+            unreachable!("an RD QP has RD counters")
+        };
+        RdQpStats {
+            rd: c.qp,
+            reliability: c.rd,
+            record: s.record,
+            events_dropped: s.events_dropped,
+            socket: q.socket_stats(),
         }
     }
 

@@ -4,7 +4,8 @@
 //! [`CompletionQueue`]s and [`CompletionChannel`]s; a protection domain
 //! registers [`MemoryRegion`]s and creates [`QueuePair`]s; the [`cm`] module
 //! connects queue pairs (rdma_cm semantics over iWARP/MPA). Datagram queue
-//! pairs ([`UdQueuePair`], with [`AddressHandle`]s) are in [`dgram`].
+//! pairs ([`UdQueuePair`], [`RdQueuePair`], with [`AddressHandle`]s) are in
+//! [`dgram`].
 //!
 //! ```
 //! use softrdma_verbs::{Access, Context, QpCaps};
@@ -44,8 +45,8 @@ pub use qp_state::{Destination, ModifyError, QpAttr, QpState};
 
 pub mod dgram;
 pub use dgram::{
-    AddressHandle, AhError, DgramAddr, DgramError, UdPostError, UdQpOptions, UdQpStats,
-    UdQueuePair, WriteRecordInfo,
+    AddressHandle, AhError, DgramAddr, DgramError, RdPostError, RdQpOptions, RdQpStats,
+    RdQueuePair, UdPostError, UdQpOptions, UdQpStats, UdQueuePair, WriteRecordInfo,
 };
 
 /// Why a device could not be opened.

@@ -2,16 +2,20 @@
 //! addressed with `AddressHandle::from_completion`, GRH on), Send with
 //! immediate, 64 KiB messages, Write-Record with the validity map queried
 //! through `MemoryRegion` offsets, multicast to two receiving contexts, the
-//! default `0.0.0.0` bind, and the errors.
+//! default `0.0.0.0` bind, and the errors; and the RD API: a round trip of
+//! every operation between two contexts, replies by `from_completion`, the
+//! Write-Record validity map, a failing request among good ones, and what
+//! RD refuses.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use softrdma_verbs::dgram::{PartialAction, GRH_LEN, MCAST_QPN};
 use softrdma_verbs::{
-    Access, AddressHandle, AhError, Completion, CompletionQueue, Context, DgramAddr, DgramError,
-    MemoryRegion, Payload, ProtectionDomain, QpCaps, RecvWr, SendFlags, SendOp, SendWr, SgList,
-    UdPostError, UdQpOptions, UdQueuePair, WcOpcode, WcStatus, WorkCompletion,
+    Access, AddressHandle, AhError, AsyncEvent, Completion, CompletionQueue, Context, DgramAddr,
+    DgramError, MemoryRegion, Payload, ProtectionDomain, QpCaps, RdPostError, RdQpOptions,
+    RdQueuePair, RecvWr, SendFlags, SendOp, SendWr, SgList, UdPostError, UdQpOptions, UdQueuePair,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -107,6 +111,7 @@ fn assert_quiet(cq: &CompletionQueue, d: Duration) {
 fn handles_are_send_and_sync() {
     fn check<T: Send + Sync>() {}
     check::<UdQueuePair>();
+    check::<RdQueuePair>();
     check::<AddressHandle>();
 }
 
@@ -638,4 +643,307 @@ fn address_handle_and_creation_errors() {
     // QPs of one context and address share a socket: QPNs differ by slot.
     assert_eq!(small.qpn() >> 8, a.qp.qpn() >> 8);
     assert_ne!(small.qpn(), a.qp.qpn());
+}
+
+// ----------------------------------------------------------------------
+// RD
+// ----------------------------------------------------------------------
+
+struct RdEnd {
+    ctx: Context,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: RdQueuePair,
+    mr: MemoryRegion,
+}
+
+fn rd_end(mem: usize) -> RdEnd {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(256, None);
+    let opts = RdQpOptions {
+        bind: (Ipv4Addr::LOCALHOST, 0).into(),
+        mtu: Some(1500),
+        ..RdQpOptions::default()
+    };
+    let qp = pd.create_rd_qp(&cq, &cq, QpCaps::default(), opts).unwrap();
+    let mr = pd.register(mem, Access(1 | 2 | 4 | 8)).unwrap();
+    RdEnd {
+        ctx,
+        pd,
+        cq,
+        qp,
+        mr,
+    }
+}
+
+fn signaled(wr_id: u64, op: SendOp, payload: SgList) -> SendWr {
+    SendWr {
+        wr_id,
+        op,
+        payload: Payload::Sgl(payload),
+        flags: SendFlags {
+            signaled: true,
+            ..SendFlags::default()
+        },
+    }
+}
+
+#[test]
+fn rd_round_trip_of_every_operation_through_the_verbs_api() {
+    const K: usize = 1024;
+    let a = rd_end(256 * K);
+    let b = rd_end(256 * K);
+    // Memory: a's [0, 64K) is the source, [64K, 128K) the Read sink,
+    // [128K, ...) the reply receive and the atomic result; b's [0, 64K)
+    // receives, [64K, 128K) takes the Write, [128K, 192K) is read from,
+    // [192K, ...) the Write-Record target and the atomic word.
+    let data = pattern(7, 64 * K);
+    a.mr.write_at(0, &data).unwrap();
+    let readable = pattern(9, 64 * K);
+    b.mr.write_at(128 * K, &readable).unwrap();
+    b.mr.write_at(250 * K, &41u64.to_ne_bytes()).unwrap();
+    b.qp.post_recv(recv(&b.mr, 1, 0, 64 * K)).unwrap();
+    a.qp.post_recv(recv(&a.mr, 2, 128 * K, 4 * K)).unwrap();
+    let to_b = a.pd.create_ah(b.qp.address()).unwrap();
+    let remote = |off: usize| b.mr.addr() + off as u64;
+    let rkey = b.mr.rkey();
+
+    // A 40 KiB Send with immediate (29 datagrams), a Write, a Read, an
+    // atomic, a Write-Record.
+    let ops = [
+        (
+            10,
+            send(10, sgl(&a.mr, 0, 40 * K), Some(0xabcd)).op,
+            40 * K,
+            0,
+        ),
+        (
+            11,
+            SendOp::Write {
+                remote_addr: remote(64 * K),
+                rkey,
+                imm: None,
+            },
+            20 * K,
+            0,
+        ),
+        (
+            12,
+            SendOp::Read {
+                remote_addr: remote(128 * K + 5),
+                rkey,
+            },
+            30 * K,
+            64 * K,
+        ),
+        (
+            13,
+            SendOp::FetchAdd {
+                remote_addr: remote(250 * K),
+                rkey,
+                add: 1,
+            },
+            8,
+            132 * K,
+        ),
+        (
+            14,
+            SendOp::WriteRecord {
+                remote_addr: remote(192 * K + 100),
+                rkey,
+            },
+            5000,
+            1000,
+        ),
+    ];
+    for (wr_id, op, len, off) in ops {
+        a.qp.post_send(signaled(wr_id, op, sgl(&a.mr, off, len)), &to_b)
+            .unwrap();
+    }
+    let mut done: Vec<_> = (0..5).map(|_| wait(&a.cq)).collect();
+    // The target got the Send and the Write-Record record.
+    let req = wait(&b.cq);
+    assert_eq!(
+        (req.wr_id, req.status, req.opcode, req.byte_len, req.imm),
+        (
+            1,
+            WcStatus::Success,
+            WcOpcode::Recv,
+            40 * K as u32,
+            Some(0xabcd)
+        )
+    );
+    assert_eq!(read(&b.mr, 0, 40 * K), data[..40 * K]);
+    let rec = wait(&b.cq);
+    assert_eq!(
+        (rec.status, rec.opcode, rec.byte_len),
+        (WcStatus::Success, WcOpcode::RecvWriteRecord, 5000)
+    );
+    // Reply to whoever sent the request.
+    let back = AddressHandle::from_completion(&b.pd, &req).unwrap();
+    assert_eq!(back.dest(), a.qp.address());
+    b.qp.post_send(send(20, sgl(&b.mr, 64 * K, 100), None), &back)
+        .unwrap();
+    assert_eq!(
+        (wait(&b.cq).wr_id, WcStatus::Success),
+        (20, WcStatus::Success)
+    );
+    done.push(wait(&a.cq));
+    let summary: Vec<_> = done
+        .iter()
+        .map(|wc| (wc.wr_id, wc.status, wc.opcode, wc.byte_len))
+        .collect();
+    let ok = WcStatus::Success;
+    assert_eq!(
+        summary,
+        vec![
+            (10, ok, WcOpcode::Send, 40 * K as u32),
+            (11, ok, WcOpcode::RdmaWrite, 20 * K as u32),
+            (12, ok, WcOpcode::RdmaRead, 30 * K as u32),
+            (13, ok, WcOpcode::FetchAdd, 8),
+            (14, ok, WcOpcode::WriteRecord, 5000),
+            (2, ok, WcOpcode::Recv, 100),
+        ]
+    );
+    assert_eq!(done[5].src, Some(b.qp.address()));
+    assert_eq!(read(&b.mr, 64 * K, 20 * K), data[..20 * K]);
+    assert_eq!(read(&a.mr, 64 * K, 30 * K), readable[5..5 + 30 * K]);
+    assert_eq!(read(&a.mr, 128 * K, 100), data[..100]);
+    assert_eq!(read(&a.mr, 132 * K, 8), 41u64.to_ne_bytes());
+    assert_eq!(read(&b.mr, 250 * K, 8), 42u64.to_ne_bytes());
+    assert_eq!(read(&b.mr, 192 * K + 100, 5000), data[1000..6000]);
+    // The Write-Record validity map in region offsets.
+    let valid = b.qp.record_valid_ranges(&b.mr, 192 * K, 64 * K).unwrap();
+    assert_eq!(valid.len(), 1, "{valid:?}");
+    assert_eq!(valid[0], 192 * K + 100..192 * K + 5100);
+    assert_eq!(b.qp.record_is_valid(&b.mr, 192 * K + 100, 5000), Ok(true));
+    b.qp.record_clear(&b.mr, 192 * K + 100, 1000).unwrap();
+    assert_eq!(b.qp.record_is_valid(&b.mr, 192 * K + 100, 5000), Ok(false));
+    assert!(b.qp.record_valid_ranges(&b.mr, 256 * K, 1).is_err());
+
+    // The counters.
+    let sa = a.qp.stats();
+    let sb = b.qp.stats();
+    assert_eq!((sa.rd.tx_messages, sa.rd.tx_errors), (5, 0), "{sa:?}");
+    assert_eq!(sb.rd.rx_delivered, 1, "{sb:?}");
+    assert!(sa.reliability.data_sent >= 29 + 15 + 1 + 1 + 4, "{sa:?}");
+    assert_eq!(sb.reliability.peers_failed, 0);
+    assert!(sb.socket.rx_datagrams > 0);
+    assert_eq!(sb.record.completed, 1, "{sb:?}");
+    assert_quiet(&a.cq, Duration::from_millis(20));
+    assert_quiet(&b.cq, Duration::from_millis(20));
+}
+
+#[test]
+fn rd_failed_request_fails_alone_and_refusals_are_clear() {
+    let a = rd_end(64 * 1024);
+    let b = rd_end(64 * 1024);
+    let to_b = a.pd.create_ah(b.qp.address()).unwrap();
+    b.qp.post_recv(recv(&b.mr, 1, 0, 4096)).unwrap();
+    // A Write with a wrong rkey between two Sends; the second Send finds
+    // no receive posted (RD does not retry that).
+    let bad = SendOp::Write {
+        remote_addr: b.mr.addr(),
+        rkey: b.mr.rkey() ^ 0x100,
+        imm: None,
+    };
+    a.qp.post_send(send(1, sgl(&a.mr, 0, 100), None), &to_b)
+        .unwrap();
+    a.qp.post_send(signaled(2, bad, sgl(&a.mr, 0, 100)), &to_b)
+        .unwrap();
+    a.qp.post_send(send(3, sgl(&a.mr, 0, 100), None), &to_b)
+        .unwrap();
+    let got: Vec<_> = (0..3)
+        .map(|_| wait(&a.cq))
+        .map(|wc| (wc.wr_id, wc.status))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, WcStatus::Success),
+            (2, WcStatus::RemAccessErr),
+            (3, WcStatus::RnrRetryExcErr)
+        ]
+    );
+    assert_eq!(wait(&b.cq).wr_id, 1);
+    let mut saw = false;
+    while let Some(e) = b.ctx.get_async_event(Some(WAIT)) {
+        if matches!(e, AsyncEvent::DgramRemoteAccessError { qpn, .. } if qpn == b.qp.qpn()) {
+            saw = true;
+            break;
+        }
+    }
+    assert!(saw, "the target raised a remote access event");
+    assert_eq!(b.qp.stats().rd.rx_no_recv, 1);
+
+    // What RD refuses, before anything is queued.
+    let wr = |op| signaled(9, op, sgl(&a.mr, 0, 8));
+    for (op, name) in [
+        (
+            SendOp::Send {
+                imm: None,
+                invalidate: Some(3),
+            },
+            "Send with Invalidate",
+        ),
+        (
+            SendOp::Write {
+                remote_addr: 0,
+                rkey: 1,
+                imm: Some(1),
+            },
+            "RDMA Write with immediate",
+        ),
+        (SendOp::LocalInvalidate { stag: 1 }, "local invalidate"),
+    ] {
+        let e = a.qp.post_send(wr(op), &to_b).unwrap_err();
+        assert_eq!(e, RdPostError::Unsupported { op: name });
+        assert!(e.to_string().contains("not supported on RD"), "{e}");
+    }
+    let fadd = SendOp::FetchAdd {
+        remote_addr: 0,
+        rkey: 1,
+        add: 1,
+    };
+    assert_eq!(
+        a.qp.post_send(signaled(9, fadd, sgl(&a.mr, 0, 4)), &to_b),
+        Err(RdPostError::Invalid)
+    );
+    let group = a.pd.create_mcast_ah("239.1.2.3".parse().unwrap()).unwrap();
+    assert_eq!(
+        a.qp.post_send(send(9, sgl(&a.mr, 0, 8), None), &group),
+        Err(RdPostError::MulticastAddressHandle)
+    );
+    let foreign = b.pd.create_ah(b.qp.address()).unwrap();
+    assert_eq!(
+        a.qp.post_send(send(9, sgl(&a.mr, 0, 8), None), &foreign),
+        Err(RdPostError::ForeignAddressHandle)
+    );
+    let small = RdQpOptions {
+        max_msg: 1000,
+        bind: (Ipv4Addr::LOCALHOST, 0).into(),
+        ..RdQpOptions::default()
+    };
+    let c =
+        a.pd.create_rd_qp(&a.cq, &a.cq, QpCaps::default(), small)
+            .unwrap();
+    assert_eq!(
+        c.post_send(send(9, sgl(&a.mr, 0, 1001), None), &to_b),
+        Err(RdPostError::MessageTooLong {
+            len: 1001,
+            max: 1000
+        })
+    );
+    // Settings the engine refuses.
+    let bad = RdQpOptions {
+        mtu: Some(64),
+        ..RdQpOptions::default()
+    };
+    let e =
+        a.pd.create_rd_qp(&a.cq, &a.cq, QpCaps::default(), bad)
+            .unwrap_err();
+    assert!(matches!(e, DgramError::RdConfig(_)), "{e}");
+    assert_quiet(&a.cq, Duration::from_millis(20));
+    assert_eq!(a.qp.stats().rd.tx_messages, 1);
 }
