@@ -431,8 +431,9 @@ fn poll_readable(fd: RawFd, timeout: Option<Duration>) {
         events: libc::POLLIN,
         revents: 0,
     };
-    // SAFETY: one live pollfd; `fd` is the channel's open eventfd (the
-    // caller holds the channel). EINTR or errors just return early.
+    // `fd` is the channel's open eventfd (the caller holds the channel);
+    // EINTR or errors just return early.
+    // SAFETY: one live pollfd on an open descriptor (above).
     let _ = unsafe { libc::poll(&mut p, 1, ms) };
 }
 
@@ -475,8 +476,8 @@ impl Acceptors {
     /// return, new connections are refused.
     fn stop(&self) {
         if !self.stopped.swap(true, Ordering::AcqRel) {
-            // SAFETY: no pointers; the descriptor belongs to the listener,
-            // alive as long as `self`.
+            // The descriptor belongs to the listener, alive as long as `self`.
+            // SAFETY: no pointers; an open descriptor (above).
             let _ = unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RD) };
         }
     }
@@ -656,9 +657,9 @@ impl CmId {
         } else {
             backlog.min(i32::MAX as u32) as i32
         };
-        // SAFETY: no pointers; the descriptor is the listener's, open.
         // Linux accepts listen(2) again on a listening socket: it only
         // changes the backlog.
+        // SAFETY: no pointers; the listener's open descriptor.
         if unsafe { libc::listen(listener.as_raw_fd(), depth) } != 0 {
             return Err(io::Error::last_os_error());
         }

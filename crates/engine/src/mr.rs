@@ -249,17 +249,19 @@ impl View<'_> {
 impl Memory for View<'_> {
     fn local_read(&self, lkey: u32, addr: u64, len: u64) -> Result<&[u8], MemError> {
         let p = self.resolve(lkey, addr, len, Access(0))?;
-        // SAFETY: `resolve` checked that [p, p+len) lies inside a region the
+        // `resolve` checked that [p, p+len) lies inside a region the
         // application registered and keeps alive until deregistration, which
         // the read lock held by this view excludes.
+        // SAFETY: in bounds of a live registered region (above).
         Ok(unsafe { std::slice::from_raw_parts(p, len as usize) })
     }
 
     fn local_write(&mut self, lkey: u32, addr: u64, data: &[u8]) -> Result<(), MemError> {
         let p = self.resolve(lkey, addr, data.len() as u64, Access::LOCAL_WRITE)?;
-        // SAFETY: as in `local_read`; `data` is ours and cannot overlap
-        // registered memory handed out as a slice at the same time (the
-        // protocol engine never writes from a slice of the same view).
+        // As in `local_read`; `data` is ours and cannot overlap registered
+        // memory handed out as a slice at the same time (the protocol
+        // engine never writes from a slice of the same view).
+        // SAFETY: in bounds of a live registered region, no overlap (above).
         unsafe { std::ptr::copy(data.as_ptr(), p, data.len()) };
         Ok(())
     }
