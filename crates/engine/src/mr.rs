@@ -289,9 +289,7 @@ impl Memory for View<'_> {
         if to % 8 != 0 || (p as usize) % 8 != 0 {
             return Err(MemError::Misaligned);
         }
-        // SAFETY: `p` is 8-aligned and 8 octets inside a live region; an
-        // AtomicU64 view makes the update atomic against other QPs of this
-        // process operating on the same word.
+        // SAFETY: `p` is 8-aligned and 8 octets inside a live region; an AtomicU64 view makes the update atomic against other QPs of this process operating on the same word.
         let cell = unsafe { &*(p as *const std::sync::atomic::AtomicU64) };
         let old = match op {
             AtomicOp::FetchAdd(add) => cell.fetch_add(add, Ordering::SeqCst),
@@ -350,13 +348,13 @@ mod tests {
                 Err(MemError::InvalidStag)
             )
         });
-        // SAFETY: a null pointer is refused before anything is recorded.
         assert_eq!(
+            // SAFETY: a null pointer is refused before anything is recorded.
             unsafe { reg.register(std::ptr::null_mut(), 1, 0, rw, 7) },
             Err(RegError::BadRange)
         );
-        // SAFETY: as above; refused for the access flags.
         assert_eq!(
+            // SAFETY: as above; refused for the access flags.
             unsafe { reg.register(buf.as_mut_ptr(), 1, 0, Access::REMOTE_WRITE, 7) },
             Err(RegError::BadAccess)
         );

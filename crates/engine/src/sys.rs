@@ -25,8 +25,8 @@ impl EventFd {
     pub fn new() -> io::Result<EventFd> {
         // SAFETY: eventfd takes no pointers; the result is checked.
         let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
-        // SAFETY: `fd` is a fresh descriptor nobody else owns.
         Ok(EventFd {
+            // SAFETY: `fd` is a fresh descriptor nobody else owns.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
         })
     }
@@ -34,8 +34,7 @@ impl EventFd {
     /// Adds one to the counter (wakes pollers).
     pub fn signal(&self) {
         let one: u64 = 1;
-        // SAFETY: writes 8 octets from a live u64 to our own descriptor.
-        // A full counter (EAGAIN) still leaves the fd readable: ignore.
+        // SAFETY: writes 8 octets from a live u64 to our own descriptor. A full counter (EAGAIN) still leaves the fd readable: ignore.
         let _ = unsafe {
             libc::write(
                 self.fd.as_raw_fd(),
@@ -116,8 +115,8 @@ impl Epoll {
     pub fn new() -> io::Result<Epoll> {
         // SAFETY: no pointers; result checked.
         let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
-        // SAFETY: fresh descriptor.
         Ok(Epoll {
+            // SAFETY: fresh descriptor.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
         })
     }

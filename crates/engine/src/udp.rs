@@ -60,8 +60,7 @@ pub(crate) fn set_int(
     name: libc::c_int,
     v: libc::c_int,
 ) -> io::Result<()> {
-    // SAFETY: passes a pointer to a live c_int and its size; `fd` is open
-    // (the caller owns it); the kernel only reads the value.
+    // SAFETY: passes a pointer to a live c_int and its size; `fd` is open (the caller owns it); the kernel only reads the value.
     cvt(unsafe {
         libc::setsockopt(
             fd,
@@ -208,8 +207,7 @@ fn encode_addr(
                 sin_addr: in_addr(a),
                 sin_zero: [0; 8],
             };
-            // SAFETY: sockaddr_storage is larger than and aligned for every
-            // sockaddr type; the write stays inside `out`.
+            // SAFETY: sockaddr_storage is larger than and aligned for every sockaddr type; the write stays inside `out`.
             unsafe {
                 std::ptr::write(
                     out as *mut libc::sockaddr_storage as *mut libc::sockaddr_in,
@@ -243,9 +241,8 @@ fn encode_addr(
 fn decode_addr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
     match i32::from(ss.ss_family) {
         libc::AF_INET => {
-            // SAFETY: the family says the storage holds a sockaddr_in;
-            // storage is aligned and large enough for it.
             let sin =
+                // SAFETY: the family says the storage holds a sockaddr_in; storage is aligned and large enough for it.
                 unsafe { &*(ss as *const libc::sockaddr_storage as *const libc::sockaddr_in) };
             let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
             Some(SocketAddr::V4(SocketAddrV4::new(
@@ -254,8 +251,8 @@ fn decode_addr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
             )))
         }
         libc::AF_INET6 => {
-            // SAFETY: as above, for sockaddr_in6.
             let sin6 =
+                // SAFETY: as above, for sockaddr_in6.
                 unsafe { &*(ss as *const libc::sockaddr_storage as *const libc::sockaddr_in6) };
             let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
             Some(SocketAddr::V6(SocketAddrV6::new(
@@ -333,8 +330,7 @@ impl RxRing {
 /// datagrams they hold (a `UDP_GRO` buffer holds several: it is split at
 /// its segment size). `cmsg`: the socket has `IP_PKTINFO` or `UDP_GRO` on.
 pub(crate) fn recv_batch(fd: RawFd, ring: &mut RxRing, cmsg: bool) -> io::Result<usize> {
-    // SAFETY: all-zero is a valid value of these plain C structs (null
-    // pointers, zero lengths).
+    // SAFETY: all-zero is a valid value of these plain C structs (null pointers, zero lengths).
     let mut hdrs: [libc::mmsghdr; RX_BATCH] = unsafe { zeroed() };
     // SAFETY: as above.
     let mut addrs: [libc::sockaddr_storage; RX_BATCH] = unsafe { zeroed() };
@@ -348,8 +344,7 @@ pub(crate) fn recv_batch(fd: RawFd, ring: &mut RxRing, cmsg: bool) -> io::Result
     let bufs = ring.bufs.as_mut_ptr();
     let (iov_p, addr_p, cmsg_p) = (iovs.as_mut_ptr(), addrs.as_mut_ptr(), cmsgs.as_mut_ptr());
     for (i, h) in hdrs.iter_mut().enumerate() {
-        // SAFETY: `i < RX_BATCH`, so every offset stays inside its array
-        // (`bufs` is RX_BATCH * RX_BUF long).
+        // SAFETY: `i < RX_BATCH`, so every offset stays inside its array (`bufs` is RX_BATCH * RX_BUF long).
         unsafe {
             *iov_p.add(i) = libc::iovec {
                 iov_base: bufs.add(i * RX_BUF) as *mut libc::c_void,
@@ -366,9 +361,7 @@ pub(crate) fn recv_batch(fd: RawFd, ring: &mut RxRing, cmsg: bool) -> io::Result
             }
         }
     }
-    // SAFETY: every header points at live buffers of the sizes it states
-    // (the ring's, `addrs`, `cmsgs`), all outliving the call; the kernel
-    // writes at most those sizes.
+    // SAFETY: every header points at live buffers of the sizes it states (the ring's, `addrs`, `cmsgs`), all outliving the call; the kernel writes at most those sizes.
     let n = unsafe {
         libc::recvmmsg(
             fd,
@@ -387,10 +380,7 @@ pub(crate) fn recv_batch(fd: RawFd, ring: &mut RxRing, cmsg: bool) -> io::Result
         let mut dst = None;
         let mut seg = 0usize;
         if cmsg {
-            // SAFETY: `h` is the msghdr the kernel filled, its control
-            // buffer (`cmsgs[i]`) is live and msg_controllen says how much
-            // of it holds control messages; the CMSG macros stay inside it
-            // and the payloads are read unaligned.
+            // SAFETY: `h` is the msghdr the kernel filled, its control buffer (`cmsgs[i]`) is live and msg_controllen says how much of it holds control messages; the CMSG macros stay inside it and the payloads are read unaligned.
             unsafe {
                 let mut c = libc::CMSG_FIRSTHDR(h);
                 while !c.is_null() {
@@ -551,9 +541,7 @@ fn send_chunk(fd: RawFd, v6: bool, gso: bool, chunk: &[Datagram<'_>]) -> io::Res
     for (k, h) in hdrs.iter_mut().enumerate().take(m) {
         let (alen, first, count, _, seg) = plan[k];
         let h = &mut h.msg_hdr;
-        // SAFETY: `k < m ≤ TX_BATCH` and `first + count ≤ TX_IOVS`, so the
-        // pointers stay inside their arrays. The iovecs point at the
-        // caller's IoSlices, which borrow live memory for the whole call.
+        // SAFETY: `k < m ≤ TX_BATCH` and `first + count ≤ TX_IOVS`, so the pointers stay inside their arrays. The iovecs point at the caller's IoSlices, which borrow live memory for the whole call.
         unsafe {
             h.msg_name = addr_p.add(k) as *mut libc::c_void;
             h.msg_namelen = alen;
@@ -571,8 +559,7 @@ fn send_chunk(fd: RawFd, v6: bool, gso: bool, chunk: &[Datagram<'_>]) -> io::Res
             }
         }
     }
-    // SAFETY: `hdrs[..m]` point at live addresses, iovecs and control
-    // buffers set up above.
+    // SAFETY: `hdrs[..m]` point at live addresses, iovecs and control buffers set up above.
     let r = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), m as libc::c_uint, libc::MSG_DONTWAIT) };
     if r < 0 {
         return Err(io::Error::last_os_error());
@@ -597,8 +584,7 @@ pub(crate) fn send_one(
     h.msg_namelen = len;
     h.msg_iov = bufs.as_ptr() as *mut libc::iovec;
     h.msg_iovlen = bufs.len() as _;
-    // SAFETY: `h` points at a live address and at the caller's IoSlices
-    // (ABI-compatible with iovec), read only.
+    // SAFETY: `h` points at a live address and at the caller's IoSlices (ABI-compatible with iovec), read only.
     let r = unsafe { libc::sendmsg(fd, &h, libc::MSG_DONTWAIT) };
     if r < 0 {
         Err(io::Error::last_os_error())

@@ -155,8 +155,7 @@ impl ProtectionDomain {
         if ptr.is_null() {
             return Err(RegisterError::InvalidLength);
         }
-        // SAFETY: `ptr` is a live allocation of `len` octets that this
-        // MemoryRegion frees only after deregistering it (Drop).
+        // SAFETY: `ptr` is a live allocation of `len` octets that this MemoryRegion frees only after deregistering it (Drop).
         let stag = unsafe {
             self.ctx
                 .registry()
@@ -396,8 +395,7 @@ impl MemoryRegion {
     /// Copies `data` into the region at `offset`.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<(), OutOfBounds> {
         self.check(offset, data.len())?;
-        // SAFETY: the range is inside our live allocation; no reference to
-        // the region exists, so a concurrent peer write only races contents.
+        // SAFETY: the range is inside our live allocation; no reference to the region exists, so a concurrent peer write only races contents.
         unsafe { std::ptr::copy(data.as_ptr(), self.ptr.add(offset), data.len()) };
         Ok(())
     }
@@ -422,9 +420,7 @@ impl MemoryRegion {
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         self.ctx.registry().deregister(self.stag);
-        // SAFETY: allocated in `register` with this layout; deregistered
-        // above, so no engine access can follow (the registry lock orders
-        // it after any access in progress).
+        // SAFETY: allocated in `register` with this layout; deregistered above, so no engine access can follow (the registry lock orders it after any access in progress).
         unsafe { dealloc(self.ptr, self.layout) };
     }
 }
