@@ -12,7 +12,7 @@
 
 use softrdma_wire::rdmap::TerminateCause;
 
-use crate::wr::WcStatus;
+use crate::wr::{Payload, SgList, WcStatus, MAX_SGE};
 
 /// Access rights of a memory region, with the `ibv_access_flags` values.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -122,6 +122,63 @@ pub trait Memory {
     /// Invalidates `stag`: `remote` for a peer's Send with Invalidate, else
     /// a local invalidate work request.
     fn invalidate(&mut self, stag: u32, remote: bool) -> Result<(), MemError>;
+}
+
+/// Writes `data` at octet `offset` of a scatter list (receive placement,
+/// Read Response and atomic result sinks). `BaseBounds` if the range runs
+/// past the list; a memory refusal stops at the first failing piece.
+pub(crate) fn scatter<M: Memory>(
+    mem: &mut M,
+    sgl: &SgList,
+    offset: u64,
+    data: &[u8],
+) -> Result<(), MemError> {
+    let mut res = Ok(());
+    let mut at = 0usize;
+    let ok = sgl.for_range(offset, data.len() as u64, |sge, off, n| {
+        if res.is_ok() {
+            let piece = &data[at..at + n as usize];
+            res = mem.local_write(sge.lkey, sge.addr.wrapping_add(off), piece);
+        }
+        at += n as usize;
+    });
+    if !ok {
+        return Err(MemError::BaseBounds);
+    }
+    res
+}
+
+/// The slices holding octets `[off, off + len)` of a send payload; returns
+/// how many were written to `out`. The caller has checked the gather list
+/// against the same `mem` (a piece it cannot read comes back empty).
+pub(crate) fn payload_pieces<'a, M: Memory>(
+    mem: &'a M,
+    payload: &'a Payload,
+    off: u64,
+    len: u64,
+    out: &mut [&'a [u8]; MAX_SGE],
+) -> usize {
+    match payload {
+        Payload::Inline(d) => {
+            let s = d.as_slice();
+            let a = (off as usize).min(s.len());
+            let b = (a + len as usize).min(s.len());
+            out[0] = &s[a..b];
+            usize::from(b > a)
+        }
+        Payload::Sgl(sgl) => {
+            let mut k = 0;
+            sgl.for_range(off, len, |sge, o, n| {
+                if n > 0 && k < MAX_SGE {
+                    out[k] = mem
+                        .local_read(sge.lkey, sge.addr.wrapping_add(o), n)
+                        .unwrap_or(&[]);
+                    k += 1;
+                }
+            });
+            k
+        }
+    }
 }
 
 /// One region of a [`VecMemory`].

@@ -50,7 +50,7 @@ use softrdma_wire::rdmap::{
 };
 use softrdma_wire::{crc::Crc32c, Error as WireError};
 
-use crate::memory::{AtomicOp, MemError, Memory};
+use crate::memory::{scatter, AtomicOp, MemError, Memory};
 use crate::wr::{
     Payload, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, MAX_INLINE,
     MAX_SGE,
@@ -2095,28 +2095,6 @@ fn push_iov<'a, M: Memory>(
     }
     push(&p.trailer[..p.trailer_len], iov, k);
     added
-}
-
-/// Writes `data` at octet `offset` of a scatter list.
-fn scatter<M: Memory>(
-    mem: &mut M,
-    sgl: &crate::wr::SgList,
-    offset: u64,
-    data: &[u8],
-) -> Result<(), MemError> {
-    let mut res = Ok(());
-    let mut at = 0usize;
-    let ok = sgl.for_range(offset, data.len() as u64, |sge, off, n| {
-        if res.is_ok() {
-            let piece = &data[at..at + n as usize];
-            res = mem.local_write(sge.lkey, sge.addr.wrapping_add(off), piece);
-        }
-        at += n as usize;
-    });
-    if !ok {
-        return Err(MemError::BaseBounds);
-    }
-    res
 }
 
 /// Flags of a default signaled send.

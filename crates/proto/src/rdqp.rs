@@ -183,15 +183,17 @@ use softrdma_wire::rdmap::{
 use softrdma_wire::Error as WireError;
 
 use crate::dgram::{DatagramQp, DgramEvent};
-use crate::memory::{AtomicOp, MemError, Memory};
+use crate::memory::{payload_pieces, scatter, AtomicOp, Memory};
 use crate::rc::{CqKind, PostError};
 use crate::rd::{
     seq_after, Event, RdConfig, RdConfigError, RdEndpoint, RdStats, SendError, Transmit, Verdict,
 };
 use crate::record::{RecordConfig, RecordStats, Tracker};
-use crate::ud::{grh_header, Datagram, DatagramSink, GRH_LEN, MAX_MTU, MIN_MTU, TX_BATCH};
+use crate::ud::{
+    grh_header, Datagram, DatagramSink, RecvFifo, GRH_LEN, MAX_MTU, MIN_MTU, TX_BATCH,
+};
 use crate::wr::{
-    DgramAddr, Payload, RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion, MAX_SGE,
+    DgramAddr, Payload, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, MAX_SGE,
 };
 
 /// Largest [`RdQpConfig::max_msg`]: T-MO and the Read size are 32 bits.
@@ -612,52 +614,6 @@ impl PeerState {
     }
 }
 
-/// The receive queue: posted receives in posting order, with the count of
-/// receives claimed by messages in progress.
-#[derive(Debug)]
-struct RecvFifo {
-    wrs: VecDeque<(u64, RecvWr)>,
-    depth: usize,
-    claimed: usize,
-    next_seq: u64,
-}
-
-impl RecvFifo {
-    fn new(depth: usize) -> Self {
-        RecvFifo {
-            wrs: VecDeque::with_capacity(depth),
-            depth,
-            claimed: 0,
-            next_seq: 0,
-        }
-    }
-
-    fn post(&mut self, wr: RecvWr) -> Result<(), PostError> {
-        if self.wrs.len() + self.claimed >= self.depth {
-            return Err(PostError::QueueFull);
-        }
-        self.wrs.push_back((self.next_seq, wr));
-        self.next_seq += 1;
-        Ok(())
-    }
-
-    fn take(&mut self) -> Option<(u64, RecvWr)> {
-        let x = self.wrs.pop_front()?;
-        self.claimed += 1;
-        Some(x)
-    }
-
-    fn give_back(&mut self, seq: u64, wr: RecvWr) {
-        self.claimed = self.claimed.saturating_sub(1);
-        let at = self.wrs.partition_point(|&(s, _)| s < seq);
-        self.wrs.insert(at, (seq, wr));
-    }
-
-    fn consumed(&mut self) {
-        self.claimed = self.claimed.saturating_sub(1);
-    }
-}
-
 /// Where a datagram's payload comes from.
 #[derive(Debug, Clone, Copy)]
 enum Body {
@@ -834,7 +790,7 @@ impl RdQp {
 
     /// Receives posted and not claimed by a message.
     pub fn recv_posted(&self) -> usize {
-        self.rq.wrs.len()
+        self.rq.len()
     }
 
     /// The Write-Record tracker (validity map queries, settings); its
@@ -2934,55 +2890,6 @@ fn gather_ok<M: Memory>(mem: &M, payload: &Payload, off: u64, len: u64) -> bool 
     ok && inside
 }
 
-/// The slices holding octets `[off, off + len)` of a payload (checked by
-/// `gather_ok` against the same `mem`); returns how many were written.
-fn payload_pieces<'a, M: Memory>(
-    mem: &'a M,
-    payload: &'a Payload,
-    off: u64,
-    len: u64,
-    out: &mut [&'a [u8]; MAX_SGE],
-) -> usize {
-    match payload {
-        Payload::Inline(d) => {
-            let s = d.as_slice();
-            let a = (off as usize).min(s.len());
-            let b = (a + len as usize).min(s.len());
-            out[0] = &s[a..b];
-            usize::from(b > a)
-        }
-        Payload::Sgl(sgl) => {
-            let mut k = 0;
-            sgl.for_range(off, len, |sge, o, n| {
-                if n > 0 && k < MAX_SGE {
-                    out[k] = mem
-                        .local_read(sge.lkey, sge.addr.wrapping_add(o), n)
-                        .unwrap_or(&[]);
-                    k += 1;
-                }
-            });
-            k
-        }
-    }
-}
-
-/// Writes `data` at octet `offset` of a scatter list.
-fn scatter<M: Memory>(mem: &mut M, sgl: &SgList, offset: u64, data: &[u8]) -> Result<(), MemError> {
-    let mut res = Ok(());
-    let mut at = 0usize;
-    let ok = sgl.for_range(offset, data.len() as u64, |sge, off, n| {
-        if res.is_ok() {
-            let piece = &data[at..at + n as usize];
-            res = mem.local_write(sge.lkey, sge.addr.wrapping_add(off), piece);
-        }
-        at += n as usize;
-    });
-    if !ok {
-        return Err(MemError::BaseBounds);
-    }
-    res
-}
-
 impl DatagramQp for RdQp {
     fn qpn(&self) -> u32 {
         RdQp::qpn(self)
@@ -3036,6 +2943,8 @@ impl DatagramQp for RdQp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::MemError;
+    use crate::wr::SgList;
     use crate::memory::{Access, VecMemory};
     use crate::rc::SIGNALED;
     use crate::rd::RdEndpoint;

@@ -148,11 +148,11 @@ use softrdma_wire::ddp::{self as wddp, DdpHeader, TaggedExt};
 use softrdma_wire::rdmap::{Opcode, RdmapBody, SegmentRepr};
 use softrdma_wire::Error as WireError;
 
-use crate::memory::{MemError, Memory};
+use crate::memory::{payload_pieces, scatter, MemError, Memory};
 use crate::rc::{CqKind, PostError};
 use crate::record::{RecordConfig, RecordStats, Tracker};
 use crate::wr::{
-    DgramAddr, Payload, RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion, MAX_SGE,
+    DgramAddr, Payload, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, MAX_SGE,
 };
 
 /// QP numbers are 24 bits; the DQPN word's top octet is the source slot.
@@ -451,7 +451,7 @@ struct Planned {
 /// The receive queue: posted receives in posting order, with the count of
 /// receives claimed by messages in reassembly.
 #[derive(Debug)]
-struct RecvFifo {
+pub(crate) struct RecvFifo {
     wrs: VecDeque<(u64, RecvWr)>,
     depth: usize,
     claimed: usize,
@@ -459,7 +459,7 @@ struct RecvFifo {
 }
 
 impl RecvFifo {
-    fn new(depth: usize) -> Self {
+    pub(crate) fn new(depth: usize) -> Self {
         RecvFifo {
             wrs: VecDeque::with_capacity(depth),
             depth,
@@ -468,7 +468,7 @@ impl RecvFifo {
         }
     }
 
-    fn post(&mut self, wr: RecvWr) -> Result<(), PostError> {
+    pub(crate) fn post(&mut self, wr: RecvWr) -> Result<(), PostError> {
         if self.wrs.len() + self.claimed >= self.depth {
             return Err(PostError::QueueFull);
         }
@@ -477,21 +477,26 @@ impl RecvFifo {
         Ok(())
     }
 
-    fn take(&mut self) -> Option<(u64, RecvWr)> {
+    pub(crate) fn take(&mut self) -> Option<(u64, RecvWr)> {
         let x = self.wrs.pop_front()?;
         self.claimed += 1;
         Some(x)
     }
 
     /// A claimed receive returns to its posting position.
-    fn give_back(&mut self, seq: u64, wr: RecvWr) {
+    pub(crate) fn give_back(&mut self, seq: u64, wr: RecvWr) {
         self.claimed = self.claimed.saturating_sub(1);
         let at = self.wrs.partition_point(|&(s, _)| s < seq);
         self.wrs.insert(at, (seq, wr));
     }
 
+    /// Receives posted and not claimed.
+    pub(crate) fn len(&self) -> usize {
+        self.wrs.len()
+    }
+
     /// A claimed receive completed.
-    fn consumed(&mut self) {
+    pub(crate) fn consumed(&mut self) {
         self.claimed = self.claimed.saturating_sub(1);
     }
 }
@@ -1507,59 +1512,11 @@ fn gather_ok<M: Memory>(mem: &M, payload: &Payload) -> bool {
     ok
 }
 
-/// The slices holding octets `[off, off + len)` of a payload; returns how
-/// many were written to `out`. Gather lists were checked by `gather_ok`
-/// against the same `mem`.
-fn payload_pieces<'a, M: Memory>(
-    mem: &'a M,
-    payload: &'a Payload,
-    off: u64,
-    len: u64,
-    out: &mut [&'a [u8]; MAX_SGE],
-) -> usize {
-    match payload {
-        Payload::Inline(d) => {
-            let s = d.as_slice();
-            let a = (off as usize).min(s.len());
-            let b = (a + len as usize).min(s.len());
-            out[0] = &s[a..b];
-            usize::from(b > a)
-        }
-        Payload::Sgl(sgl) => {
-            let mut k = 0;
-            sgl.for_range(off, len, |sge, o, n| {
-                if n > 0 && k < MAX_SGE {
-                    out[k] = mem
-                        .local_read(sge.lkey, sge.addr.wrapping_add(o), n)
-                        .unwrap_or(&[]);
-                    k += 1;
-                }
-            });
-            k
-        }
-    }
-}
-
-/// Writes `data` at octet `offset` of a scatter list.
-fn scatter<M: Memory>(mem: &mut M, sgl: &SgList, offset: u64, data: &[u8]) -> Result<(), MemError> {
-    let mut res = Ok(());
-    let mut at = 0usize;
-    let ok = sgl.for_range(offset, data.len() as u64, |sge, off, n| {
-        if res.is_ok() {
-            let piece = &data[at..at + n as usize];
-            res = mem.local_write(sge.lkey, sge.addr.wrapping_add(off), piece);
-        }
-        at += n as usize;
-    });
-    if !ok {
-        return Err(MemError::BaseBounds);
-    }
-    res
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::MemError;
+    use crate::wr::SgList;
     use crate::memory::{Access, VecMemory};
     use crate::rc::SIGNALED;
     use crate::wr::{InlineData, SendFlags};
