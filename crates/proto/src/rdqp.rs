@@ -525,6 +525,69 @@ struct InSlot {
     e: Option<InEntry>,
 }
 
+/// A slot of a table threaded by a per-peer intrusive FIFO (the requests
+/// still to pump, the responses still to send).
+trait FifoSlot {
+    /// The entry's (in the FIFO, next slot) link, if the slot is in use.
+    fn link(&mut self) -> Option<(&mut bool, &mut u32)>;
+}
+
+impl FifoSlot for SqSlot {
+    fn link(&mut self) -> Option<(&mut bool, &mut u32)> {
+        self.e.as_mut().map(|e| (&mut e.in_fifo, &mut e.next))
+    }
+}
+
+impl FifoSlot for InSlot {
+    fn link(&mut self) -> Option<(&mut bool, &mut u32)> {
+        self.e.as_mut().map(|e| (&mut e.in_fifo, &mut e.next))
+    }
+}
+
+/// Appends `slot` to the FIFO `head..tail` threaded through `slots`.
+fn fifo_push<S: FifoSlot>(slots: &mut [S], head: &mut u32, tail: &mut u32, slot: u32) {
+    if let Some((in_fifo, next)) = slots[slot as usize].link() {
+        *in_fifo = true;
+        *next = NIL;
+    }
+    if *tail == NIL {
+        *head = slot;
+    } else if let Some((_, next)) = slots[*tail as usize].link() {
+        *next = slot;
+    }
+    *tail = slot;
+}
+
+/// Removes `slot` from the FIFO `head..tail` (if it is in it) and clears
+/// its link.
+fn fifo_unlink<S: FifoSlot>(slots: &mut [S], head: &mut u32, tail: &mut u32, slot: u32) {
+    let Some((in_fifo, next)) = slots[slot as usize].link() else {
+        return;
+    };
+    if !*in_fifo {
+        return;
+    }
+    *in_fifo = false;
+    let after = std::mem::replace(next, NIL);
+    let mut prev = NIL;
+    let mut cur = *head;
+    while cur != NIL && cur != slot {
+        prev = cur;
+        cur = slots[cur as usize].link().map_or(NIL, |(_, n)| *n);
+    }
+    if cur == NIL {
+        return;
+    }
+    if prev == NIL {
+        *head = after;
+    } else if let Some((_, n)) = slots[prev as usize].link() {
+        *n = after;
+    }
+    if *tail == slot {
+        *tail = prev;
+    }
+}
+
 /// The Send message being received from a peer.
 #[derive(Debug, Clone, Copy)]
 struct RxMsg {
@@ -1145,99 +1208,33 @@ impl RdQp {
     }
 
     fn sq_push(&mut self, peer: DgramAddr, slot: u32) {
-        let Some(p) = self.peers.get_mut(&peer) else {
-            return;
-        };
-        if let Some(e) = self.sq[slot as usize].e.as_mut() {
-            e.in_fifo = true;
-            e.next = NIL;
+        if let Some(p) = self.peers.get_mut(&peer) {
+            fifo_push(&mut self.sq, &mut p.sq_head, &mut p.sq_tail, slot);
         }
-        if p.sq_tail == NIL {
-            p.sq_head = slot;
-        } else if let Some(t) = self.sq[p.sq_tail as usize].e.as_mut() {
-            t.next = slot;
-        }
-        p.sq_tail = slot;
     }
 
     fn sq_unlink(&mut self, peer: DgramAddr, slot: u32) {
-        let Some(e) = self.sq[slot as usize].e.as_mut() else {
-            return;
+        let mut none = (NIL, NIL);
+        let (head, tail) = match self.peers.get_mut(&peer) {
+            Some(p) => (&mut p.sq_head, &mut p.sq_tail),
+            None => (&mut none.0, &mut none.1),
         };
-        if !e.in_fifo {
-            return;
-        }
-        e.in_fifo = false;
-        let next = e.next;
-        e.next = NIL;
-        let Some(p) = self.peers.get_mut(&peer) else {
-            return;
-        };
-        let mut prev = NIL;
-        let mut cur = p.sq_head;
-        while cur != NIL && cur != slot {
-            prev = cur;
-            cur = self.sq[cur as usize].e.map_or(NIL, |e| e.next);
-        }
-        if cur == NIL {
-            return;
-        }
-        if prev == NIL {
-            p.sq_head = next;
-        } else if let Some(pe) = self.sq[prev as usize].e.as_mut() {
-            pe.next = next;
-        }
-        if p.sq_tail == slot {
-            p.sq_tail = prev;
-        }
+        fifo_unlink(&mut self.sq, head, tail, slot);
     }
 
     fn in_push(&mut self, peer: DgramAddr, slot: u32) {
-        let Some(p) = self.peers.get_mut(&peer) else {
-            return;
-        };
-        if let Some(e) = self.inb[slot as usize].e.as_mut() {
-            e.in_fifo = true;
-            e.next = NIL;
+        if let Some(p) = self.peers.get_mut(&peer) {
+            fifo_push(&mut self.inb, &mut p.in_head, &mut p.in_tail, slot);
         }
-        if p.in_tail == NIL {
-            p.in_head = slot;
-        } else if let Some(t) = self.inb[p.in_tail as usize].e.as_mut() {
-            t.next = slot;
-        }
-        p.in_tail = slot;
     }
 
     fn in_unlink(&mut self, peer: DgramAddr, slot: u32) {
-        let Some(e) = self.inb[slot as usize].e.as_mut() else {
-            return;
+        let mut none = (NIL, NIL);
+        let (head, tail) = match self.peers.get_mut(&peer) {
+            Some(p) => (&mut p.in_head, &mut p.in_tail),
+            None => (&mut none.0, &mut none.1),
         };
-        if !e.in_fifo {
-            return;
-        }
-        e.in_fifo = false;
-        let next = e.next;
-        e.next = NIL;
-        let Some(p) = self.peers.get_mut(&peer) else {
-            return;
-        };
-        let mut prev = NIL;
-        let mut cur = p.in_head;
-        while cur != NIL && cur != slot {
-            prev = cur;
-            cur = self.inb[cur as usize].e.map_or(NIL, |e| e.next);
-        }
-        if cur == NIL {
-            return;
-        }
-        if prev == NIL {
-            p.in_head = next;
-        } else if let Some(pe) = self.inb[prev as usize].e.as_mut() {
-            pe.next = next;
-        }
-        if p.in_tail == slot {
-            p.in_tail = prev;
-        }
+        fifo_unlink(&mut self.inb, head, tail, slot);
     }
 
     /// Removes the peer's state if nothing of it is left and the
@@ -2944,10 +2941,10 @@ impl DatagramQp for RdQp {
 mod tests {
     use super::*;
     use crate::memory::MemError;
-    use crate::wr::SgList;
     use crate::memory::{Access, VecMemory};
     use crate::rc::SIGNALED;
     use crate::rd::RdEndpoint;
+    use crate::wr::SgList;
     use crate::wr::{InlineData, SendFlags};
     use softrdma_wire::rd::{Feedback, RdShimRepr};
     use std::time::Duration;

@@ -1516,9 +1516,9 @@ fn gather_ok<M: Memory>(mem: &M, payload: &Payload) -> bool {
 mod tests {
     use super::*;
     use crate::memory::MemError;
-    use crate::wr::SgList;
     use crate::memory::{Access, VecMemory};
     use crate::rc::SIGNALED;
+    use crate::wr::SgList;
     use crate::wr::{InlineData, SendFlags};
     use std::net::{Ipv4Addr, Ipv6Addr};
 
