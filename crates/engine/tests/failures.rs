@@ -19,11 +19,12 @@
 //! and a successful exit, and shows the peer's output. The peer is killed
 //! when the test ends early, and kills itself after [`PEER_LIFETIME`].
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
-use std::thread::{self, JoinHandle};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::thread;
 use std::time::{Duration, Instant};
+
+mod child;
 
 use softrdma_engine::cm::{self, ConnParams, Listener};
 use softrdma_engine::{AsyncEvent, Completion, Context, Cq, Qp, QpCaps};
@@ -181,109 +182,32 @@ fn many_pattern() -> Vec<u8> {
 // ---------------------------------------------------------------------
 // The test's side: the peer process.
 
-/// A peer process running one scenario; killed and reaped when dropped.
-struct Peer {
-    scenario: String,
-    child: Child,
-    stdin: Option<ChildStdin>,
-    /// Protocol lines from its stdout, without the mark.
-    lines: mpsc::Receiver<String>,
-    /// Everything it printed, for diagnostics.
-    log: Arc<Mutex<String>>,
-    readers: Vec<JoinHandle<()>>,
-    reaped: bool,
-    /// Its output went into a panic message already.
-    reported: bool,
+/// The peer process, with this test's protocol on top of [`child::Peer`].
+struct Peer(child::Peer);
+
+impl std::ops::Deref for Peer {
+    type Target = child::Peer;
+    fn deref(&self) -> &child::Peer {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Peer {
+    fn deref_mut(&mut self) -> &mut child::Peer {
+        &mut self.0
+    }
 }
 
 impl Peer {
     fn spawn(scenario: &str) -> Peer {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "peer", "--nocapture", "--test-threads=1"])
-            .env(PEER_ENV, scenario)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, lines) = mpsc::channel();
-        let out = child.stdout.take().unwrap();
-        let l = log.clone();
-        let stdout_reader = thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                l.lock().unwrap().push_str(&format!("[stdout] {line}\n"));
-                if let Some(i) = line.find(MARK) {
-                    // The test may have stopped listening; keep draining.
-                    let _ = tx.send(line[i + MARK.len()..].to_string());
-                }
-            }
-        });
-        let mut err = child.stderr.take().unwrap();
-        let l = log.clone();
-        let stderr_reader = thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n @ 1..) = err.read(&mut buf) {
-                l.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        Peer {
-            scenario: scenario.to_string(),
-            stdin: child.stdin.take(),
-            child,
-            lines,
-            log,
-            readers: vec![stdout_reader, stderr_reader],
-            reaped: false,
-            reported: false,
-        }
-    }
-
-    /// Kills (unless it already exited) and reaps the peer, then collects
-    /// all it printed.
-    fn reap(&mut self) -> String {
-        if !self.reaped {
-            self.stdin = None;
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-            self.reaped = true;
-        }
-        // The pipes are closed now that the peer is gone: readers finish.
-        for r in self.readers.drain(..) {
-            let _ = r.join();
-        }
-        self.log.lock().unwrap().clone()
-    }
-
-    fn fail(&mut self, msg: &str) -> ! {
-        let log = self.reap();
-        self.reported = true;
-        panic!(
-            "peer `{}`: {msg}\n--- peer output ---\n{log}--- end of peer output ---",
-            self.scenario
-        );
-    }
-
-    /// Waits for the protocol line `word …`; returns the words after it.
-    fn expect(&mut self, word: &str) -> Vec<String> {
-        match self.lines.recv_timeout(PEER_WAIT) {
-            Ok(line) => {
-                let mut w = line.split_whitespace().map(str::to_string);
-                if w.next().as_deref() == Some(word) {
-                    return w.collect();
-                }
-                self.fail(&format!("expected `{word}`, got `{line}`"))
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                self.fail(&format!("no `{word}` within {PEER_WAIT:?}"))
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                self.fail(&format!("closed its output before `{word}`"))
-            }
-        }
+        let cmd = Command::new(std::env::current_exe().unwrap());
+        Peer(child::Peer::spawn(
+            cmd,
+            PEER_ENV,
+            scenario,
+            scenario.to_string(),
+            PEER_WAIT,
+        ))
     }
 
     /// The port the peer listens on.
@@ -307,25 +231,11 @@ impl Peer {
     /// Tells the peer the test's end is done and waits for its verdict:
     /// `@peer ok` and exit status 0.
     fn finish(mut self) {
-        let sent = self
-            .stdin
-            .take()
-            .map(|mut s| writeln!(s, "finish").and_then(|()| s.flush()));
-        if !matches!(sent, Some(Ok(()))) {
-            self.fail(&format!("could not tell it to finish: {sent:?}"));
-        }
-        let deadline = Instant::now() + PEER_WAIT;
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(s)) => break s,
-                Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(10)),
-                Ok(None) => self.fail(&format!("did not exit within {PEER_WAIT:?}")),
-                Err(e) => self.fail(&format!("wait: {e}")),
-            }
-        };
-        self.reaped = true;
+        self.tell("finish");
+        self.close_stdin();
+        let status = self.wait_exit();
         self.reap();
-        let rest: Vec<String> = self.lines.try_iter().collect();
+        let rest = self.pending_lines();
         if !status.success() || rest != ["ok"] {
             self.fail(&format!("exit {status}, last lines {rest:?}"));
         }
@@ -336,18 +246,6 @@ impl Peer {
 fn connect(ctx: &Context, qp: &Qp, port: u16) {
     if let Err(e) = cm::connect(ctx, qp, ("127.0.0.1", port), &ConnParams::default()) {
         panic!("connect to the peer on port {port}: {e}");
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let log = self.reap();
-        if thread::panicking() && !self.reported {
-            eprintln!(
-                "peer `{}` output:\n{log}--- end of peer output ---",
-                self.scenario
-            );
-        }
     }
 }
 

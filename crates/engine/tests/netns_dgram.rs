@@ -66,13 +66,15 @@
 
 use std::collections::HashMap;
 use std::fmt::Debug;
-use std::io::{BufRead, BufReader, Read, Write};
+mod child;
+
+use std::io::{BufRead, Read};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
 use std::sync::{mpsc, Arc, Mutex};
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use softrdma_engine::config::Config;
@@ -402,147 +404,39 @@ impl Kv {
     }
 }
 
-/// A peer process in a namespace; killed and reaped when dropped.
-struct Peer {
-    name: String,
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: mpsc::Receiver<String>,
-    log: Arc<Mutex<String>>,
-    readers: Vec<JoinHandle<()>>,
-    reaped: bool,
-    reported: bool,
+/// The peer process, with this test's protocol on top of [`child::Peer`].
+struct Peer(child::Peer);
+
+impl std::ops::Deref for Peer {
+    type Target = child::Peer;
+    fn deref(&self) -> &child::Peer {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Peer {
+    fn deref_mut(&mut self) -> &mut child::Peer {
+        &mut self.0
+    }
 }
 
 impl Peer {
     /// Runs scenario `spec` (`name key=value …`) in namespace `side`.
     fn spawn(net: &Net, side: usize, spec: &str) -> Peer {
-        let mut child = net
-            .pair
-            .command(side, std::env::current_exe().unwrap())
-            .args(["--exact", "peer", "--nocapture", "--test-threads=1"])
-            .env(PEER_ENV, spec)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, lines) = mpsc::channel();
-        let out = child.stdout.take().unwrap();
-        let l = log.clone();
-        let stdout_reader = thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                l.lock().unwrap().push_str(&format!("[stdout] {line}\n"));
-                if let Some(i) = line.find(MARK) {
-                    let _ = tx.send(line[i + MARK.len()..].to_string());
-                }
-            }
-        });
-        let mut err = child.stderr.take().unwrap();
-        let l = log.clone();
-        let stderr_reader = thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n @ 1..) = err.read(&mut buf) {
-                l.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        Peer {
-            name: format!("{} in {}", spec, net.pair.ns[side]),
-            stdin: child.stdin.take(),
-            child,
-            lines,
-            log,
-            readers: vec![stdout_reader, stderr_reader],
-            reaped: false,
-            reported: false,
-        }
-    }
-
-    fn reap(&mut self) -> String {
-        if !self.reaped {
-            self.stdin = None;
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-            self.reaped = true;
-        }
-        for r in self.readers.drain(..) {
-            let _ = r.join();
-        }
-        self.log.lock().unwrap().clone()
-    }
-
-    fn fail(&mut self, msg: &str) -> ! {
-        let log = self.reap();
-        self.reported = true;
-        panic!(
-            "peer `{}`: {msg}\n--- peer output ---\n{log}--- end of peer output ---",
-            self.name
-        );
+        let cmd = net.pair.command(side, std::env::current_exe().unwrap());
+        let name = format!("{} in {}", spec, net.pair.ns[side]);
+        Peer(child::Peer::spawn(cmd, PEER_ENV, spec, name, PEER_WAIT))
     }
 
     /// Waits for the line `word key=value …`.
     fn expect(&mut self, word: &str) -> Kv {
-        match self.lines.recv_timeout(PEER_WAIT) {
-            Ok(line) => {
-                let mut w = line.split_whitespace();
-                if w.next() == Some(word) {
-                    return Kv::parse(w);
-                }
-                self.fail(&format!("expected `{word}`, got `{line}`"))
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                self.fail(&format!("no `{word}` within {PEER_WAIT:?}"))
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                self.fail(&format!("exited before `{word}`"))
-            }
-        }
-    }
-
-    fn tell(&mut self, line: &str) {
-        let r = self
-            .stdin
-            .as_mut()
-            .map(|s| writeln!(s, "{line}").and_then(|()| s.flush()));
-        if !matches!(r, Some(Ok(()))) {
-            self.fail(&format!("could not tell it `{line}`: {r:?}"));
-        }
+        let words = self.0.expect(word);
+        Kv::parse(words.iter().map(String::as_str))
     }
 
     /// Waits for `@peer ok` and a successful exit.
     fn finish(mut self) {
-        self.expect("ok");
-        // stdin stays open until it exited: a peer exits on its end.
-        let deadline = Instant::now() + PEER_WAIT;
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(s)) => break s,
-                Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(10)),
-                Ok(None) => self.fail(&format!("did not exit within {PEER_WAIT:?}")),
-                Err(e) => self.fail(&format!("wait: {e}")),
-            }
-        };
-        self.reaped = true;
-        if !status.success() {
-            self.fail(&format!("exit {status}"));
-        }
-        self.reap();
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let log = self.reap();
-        if thread::panicking() && !self.reported {
-            eprintln!(
-                "peer `{}` output:\n{log}--- end of peer output ---",
-                self.name
-            );
-        }
+        self.finish_ok();
     }
 }
 

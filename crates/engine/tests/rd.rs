@@ -31,11 +31,12 @@
 //! (`--nocapture`). They need root; without the right to make namespaces
 //! they are skipped, except under `CI=true`.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod child;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
-use std::thread::{self, JoinHandle};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use softrdma_engine::dgram::ProtoStats;
@@ -703,109 +704,37 @@ const PEER_WAIT: Duration = Duration::from_secs(90);
 /// A peer exits by itself after this long, whatever happens.
 const PEER_LIFETIME: Duration = Duration::from_secs(240);
 
-/// A peer process, killed and reaped when dropped.
-struct Peer {
-    name: String,
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: mpsc::Receiver<String>,
-    log: Arc<Mutex<String>>,
-    readers: Vec<JoinHandle<()>>,
-    reaped: bool,
-    reported: bool,
+/// The peer process, with this test's protocol on top of [`child::Peer`].
+struct Peer(child::Peer);
+
+impl std::ops::Deref for Peer {
+    type Target = child::Peer;
+    fn deref(&self) -> &child::Peer {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Peer {
+    fn deref_mut(&mut self) -> &mut child::Peer {
+        &mut self.0
+    }
 }
 
 impl Peer {
     /// Runs scenario `spec` (`name key=value …`) with `cmd` (this binary,
     /// maybe inside a namespace).
-    fn spawn(mut cmd: Command, spec: &str) -> Peer {
-        let mut child = cmd
-            .args(["--exact", "peer", "--nocapture", "--test-threads=1"])
-            .env(PEER_ENV, spec)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, lines) = mpsc::channel();
-        let out = child.stdout.take().unwrap();
-        let l = log.clone();
-        let stdout_reader = thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                l.lock().unwrap().push_str(&format!("[stdout] {line}\n"));
-                if let Some(i) = line.find(MARK) {
-                    let _ = tx.send(line[i + MARK.len()..].to_string());
-                }
-            }
-        });
-        let mut err = child.stderr.take().unwrap();
-        let l = log.clone();
-        let stderr_reader = thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n @ 1..) = err.read(&mut buf) {
-                l.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        Peer {
-            name: spec.to_string(),
-            stdin: child.stdin.take(),
-            child,
-            lines,
-            log,
-            readers: vec![stdout_reader, stderr_reader],
-            reaped: false,
-            reported: false,
-        }
+    fn spawn(cmd: Command, spec: &str) -> Peer {
+        Peer(child::Peer::spawn(
+            cmd,
+            PEER_ENV,
+            spec,
+            spec.to_string(),
+            PEER_WAIT,
+        ))
     }
 
     fn local(spec: &str) -> Peer {
         Peer::spawn(Command::new(std::env::current_exe().unwrap()), spec)
-    }
-
-    /// Kills (unless it exited) and reaps the peer; returns its output.
-    fn reap(&mut self) -> String {
-        if !self.reaped {
-            self.stdin = None;
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-            self.reaped = true;
-        }
-        for r in self.readers.drain(..) {
-            let _ = r.join();
-        }
-        self.log.lock().unwrap().clone()
-    }
-
-    fn fail(&mut self, msg: &str) -> ! {
-        let log = self.reap();
-        self.reported = true;
-        panic!(
-            "peer `{}`: {msg}\n--- peer output ---\n{log}--- end of peer output ---",
-            self.name
-        );
-    }
-
-    /// Waits for the line `word …`; returns the words after it.
-    fn expect(&mut self, word: &str) -> Vec<String> {
-        match self.lines.recv_timeout(PEER_WAIT) {
-            Ok(line) => {
-                let mut w = line.split_whitespace().map(str::to_string);
-                if w.next().as_deref() == Some(word) {
-                    return w.collect();
-                }
-                self.fail(&format!("expected `{word}`, got `{line}`"))
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                self.fail(&format!("no `{word}` within {PEER_WAIT:?}"))
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                self.fail(&format!("exited before `{word}`"))
-            }
-        }
     }
 
     /// The peer's QP address from `ready IP PORT QPN`.
@@ -818,45 +747,9 @@ impl Peer {
         }
     }
 
-    fn tell(&mut self, line: &str) {
-        let r = self
-            .stdin
-            .as_mut()
-            .map(|s| writeln!(s, "{line}").and_then(|()| s.flush()));
-        if !matches!(r, Some(Ok(()))) {
-            self.fail(&format!("could not tell it `{line}`: {r:?}"));
-        }
-    }
-
     /// Waits for `@peer ok` and a successful exit.
     fn finish(mut self) {
-        self.expect("ok");
-        let deadline = Instant::now() + PEER_WAIT;
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(s)) => break s,
-                Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(10)),
-                Ok(None) => self.fail(&format!("did not exit within {PEER_WAIT:?}")),
-                Err(e) => self.fail(&format!("wait: {e}")),
-            }
-        };
-        self.reaped = true;
-        if !status.success() {
-            self.fail(&format!("exit {status}"));
-        }
-        self.reap();
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let log = self.reap();
-        if thread::panicking() && !self.reported {
-            eprintln!(
-                "peer `{}` output:\n{log}--- end of peer output ---",
-                self.name
-            );
-        }
+        self.finish_ok();
     }
 }
 
