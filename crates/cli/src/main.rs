@@ -4,6 +4,7 @@
 //! softrdma rping -s|-c [-a ADDR] [-p PORT] [-C COUNT] [-S SIZE] [-v] [-V] [-d]
 //! ```
 
+mod perf;
 mod rping;
 
 use std::process::ExitCode;
@@ -11,12 +12,14 @@ use std::process::ExitCode;
 const USAGE: &str = "usage: softrdma COMMAND [ARGS]
 
 commands:
+  perf    benchmarks with same-run raw-socket baselines (softrdma perf -h)
   rping   rping-compatible ping over an RC connection (softrdma rping -h)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("rping") => rping::main(&args[1..]),
+        Some("perf") => perf::main(&args[1..]),
         Some("-h") | Some("--help") | Some("help") => {
             println!("{USAGE}");
             ExitCode::SUCCESS
