@@ -12,6 +12,7 @@
 //! * [`rc`]: the RC queue pair over an MPA stream.
 #![forbid(unsafe_code)]
 
+pub mod dc;
 pub mod dgram;
 pub mod memory;
 pub mod mpa;
