@@ -1,10 +1,530 @@
-//! `softrdma perf scale` (issue 5).
+//! `softrdma perf scale` (issue 5): what one server pays per peer.
+//!
+//! For each transport and each N (1, 10, 100, 1 000, 10 000 client
+//! endpoints), one server process and ⌈N / 2 500⌉ client processes on
+//! 127.0.0.1 (this binary re-run with hidden `--role` arguments; see
+//! `scale_roles.rs`). Each client endpoint exchanges one request and
+//! reply with the server; then everything stays idle, endpoints open,
+//! for twice the RD idle expiry set for the run (`--idle-ms`, default
+//! 1 000 ms) plus half a second. Reported per (transport, N):
+//!
+//! * **setup**: time from telling the clients to start until the server
+//!   has served all N peers (RC: connection + first message; UD/RD: first
+//!   message), and that per peer;
+//! * **server memory**: resident set size (`VmRSS` of the server process)
+//!   before any peer, after setup, and after the idle period, and the
+//!   idle figure's growth divided by N ("per idle peer"); RSS moves in
+//!   pages and the allocator may keep freed memory, so small N are noisy;
+//! * **state**: open descriptors of the server; for RD the peer entries
+//!   still alive after the idle period (the expiry must have removed
+//!   them); for RC the connections held.
+//!
+//! RC needs a descriptor per connection: the processes are started with
+//! `ulimit -n` raised to N + 1 024; when the system does not allow that,
+//! the row says so instead of a figure. Transports are table-driven
+//! ([`TRANSPORTS`]): DC is one more row when it exists.
+//!
+//! Output: table on stdout, progress on stderr, `scale.md`, `scale.csv`,
+//! `scale.jsonl` and two PNG plots in `--out DIR`; `--json` prints the
+//! JSON lines instead of the table. Exit status: 0 done, 1 failed,
+//! 2 bad arguments.
 
+#[path = "scale_roles.rs"]
+mod roles;
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use self::roles::Kind;
+use super::loss::proc::{progress, role_command, Kv, Proc};
+use super::loss::write_file;
+use super::plot::{write_png, Chart, Series};
+
+const USAGE: &str = "usage: softrdma perf scale [--quick] [--out DIR] [--json] \
+[--transports T,T,…] [--idle-ms MS]
+
+Server memory (RSS, per idle peer) and setup time for N = 1, 10, 100,
+1 000, 10 000 client endpoints against one server process, per transport.
+
+  --quick           N up to 1 000
+  --out DIR         write scale.md, scale.csv, scale.jsonl and PNG plots (default perf-scale)
+  --json            print JSON lines instead of the table
+  --transports LIST of rc, ud, rd (default all)
+  --idle-ms MS      RD idle expiry for the run (default 1000); the server is
+                    measured idle after 2 x MS + 500 ms";
+
+/// One transport of the experiment (table-driven: add a row to add one).
+struct Transport {
+    kind: Kind,
+    label: &'static str,
+    /// Descriptors the server needs per peer (RC: one TCP connection).
+    fds_per_peer: u64,
+}
+
+const TRANSPORTS: &[Transport] = &[
+    Transport {
+        kind: Kind::Rc,
+        label: "RC",
+        fds_per_peer: 1,
+    },
+    Transport {
+        kind: Kind::Ud,
+        label: "UD",
+        fds_per_peer: 0,
+    },
+    Transport {
+        kind: Kind::Rd,
+        label: "RD",
+        fds_per_peer: 0,
+    },
+];
+
+const ALL_N: &[usize] = &[1, 10, 100, 1_000, 10_000];
+/// Client endpoints per client process.
+const PER_CLIENT: usize = 2_500;
+
+#[derive(Debug)]
+struct Args {
+    out: PathBuf,
+    json: bool,
+    ns: Vec<usize>,
+    transports: Vec<usize>,
+    idle_ms: u64,
+}
+
+fn parse(args: &[String]) -> Result<Option<Args>, String> {
+    let mut a = Args {
+        out: PathBuf::from("perf-scale"),
+        json: false,
+        ns: ALL_N.to_vec(),
+        transports: (0..TRANSPORTS.len()).collect(),
+        idle_ms: 1000,
+    };
+    let mut max_n = None;
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut val = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match arg.as_str() {
+            "-h" | "--help" => return Ok(None),
+            "--quick" => max_n = Some(max_n.map_or(1_000, |m: usize| m.min(1_000))),
+            // Hidden: a smaller ladder (tests).
+            "--max-n" => {
+                let v = val("--max-n")?;
+                let m: usize = v.parse().map_err(|_| format!("bad --max-n '{v}'"))?;
+                if m == 0 {
+                    return Err("--max-n must be at least 1".into());
+                }
+                max_n = Some(max_n.map_or(m, |x: usize| x.min(m)));
+            }
+            "--out" => a.out = PathBuf::from(val("--out")?),
+            "--json" => a.json = true,
+            "--transports" => {
+                let v = val("--transports")?;
+                a.transports = v
+                    .split(',')
+                    .map(|s| {
+                        TRANSPORTS
+                            .iter()
+                            .position(|t| t.kind.key() == s.trim())
+                            .ok_or_else(|| {
+                                format!(
+                                    "unknown transport '{s}' (one of {})",
+                                    TRANSPORTS
+                                        .iter()
+                                        .map(|t| t.kind.key())
+                                        .collect::<Vec<_>>()
+                                        .join(", ")
+                                )
+                            })
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
+            "--idle-ms" => {
+                let v = val("--idle-ms")?;
+                a.idle_ms = v.parse().map_err(|_| format!("bad --idle-ms '{v}'"))?;
+                if !(10..=60_000).contains(&a.idle_ms) {
+                    return Err(format!("--idle-ms {v}: 10..60000"));
+                }
+            }
+            other => return Err(format!("unknown argument '{other}'")),
+        }
+    }
+    if let Some(m) = max_n {
+        a.ns.retain(|&n| n <= m);
+        if a.ns.is_empty() {
+            a.ns.push(m);
+        }
+    }
+    Ok(Some(a))
+}
 
 /// Entry point of `softrdma perf scale ARGS`.
 pub fn main(args: &[String]) -> ExitCode {
-    let _ = args;
-    eprintln!("softrdma perf scale: not implemented yet");
-    ExitCode::from(2)
+    if args.first().map(String::as_str) == Some("--role") {
+        let role = args.get(1).map(String::as_str).unwrap_or("");
+        let kv = Kv::parse(args.iter().skip(2).map(String::as_str));
+        return if roles::run(role, &kv) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
+    let a = match parse(args) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("softrdma perf scale: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&a) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("softrdma perf scale: some points failed (see the table)");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("softrdma perf scale: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One measured point.
+#[derive(Debug, Clone)]
+struct Row {
+    transport: usize,
+    n: usize,
+    result: Result<Point, String>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Point {
+    setup_s: f64,
+    rss0: u64,
+    rss_setup: u64,
+    rss_idle: u64,
+    fds0: u64,
+    fds_idle: u64,
+    live_peers: u64,
+    expired: u64,
+    resent: u64,
+}
+
+impl Point {
+    fn per_peer_idle(&self, n: usize) -> f64 {
+        (self.rss_idle as f64 - self.rss0 as f64) / n as f64
+    }
+
+    fn per_peer_setup(&self, n: usize) -> f64 {
+        (self.rss_setup as f64 - self.rss0 as f64) / n as f64
+    }
+}
+
+fn run(a: &Args) -> Result<bool, String> {
+    let start = Instant::now();
+    std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
+    let mut rows = Vec::new();
+    for &ti in &a.transports {
+        for &n in &a.ns {
+            let t = &TRANSPORTS[ti];
+            progress(start, &format!("{} N={n}: starting", t.label));
+            let result = point(a, t, n, start);
+            match &result {
+                Ok(p) => progress(
+                    start,
+                    &format!(
+                        "{} N={n}: setup {:.3} s, server RSS {} -> {} -> {} KiB idle ({:.0} B per idle peer)",
+                        t.label,
+                        p.setup_s,
+                        p.rss0 >> 10,
+                        p.rss_setup >> 10,
+                        p.rss_idle >> 10,
+                        p.per_peer_idle(n)
+                    ),
+                ),
+                Err(e) => progress(start, &format!("{} N={n}: FAILED: {e}", t.label)),
+            }
+            rows.push(Row {
+                transport: ti,
+                n,
+                result,
+            });
+        }
+    }
+    report(a, &rows, start)?;
+    Ok(rows.iter().all(|r| r.result.is_ok()))
+}
+
+fn point(a: &Args, t: &Transport, n: usize, start: Instant) -> Result<Point, String> {
+    let nofile = (n as u64 * t.fds_per_peer + 1024).max(1024);
+    let settle = 2 * a.idle_ms + 500;
+    let common = vec![
+        format!("transport={}", t.kind.key()),
+        format!("idle_ms={}", a.idle_ms),
+    ];
+    let mut sargs = common.clone();
+    sargs.extend([format!("n={n}"), format!("settle_ms={settle}")]);
+    let cmd = role_command(None, Some(nofile), "scale", "server", &sargs)?;
+    let mut server = Proc::spawn(cmd, &format!("scale server ({})", sargs.join(" ")))?;
+    let ready = server.expect("ready", Duration::from_secs(30))?;
+    let limit: u64 = ready.get("fd_limit")?;
+    if t.fds_per_peer > 0 && limit < n as u64 * t.fds_per_peer + 256 {
+        return Err(format!(
+            "not run: needs about {} open files in the server, the limit is {limit} \
+             (raise it with ulimit -n, as root)",
+            n as u64 * t.fds_per_peer + 256
+        ));
+    }
+    let k = n.div_ceil(PER_CLIENT);
+    let mut clients = Vec::with_capacity(k);
+    for c in 0..k {
+        let first = c * PER_CLIENT;
+        let count = PER_CLIENT.min(n - first);
+        let mut cargs = common.clone();
+        cargs.extend([
+            format!("first={first}"),
+            format!("count={count}"),
+            format!("port={}", ready.get::<u16>("port")?),
+            format!("qpn={}", ready.get::<u32>("qpn")?),
+        ]);
+        let cmd = role_command(
+            None,
+            Some((count as u64 * t.fds_per_peer + 1024).max(1024)),
+            "scale",
+            "client",
+            &cargs,
+        )?;
+        clients.push(Proc::spawn(cmd, &format!("scale client {c}"))?);
+    }
+    for (c, p) in clients.iter_mut().enumerate() {
+        let r = p.expect("ready", Duration::from_secs(300))?;
+        let _ = (c, r);
+    }
+    progress(
+        start,
+        &format!("{} N={n}: {k} client process(es) ready, go", t.label),
+    );
+    let go = Instant::now();
+    for p in clients.iter_mut() {
+        p.tell("go")?;
+    }
+    let setup = server.expect("setup", Duration::from_secs(900))?;
+    let setup_s = go.elapsed().as_secs_f64();
+    let mut resent = 0;
+    for p in clients.iter_mut() {
+        let d = p.expect("done", Duration::from_secs(120))?;
+        resent += d.get::<u64>("resent")?;
+    }
+    progress(
+        start,
+        &format!(
+            "{} N={n}: all served in {setup_s:.3} s; idle for {settle} ms",
+            t.label
+        ),
+    );
+    let res = server.expect("result", Duration::from_millis(settle + 60_000))?;
+    let _ = server.tell("stop");
+    for p in clients.iter_mut() {
+        let _ = p.tell("stop");
+    }
+    Ok(Point {
+        setup_s,
+        rss0: ready.get("rss")?,
+        rss_setup: setup.get("rss")?,
+        rss_idle: res.get("rss")?,
+        fds0: ready.get("fds")?,
+        fds_idle: res.get("fds")?,
+        live_peers: res.get("live_peers")?,
+        expired: res.get("expired")?,
+        resent,
+    })
+}
+
+fn kib(b: u64) -> String {
+    format!("{}", b >> 10)
+}
+
+fn report(a: &Args, rows: &[Row], start: Instant) -> Result<(), String> {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# softrdma perf scale\n\nOne server process, N client endpoints on 127.0.0.1, one \
+         request/reply each, then idle {} ms (RD idle expiry {} ms). RSS of the server \
+         process (VmRSS, KiB); per-peer = (idle RSS - RSS before any peer) / N.\n",
+        2 * a.idle_ms + 500,
+        a.idle_ms
+    );
+    let _ = writeln!(
+        md,
+        "| transport | N | setup s | setup µs/peer | RSS before KiB | RSS setup KiB | RSS idle KiB \
+         | B/peer setup | B/peer idle | server fds | live peer state | notes |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    let mut csv = String::from(
+        "transport,n,setup_s,rss_before,rss_setup,rss_idle,per_peer_setup_bytes,\
+         per_peer_idle_bytes,fds_before,fds_idle,live_peers,expired,resent,error\n",
+    );
+    let mut jsonl = String::new();
+    for r in rows {
+        let t = &TRANSPORTS[r.transport];
+        match &r.result {
+            Ok(p) => {
+                let state = match t.kind {
+                    Kind::Rd => format!("{} RD peers ({} expired)", p.live_peers, p.expired),
+                    Kind::Rc => format!("{} connections", p.live_peers),
+                    Kind::Ud => "none (UD)".into(),
+                };
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {:.3} | {:.1} | {} | {} | {} | {:.0} | {:.0} | {} → {} | {state} | {} |",
+                    t.label,
+                    r.n,
+                    p.setup_s,
+                    p.setup_s * 1e6 / r.n as f64,
+                    kib(p.rss0),
+                    kib(p.rss_setup),
+                    kib(p.rss_idle),
+                    p.per_peer_setup(r.n),
+                    p.per_peer_idle(r.n),
+                    p.fds0,
+                    p.fds_idle,
+                    if p.resent > 0 {
+                        format!("{} UD requests re-sent", p.resent)
+                    } else {
+                        String::new()
+                    }
+                );
+                let _ = writeln!(
+                    csv,
+                    "{},{},{:.6},{},{},{},{:.1},{:.1},{},{},{},{},{},",
+                    t.kind.key(),
+                    r.n,
+                    p.setup_s,
+                    p.rss0,
+                    p.rss_setup,
+                    p.rss_idle,
+                    p.per_peer_setup(r.n),
+                    p.per_peer_idle(r.n),
+                    p.fds0,
+                    p.fds_idle,
+                    p.live_peers,
+                    p.expired,
+                    p.resent
+                );
+                let _ = writeln!(
+                    jsonl,
+                    "{{\"test\":\"scale\",\"transport\":\"{}\",\"n\":{},\"setup_s\":{:.6},\
+                     \"rss_before\":{},\"rss_setup\":{},\"rss_idle\":{},\
+                     \"per_peer_setup_bytes\":{:.1},\"per_peer_idle_bytes\":{:.1},\
+                     \"fds_before\":{},\"fds_idle\":{},\"live_peers\":{},\"expired\":{},\"resent\":{}}}",
+                    t.kind.key(),
+                    r.n,
+                    p.setup_s,
+                    p.rss0,
+                    p.rss_setup,
+                    p.rss_idle,
+                    p.per_peer_setup(r.n),
+                    p.per_peer_idle(r.n),
+                    p.fds0,
+                    p.fds_idle,
+                    p.live_peers,
+                    p.expired,
+                    p.resent
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | - | - | - | - | - | - | - | - | - | FAILED: {} |",
+                    t.label,
+                    r.n,
+                    e.replace('|', "/")
+                );
+                let _ = writeln!(
+                    csv,
+                    "{},{},,,,,,,,,,,,{}",
+                    t.kind.key(),
+                    r.n,
+                    e.replace([',', '\n'], ";")
+                );
+                let _ = writeln!(
+                    jsonl,
+                    "{{\"test\":\"scale\",\"transport\":\"{}\",\"n\":{},\"error\":\"{}\"}}",
+                    t.kind.key(),
+                    r.n,
+                    e.replace(['"', '\\'], "'")
+                );
+            }
+        }
+    }
+    if a.json {
+        print!("{jsonl}");
+    } else {
+        print!("{md}");
+    }
+    write_file(&a.out.join("scale.md"), &md)?;
+    write_file(&a.out.join("scale.csv"), &csv)?;
+    write_file(&a.out.join("scale.jsonl"), &jsonl)?;
+    type Metric = fn(&Point, usize) -> f64;
+    let plots: [(&str, &str, &str, bool, Metric); 2] = [
+        (
+            "scale_per_peer.png",
+            "Server memory per idle peer",
+            "bytes per peer (RSS growth / N)",
+            false,
+            |p, n| p.per_peer_idle(n),
+        ),
+        (
+            "scale_setup.png",
+            "Setup time, N peers",
+            "setup time (s)",
+            true,
+            |p, _| p.setup_s,
+        ),
+    ];
+    for (file, title, y_label, log_y, metric) in plots {
+        let series: Vec<Series> = a
+            .transports
+            .iter()
+            .map(|&ti| Series {
+                name: TRANSPORTS[ti].label.to_string(),
+                points: rows
+                    .iter()
+                    .filter(|r| r.transport == ti)
+                    .filter_map(|r| Some((r.n as f64, metric(r.result.as_ref().ok()?, r.n))))
+                    .collect(),
+            })
+            .collect();
+        let chart = Chart {
+            title,
+            x_label: "client endpoints N",
+            y_label,
+            log_x: true,
+            log_y,
+            series: &series,
+        };
+        let path = a.out.join(file);
+        match write_png(&chart, &path) {
+            Ok(()) => eprintln!("wrote {}", path.display()),
+            Err(e) => eprintln!("softrdma perf scale: plot {}: {e}", path.display()),
+        }
+    }
+    progress(
+        start,
+        &format!(
+            "done; wrote {}/scale.md, scale.csv, scale.jsonl",
+            a.out.display()
+        ),
+    );
+    Ok(())
 }

@@ -1,0 +1,521 @@
+//! The processes of one `perf scale` point: one server, a few clients
+//! (`softrdma perf scale --role server|client key=value…`), all on
+//! 127.0.0.1.
+//!
+//! * **server**: one context, one CQ, one registered buffer; for UD and RD
+//!   one QP, for RC a listener that accepts every connection onto a new
+//!   QP. It reports its resident set size before any peer (`ready
+//!   rss=…`), once every one of the `n` peers has been served (`setup
+//!   rss=…`), and after the traffic has been idle for `settle_ms`, longer
+//!   than the RD idle expiry set for the run (`result rss=…`), with the
+//!   open descriptors and, for RD, the peer entries still alive.
+//! * **client**: creates `count` endpoints (UD QPs, RD QPs, or RC QPs that
+//!   are not yet connected), says `ready`, and on `go` walks them in turn:
+//!   (RC: connect,) send the server one 8-octet message carrying the
+//!   endpoint's peer id, wait for the server's reply on that endpoint (UD:
+//!   send again after 200 ms, at most 25 times). Then it keeps every
+//!   endpoint open, idle, until `stop`.
+//!
+//! Serving a peer is: its first message received (UD/RD: the peer id, read
+//! from a receive slot that only that receive uses, marks a bitmap
+//! allocated before the baseline; RC: the QP's first receive) and a reply
+//! sent to it (UD/RD: through an address handle made from the completion
+//! and dropped at once — no per-peer state in the application).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use softrdma_verbs::cm::{self, ConnParams};
+use softrdma_verbs::{
+    Access, AddressHandle, Completion, Context, DgramAddr, MemoryRegion, Payload, ProtectionDomain,
+    QpCaps, QueuePair, RdQpOptions, RdQueuePair, RecvWr, SendFlags, SendOp, SendWr, SgList,
+    UdQpOptions, UdQueuePair, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use super::super::loss::proc::{commands, fd_limit, open_fds, rss, say, stopped, Kv};
+
+/// The transports `perf scale` knows (roles side).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Reliable connected: one TCP connection and QP per peer.
+    Rc,
+    /// Unreliable datagram: one server QP for every peer.
+    Ud,
+    /// Reliable datagram: one server QP, per-peer reliability state that
+    /// expires when idle.
+    Rd,
+}
+
+impl Kind {
+    /// The argument spelling.
+    pub fn key(self) -> &'static str {
+        match self {
+            Kind::Rc => "rc",
+            Kind::Ud => "ud",
+            Kind::Rd => "rd",
+        }
+    }
+
+    /// Parses [`Kind::key`].
+    pub fn from_key(s: &str) -> Option<Kind> {
+        [Kind::Rc, Kind::Ud, Kind::Rd]
+            .into_iter()
+            .find(|k| k.key() == s)
+    }
+}
+
+/// Octets per receive slot.
+const SLOT: usize = 64;
+/// Receives the UD/RD server keeps posted.
+const SERVER_RQ: usize = 256;
+/// Octets of a request or reply.
+const MSG: usize = 8;
+const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+fn blank() -> Completion {
+    Completion {
+        wc: WorkCompletion::new(0, WcStatus::GeneralErr, WcOpcode::Send, 0),
+        qp_num: 0,
+    }
+}
+
+fn sgl(mr: &MemoryRegion, off: usize, len: usize) -> SgList {
+    let s = mr.sge(off, len as u32);
+    SgList::single(s.addr, s.length, s.lkey)
+}
+
+fn send_wr(wr_id: u64, mr: &MemoryRegion, off: usize) -> SendWr {
+    SendWr {
+        wr_id,
+        op: SendOp::Send {
+            imm: None,
+            invalidate: None,
+        },
+        payload: Payload::Sgl(sgl(mr, off, MSG)),
+        flags: SendFlags {
+            signaled: true,
+            ..SendFlags::default()
+        },
+    }
+}
+
+fn reg(pd: &ProtectionDomain, len: usize) -> Result<MemoryRegion, String> {
+    pd.register(len, Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())
+}
+
+fn conn_params() -> ConnParams {
+    ConnParams {
+        private_data: Vec::new(),
+        ird: 1,
+        ord: 1,
+    }
+}
+
+fn ud_options() -> UdQpOptions {
+    UdQpOptions {
+        bind: SocketAddr::new(LOCALHOST, 0),
+        ..UdQpOptions::default()
+    }
+}
+
+fn rd_options(idle: Duration) -> RdQpOptions {
+    let mut o = RdQpOptions {
+        bind: SocketAddr::new(LOCALHOST, 0),
+        ..RdQpOptions::default()
+    };
+    // The RD layer requires idle_timeout >= (retry_limit + 1) * rto_max +
+    // max_datagram_lifetime (a peer is not forgotten while it may still
+    // retry); shorten the latter two to fit the run's short expiry.
+    let r = &mut o.reliability;
+    let slots = 2 * (r.retry_limit + 1);
+    r.rto_max = r.rto_max.min(idle / slots).max(r.rto_min * 2);
+    r.rto_initial = r.rto_initial.min(r.rto_max);
+    r.max_datagram_lifetime = r.max_datagram_lifetime.min(idle / 4);
+    r.idle_timeout = idle;
+    o
+}
+
+/// Runs role `role`; prints `error …` and returns false on failure.
+pub fn run(role: &str, kv: &Kv) -> bool {
+    let r = match role {
+        "server" => server(kv),
+        "client" => client(kv),
+        other => Err(format!("unknown role {other}")),
+    };
+    match r {
+        Ok(()) => true,
+        Err(e) => {
+            say(&format!("error {e}"));
+            false
+        }
+    }
+}
+
+fn kind_of(kv: &Kv) -> Result<Kind, String> {
+    let k: String = kv.get("transport")?;
+    Kind::from_key(&k).ok_or_else(|| format!("unknown transport {k}"))
+}
+
+// ----------------------------------------------------------------------
+// Server
+// ----------------------------------------------------------------------
+
+enum ServerQp {
+    Ud(UdQueuePair),
+    Rd(RdQueuePair),
+}
+
+fn server(kv: &Kv) -> Result<(), String> {
+    let kind = kind_of(kv)?;
+    let n: usize = kv.get("n")?;
+    let idle = Duration::from_millis(kv.get("idle_ms")?);
+    let settle = Duration::from_millis(kv.get("settle_ms")?);
+    let cmds = commands();
+    let ctx = Context::open().map_err(|e| e.to_string())?;
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(8192, None);
+    let rx = reg(&pd, SERVER_RQ * SLOT)?;
+    let tx = reg(&pd, SLOT)?;
+    // One bit per peer, touched now so it is part of the baseline.
+    let mut seen = vec![0xFFu8; n / 8 + 1];
+    seen.iter_mut().for_each(|b| *b = 0);
+    let mut count = 0usize;
+    let mut buf = [blank(); 64];
+    let (port, qpn, dgram, rc) = match kind {
+        Kind::Ud | Kind::Rd => {
+            let caps = QpCaps {
+                max_send_wr: 1024,
+                max_recv_wr: SERVER_RQ,
+            };
+            let qp = match kind {
+                Kind::Ud => ServerQp::Ud(
+                    pd.create_ud_qp(&cq, &cq, caps, ud_options())
+                        .map_err(|e| e.to_string())?,
+                ),
+                _ => ServerQp::Rd(
+                    pd.create_rd_qp(&cq, &cq, caps, rd_options(idle))
+                        .map_err(|e| e.to_string())?,
+                ),
+            };
+            for i in 0..SERVER_RQ {
+                let wr = RecvWr {
+                    wr_id: i as u64,
+                    sgl: sgl(&rx, i * SLOT, SLOT),
+                };
+                match &qp {
+                    ServerQp::Ud(q) => q.post_recv(wr).map_err(|e| e.to_string())?,
+                    ServerQp::Rd(q) => q.post_recv(wr).map_err(|e| e.to_string())?,
+                }
+            }
+            let (port, qpn) = match &qp {
+                ServerQp::Ud(q) => (q.local_addr().port(), q.qpn()),
+                ServerQp::Rd(q) => (q.local_addr().port(), q.qpn()),
+            };
+            (port, qpn, Some(qp), None)
+        }
+        Kind::Rc => {
+            let listener = cm::Listener::bind(&ctx, (LOCALHOST, 0)).map_err(|e| e.to_string())?;
+            let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+            let qps: Arc<Mutex<HashMap<u32, (QueuePair, bool)>>> = Arc::default();
+            let (pd2, cq2, qps2) = (pd.clone(), cq.clone(), qps.clone());
+            let slot = rx.sge(0, SLOT as u32);
+            std::thread::spawn(move || loop {
+                let Ok(req) = listener.get_request() else {
+                    continue;
+                };
+                let caps = QpCaps {
+                    max_send_wr: 4,
+                    max_recv_wr: 2,
+                };
+                let qp = pd2.create_qp(&cq2, &cq2, caps);
+                let wr = RecvWr {
+                    wr_id: 0,
+                    sgl: SgList::single(slot.addr, slot.length, slot.lkey),
+                };
+                if qp.post_recv(wr).is_err() {
+                    let _ = req.reject(b"");
+                    continue;
+                }
+                qps2.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(qp.qpn(), (qp.clone(), false));
+                if req.accept(&qp, &conn_params()).is_err() {
+                    qps2.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&qp.qpn());
+                }
+            });
+            (port, 0, None, Some(qps))
+        }
+    };
+    // Let the progress thread and allocator settle before the baseline.
+    std::thread::sleep(Duration::from_millis(200));
+    let rss0 = rss();
+    let fds0 = open_fds();
+    say(&format!(
+        "ready port={port} qpn={qpn} rss={rss0} fds={fds0} fd_limit={}",
+        fd_limit().unwrap_or(0)
+    ));
+    let give_up = Instant::now() + Duration::from_secs(900);
+    let mut last_seen = Instant::now();
+    let mut errors = 0u64;
+    let mut setup_said = false;
+    loop {
+        if stopped(&cmds) {
+            return Ok(());
+        }
+        if Instant::now() > give_up {
+            return Err(format!("only {count} of {n} peers served in 900 s"));
+        }
+        let k = cq.poll(&mut buf);
+        if k == 0 {
+            if count == n {
+                if !setup_said {
+                    say(&format!("setup rss={} fds={}", rss(), open_fds()));
+                    setup_said = true;
+                }
+                if last_seen.elapsed() >= settle {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            } else {
+                std::hint::spin_loop();
+            }
+            continue;
+        }
+        for comp in &buf[..k] {
+            let wc = &comp.wc;
+            if wc.opcode != WcOpcode::Recv {
+                errors += u64::from(wc.status != WcStatus::Success);
+                continue;
+            }
+            if wc.status != WcStatus::Success {
+                errors += 1;
+            }
+            last_seen = Instant::now();
+            match (&dgram, &rc) {
+                (Some(qp), _) => {
+                    let slot = wc.wr_id as usize;
+                    let mut id = [0u8; 4];
+                    rx.read_at(slot * SLOT, &mut id)
+                        .map_err(|e| e.to_string())?;
+                    let id = u32::from_le_bytes(id) as usize;
+                    if wc.status == WcStatus::Success
+                        && id < n
+                        && seen[id / 8] & (1 << (id % 8)) == 0
+                    {
+                        seen[id / 8] |= 1 << (id % 8);
+                        count += 1;
+                    }
+                    let wr = RecvWr {
+                        wr_id: slot as u64,
+                        sgl: sgl(&rx, slot * SLOT, SLOT),
+                    };
+                    let reply = send_wr(0, &tx, 0);
+                    match qp {
+                        ServerQp::Ud(q) => {
+                            q.post_recv(wr).map_err(|e| e.to_string())?;
+                            if let Ok(ah) = AddressHandle::from_completion(&pd, wc) {
+                                while let Err(e) = q.post_send(reply, &ah) {
+                                    if e != softrdma_verbs::UdPostError::QueueFull {
+                                        return Err(e.to_string());
+                                    }
+                                    cq.poll(&mut [blank(); 16]);
+                                }
+                            }
+                        }
+                        ServerQp::Rd(q) => {
+                            q.post_recv(wr).map_err(|e| e.to_string())?;
+                            if let Ok(ah) = AddressHandle::from_completion(&pd, wc) {
+                                while let Err(e) = q.post_send(reply, &ah) {
+                                    if e != softrdma_verbs::RdPostError::QueueFull {
+                                        return Err(e.to_string());
+                                    }
+                                    cq.poll(&mut [blank(); 16]);
+                                }
+                            }
+                        }
+                    }
+                }
+                (None, Some(qps)) => {
+                    let qp = {
+                        let mut map = qps.lock().unwrap_or_else(|p| p.into_inner());
+                        match map.get_mut(&comp.qp_num) {
+                            Some((qp, served)) if !*served && wc.status == WcStatus::Success => {
+                                *served = true;
+                                count += 1;
+                                Some(qp.clone())
+                            }
+                            _ => None,
+                        }
+                    };
+                    if let Some(qp) = qp {
+                        qp.post_send(send_wr(0, &tx, 0))
+                            .map_err(|e| e.to_string())?;
+                    }
+                }
+                _ => unreachable!("one of the two"),
+            }
+        }
+    }
+    let (live, expired) = match &dgram {
+        Some(ServerQp::Rd(q)) => {
+            let s = q.stats().reliability;
+            (
+                s.peers_created
+                    .saturating_sub(s.peers_expired + s.peers_failed),
+                s.peers_expired,
+            )
+        }
+        Some(ServerQp::Ud(_)) => (0, 0),
+        None => {
+            let qps = rc.as_ref().expect("RC");
+            (
+                qps.lock().unwrap_or_else(|p| p.into_inner()).len() as u64,
+                0,
+            )
+        }
+    };
+    say(&format!(
+        "result rss={} fds={} live_peers={live} expired={expired} errors={errors}",
+        rss(),
+        open_fds()
+    ));
+    while !stopped(&cmds) {
+        std::thread::sleep(Duration::from_millis(20));
+        cq.poll(&mut buf);
+    }
+    Ok(())
+}
+
+// ----------------------------------------------------------------------
+// Client
+// ----------------------------------------------------------------------
+
+enum Ep {
+    Ud(UdQueuePair),
+    Rd(RdQueuePair),
+    Rc(QueuePair),
+}
+
+fn client(kv: &Kv) -> Result<(), String> {
+    let kind = kind_of(kv)?;
+    let first: u32 = kv.get("first")?;
+    let count: usize = kv.get("count")?;
+    let port: u16 = kv.get("port")?;
+    let qpn: u32 = kv.get("qpn")?;
+    let idle = Duration::from_millis(kv.get("idle_ms")?);
+    let cmds = commands();
+    let ctx = Context::open().map_err(|e| e.to_string())?;
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(4 * count + 64, None);
+    // Receive slot i and, after them, send slot i.
+    let mr = reg(&pd, 2 * count * SLOT)?;
+    let caps = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 2,
+    };
+    let mut eps = Vec::with_capacity(count);
+    for i in 0..count {
+        let ep = match kind {
+            Kind::Ud => Ep::Ud(
+                pd.create_ud_qp(&cq, &cq, caps, ud_options())
+                    .map_err(|e| format!("UD QP {i}: {e}"))?,
+            ),
+            Kind::Rd => Ep::Rd(
+                pd.create_rd_qp(&cq, &cq, caps, rd_options(idle))
+                    .map_err(|e| format!("RD QP {i}: {e}"))?,
+            ),
+            Kind::Rc => Ep::Rc(pd.create_qp(&cq, &cq, caps)),
+        };
+        let wr = RecvWr {
+            wr_id: i as u64,
+            sgl: sgl(&mr, i * SLOT, SLOT),
+        };
+        match &ep {
+            Ep::Ud(q) => q.post_recv(wr).map_err(|e| e.to_string())?,
+            Ep::Rd(q) => q.post_recv(wr).map_err(|e| e.to_string())?,
+            Ep::Rc(q) => q.post_recv(wr).map_err(|e| e.to_string())?,
+        }
+        let id = first + i as u32;
+        mr.write_at((count + i) * SLOT, &u64::from(id).to_le_bytes())
+            .map_err(|e| e.to_string())?;
+        eps.push(ep);
+    }
+    let ah = pd
+        .create_ah(DgramAddr {
+            ip: LOCALHOST,
+            port,
+            qpn,
+        })
+        .map_err(|e| e.to_string())?;
+    say(&format!(
+        "ready count={count} fd_limit={}",
+        fd_limit().unwrap_or(0)
+    ));
+    loop {
+        match cmds.recv() {
+            Ok(c) if c == "go" => break,
+            Ok(_) => {}
+            Err(_) => return Ok(()),
+        }
+    }
+    let start = Instant::now();
+    let mut buf = [blank(); 16];
+    let mut resent = 0u64;
+    for (i, ep) in eps.iter().enumerate() {
+        let wr = send_wr(u64::MAX, &mr, (count + i) * SLOT);
+        let post = || -> Result<(), String> {
+            match ep {
+                Ep::Ud(q) => q.post_send(wr, &ah).map_err(|e| e.to_string()),
+                Ep::Rd(q) => q.post_send(wr, &ah).map_err(|e| e.to_string()),
+                Ep::Rc(q) => q.post_send(wr).map_err(|e| e.to_string()),
+            }
+        };
+        if let Ep::Rc(q) = ep {
+            cm::connect(q, (LOCALHOST, port), &conn_params())
+                .map_err(|e| format!("RC connection {i}: {e}"))?;
+        }
+        post()?;
+        let (wait, tries) = match ep {
+            Ep::Ud(_) => (Duration::from_millis(200), 25),
+            _ => (Duration::from_secs(30), 1),
+        };
+        let mut got = false;
+        for attempt in 0..tries {
+            if attempt > 0 {
+                post()?;
+                resent += 1;
+            }
+            let until = Instant::now() + wait;
+            while !got && Instant::now() < until {
+                let k = cq.poll(&mut buf);
+                for c in &buf[..k] {
+                    if c.wc.status != WcStatus::Success {
+                        return Err(format!("endpoint {i}: {:?} {:?}", c.wc.opcode, c.wc.status));
+                    }
+                    got |= c.wc.opcode == WcOpcode::Recv && c.wc.wr_id == i as u64;
+                }
+            }
+            if got {
+                break;
+            }
+        }
+        if !got {
+            return Err(format!("endpoint {i}: no reply from the server"));
+        }
+    }
+    say(&format!(
+        "done count={count} resent={resent} secs={}",
+        start.elapsed().as_secs_f64()
+    ));
+    while !stopped(&cmds) {
+        std::thread::sleep(Duration::from_millis(20));
+        cq.poll(&mut buf);
+    }
+    drop(eps);
+    Ok(())
+}
