@@ -1,0 +1,491 @@
+//! Raw-socket baselines, measured in the same run as softrdma and waiting
+//! the same way ([`WaitMode`]): `tcp_lat` and `udp_lat` (ping-pong,
+//! one way = round trip / 2), `tcp_bw` and `udp_bw` (stream).
+//!
+//! * `tcp_lat`: TCP_NODELAY, `size` octets each way per round trip.
+//! * `tcp_bw`: `size`-octet writes; the receiver reads 256 KiB at a time
+//!   and acknowledges EOF with one octet; the sender's clock stops at that
+//!   acknowledgement, so nothing still queued in socket buffers counts.
+//! * `udp_lat`: a `size`-octet message cut into datagrams of
+//!   `spec.payload` message octets (plus an 8-octet seq/index header), the
+//!   same payload softrdma's datagrams carry; the server echoes a message
+//!   once all its datagrams arrived. A message not answered within
+//!   [`LOSS_TIMEOUT`] counts as lost and the next one goes.
+//! * `udp_bw`: a blast of such datagrams; the figure is what arrives at
+//!   the receiver, timed from its first to its last datagram.
+//!
+//! Poll mode: non-blocking sockets, both ends spinning. Event mode:
+//! blocking sockets.
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use super::cell::{Kind, Measured, Op, Spec, WaitMode, Watch, HANG};
+use super::ctrl::{Ctrl, Msg};
+use super::hist::Histogram;
+
+/// A UDP ping-pong message without an answer for this long is lost.
+pub(crate) const LOSS_TIMEOUT: Duration = Duration::from_millis(200);
+/// Read size of the TCP stream receiver (the engine's receive buffer).
+const TCP_RX: usize = 256 * 1024;
+/// Octets of the seq/index header in every baseline UDP datagram.
+pub(crate) const UDP_HDR: usize = 8;
+
+fn would_block(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted | io::ErrorKind::TimedOut
+    )
+}
+
+/// Reads exactly `buf.len()` octets; `Ok(false)` on EOF before the first.
+pub(crate) fn read_full(s: &mut TcpStream, buf: &mut [u8], w: &mut Watch) -> io::Result<bool> {
+    let mut at = 0;
+    while at < buf.len() {
+        match s.read(&mut buf[at..]) {
+            Ok(0) if at == 0 => return Ok(false),
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "TCP peer closed mid-message",
+                ))
+            }
+            Ok(n) => {
+                at += n;
+                w.progress();
+            }
+            Err(e) if would_block(&e) => w.check("a TCP read")?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Writes all of `buf`.
+pub(crate) fn write_full(s: &mut TcpStream, buf: &[u8], w: &mut Watch) -> io::Result<()> {
+    let mut at = 0;
+    while at < buf.len() {
+        match s.write(&buf[at..]) {
+            Ok(0) => return Err(io::Error::other("TCP write returned 0")),
+            Ok(n) => {
+                at += n;
+                w.progress();
+            }
+            Err(e) if would_block(&e) => w.check("a TCP write")?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Accepts one connection within `within`.
+pub(crate) fn accept_within(l: &TcpListener, within: Duration) -> io::Result<TcpStream> {
+    l.set_nonblocking(true)?;
+    let end = Instant::now() + within;
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)?;
+                return Ok(s);
+            }
+            Err(e) if would_block(&e) && Instant::now() < end => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) if would_block(&e) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no data connection from the peer",
+                ))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn prepare_tcp(s: &TcpStream, wait: WaitMode) -> io::Result<()> {
+    s.set_nodelay(true)?;
+    match wait {
+        WaitMode::Poll => s.set_nonblocking(true),
+        WaitMode::Event => {
+            s.set_nonblocking(false)?;
+            s.set_read_timeout(Some(Duration::from_millis(100)))
+        }
+    }
+}
+
+fn prepare_udp(s: &UdpSocket, wait: WaitMode) -> io::Result<()> {
+    match wait {
+        WaitMode::Poll => s.set_nonblocking(true),
+        WaitMode::Event => {
+            s.set_nonblocking(false)?;
+            s.set_read_timeout(Some(Duration::from_millis(5)))
+        }
+    }
+}
+
+/// The server (echo / sink) end of a baseline cell.
+pub(crate) fn serve(spec: &Spec, ctrl: &mut Ctrl) -> io::Result<()> {
+    let ip = ctrl.local_addr()?.ip();
+    match spec.test.op {
+        Op::Tcp => serve_tcp(spec, ctrl, ip),
+        Op::Udp => serve_udp(spec, ctrl, ip),
+        _ => Err(io::Error::other("not a baseline")),
+    }
+}
+
+fn serve_tcp(spec: &Spec, ctrl: &mut Ctrl, ip: IpAddr) -> io::Result<()> {
+    let l = TcpListener::bind((ip, 0))?;
+    ctrl.send(&Msg::new("READY").with("port", l.local_addr()?.port()))?;
+    let mut s = accept_within(&l, HANG)?;
+    prepare_tcp(&s, spec.wait)?;
+    let mut w = Watch::new(HANG);
+    let mut octets = 0u64;
+    if spec.test.kind == Kind::Lat {
+        let mut buf = vec![0u8; spec.size];
+        while read_full(&mut s, &mut buf, &mut w)? {
+            write_full(&mut s, &buf, &mut w)?;
+            octets += spec.size as u64;
+        }
+    } else {
+        let mut buf = vec![0u8; TCP_RX];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    octets += n as u64;
+                    w.progress();
+                }
+                Err(e) if would_block(&e) => w.check("TCP stream data")?,
+                Err(e) => return Err(e),
+            }
+        }
+        write_full(&mut s, &[1], &mut w)?;
+    }
+    ctrl.expect("END")?;
+    ctrl.send(&Msg::new("DONE").with("octets", octets))
+}
+
+/// Header of a baseline datagram: message seq, index, count.
+fn put_hdr(d: &mut [u8], seq: u32, idx: u16, cnt: u16) {
+    d[..4].copy_from_slice(&seq.to_le_bytes());
+    d[4..6].copy_from_slice(&idx.to_le_bytes());
+    d[6..8].copy_from_slice(&cnt.to_le_bytes());
+}
+
+fn get_hdr(d: &[u8]) -> Option<(u32, u16, u16)> {
+    if d.len() < UDP_HDR {
+        return None;
+    }
+    Some((
+        u32::from_le_bytes(d[..4].try_into().ok()?),
+        u16::from_le_bytes(d[4..6].try_into().ok()?),
+        u16::from_le_bytes(d[6..8].try_into().ok()?),
+    ))
+}
+
+/// Datagram count and chunk length of a `size` message at `payload`.
+fn chunks(size: usize, payload: usize) -> io::Result<(usize, usize)> {
+    let p = payload.max(1);
+    let cnt = size.div_ceil(p).max(1);
+    if cnt > u16::MAX as usize {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a {size}-octet message needs {cnt} datagrams of {p}: too many"),
+        ));
+    }
+    Ok((cnt, p))
+}
+
+/// Sends message `seq` of `size` octets as datagrams to `to`.
+fn send_msg(
+    s: &UdpSocket,
+    to: SocketAddr,
+    dgram: &mut [u8],
+    seq: u32,
+    size: usize,
+    payload: usize,
+    w: &mut Watch,
+) -> io::Result<()> {
+    let (cnt, p) = chunks(size, payload)?;
+    for i in 0..cnt {
+        let len = if i + 1 == cnt { size - i * p } else { p };
+        put_hdr(dgram, seq, i as u16, cnt as u16);
+        loop {
+            match s.send_to(&dgram[..UDP_HDR + len], to) {
+                Ok(_) => break,
+                Err(e) if would_block(&e) => w.check("UDP send room")?,
+                // Loopback reports a full receiver as ECONNREFUSED/ENOBUFS
+                // at times: the datagram is lost, like any other.
+                Err(e) if matches!(e.raw_os_error(), Some(105) | Some(111)) => break,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn serve_udp(spec: &Spec, ctrl: &mut Ctrl, ip: IpAddr) -> io::Result<()> {
+    let s = UdpSocket::bind((ip, 0))?;
+    prepare_udp(&s, spec.wait)?;
+    ctrl.send(&Msg::new("READY").with("port", s.local_addr()?.port()))?;
+    let mut buf = vec![0u8; 65536];
+    let mut dgram = vec![0u8; UDP_HDR + spec.payload.max(1)];
+    let (mut cur, mut got) = (u32::MAX, 0u16);
+    let (mut octets, mut dgrams) = (0u64, 0u64);
+    let (mut first, mut last): (Option<(Instant, usize)>, Instant) = (None, Instant::now());
+    let mut idle = 0u32;
+    let mut w = Watch::new(Duration::from_secs(3600));
+    loop {
+        match s.recv_from(&mut buf) {
+            Ok((n, from)) => {
+                idle = 0;
+                let now = Instant::now();
+                let Some((seq, _idx, cnt)) = get_hdr(&buf[..n]) else {
+                    continue;
+                };
+                dgrams += 1;
+                octets += (n - UDP_HDR) as u64;
+                if first.is_none() {
+                    first = Some((now, n - UDP_HDR));
+                }
+                last = now;
+                if spec.test.kind == Kind::Lat {
+                    if seq != cur {
+                        cur = seq;
+                        got = 0;
+                    }
+                    got += 1;
+                    if got == cnt {
+                        send_msg(&s, from, &mut dgram, seq, spec.size, spec.payload, &mut w)?;
+                    }
+                }
+            }
+            Err(e) if would_block(&e) => {
+                idle += 1;
+                if (spec.wait == WaitMode::Event || idle & 1023 == 0) && ctrl.ready() {
+                    break;
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(111) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    ctrl.expect("END")?;
+    // Take in what is still queued.
+    let drain_end = Instant::now() + Duration::from_millis(20);
+    s.set_nonblocking(true)?;
+    while Instant::now() < drain_end {
+        if let Ok((n, _)) = s.recv_from(&mut buf) {
+            if n >= UDP_HDR {
+                dgrams += 1;
+                octets += (n - UDP_HDR) as u64;
+                last = Instant::now();
+            }
+        }
+    }
+    let (secs, counted) = match first {
+        Some((t0, n0)) => (last.duration_since(t0).as_secs_f64(), octets - n0 as u64),
+        None => (0.0, 0),
+    };
+    ctrl.send(
+        &Msg::new("DONE")
+            .with("octets", octets)
+            .with("counted", counted)
+            .with("secs", secs)
+            .with("dgrams", dgrams),
+    )
+}
+
+/// The client (measuring) end of a baseline cell.
+pub(crate) fn run(spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> {
+    let ready = ctrl.expect("READY")?;
+    let port: u16 = ready.num("port")?;
+    let ip = ctrl.peer_addr()?.ip();
+    let to = SocketAddr::new(ip, port);
+    match (spec.test.op, spec.test.kind) {
+        (Op::Tcp, Kind::Lat) => tcp_lat(spec, ctrl, to),
+        (Op::Tcp, Kind::Bw) => tcp_bw(spec, ctrl, to),
+        (Op::Udp, Kind::Lat) => udp_lat(spec, ctrl, to),
+        (Op::Udp, Kind::Bw) => udp_bw(spec, ctrl, to),
+        _ => Err(io::Error::other("not a baseline")),
+    }
+}
+
+fn tcp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> {
+    let mut s = TcpStream::connect_timeout(&to, HANG)?;
+    prepare_tcp(&s, spec.wait)?;
+    let mut w = Watch::new(HANG);
+    let tx = vec![0x5au8; spec.size];
+    let mut rx = vec![0u8; spec.size];
+    let mut h = Histogram::new();
+    for _ in 0..spec.warmup {
+        write_full(&mut s, &tx, &mut w)?;
+        if !read_full(&mut s, &mut rx, &mut w)? {
+            return Err(io::Error::other("TCP peer closed"));
+        }
+    }
+    let t0 = Instant::now();
+    while spec.more(h.count(), t0) {
+        let a = Instant::now();
+        write_full(&mut s, &tx, &mut w)?;
+        if !read_full(&mut s, &mut rx, &mut w)? {
+            return Err(io::Error::other("TCP peer closed"));
+        }
+        h.record(a.elapsed().as_nanos() as u64 / 2);
+    }
+    s.shutdown(Shutdown::Write)?;
+    ctrl.send(&Msg::new("END"))?;
+    ctrl.expect("DONE")?;
+    Ok(Measured {
+        hist: Some(h),
+        ..Default::default()
+    })
+}
+
+fn tcp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> {
+    let mut s = TcpStream::connect_timeout(&to, HANG)?;
+    prepare_tcp(&s, spec.wait)?;
+    let mut w = Watch::new(HANG);
+    let msg = vec![0xa5u8; spec.size];
+    let mut sent = 0u64;
+    let t0 = Instant::now();
+    while spec.more(sent, t0) {
+        write_full(&mut s, &msg, &mut w)?;
+        sent += 1;
+    }
+    s.shutdown(Shutdown::Write)?;
+    let mut ack = [0u8; 1];
+    if !read_full(&mut s, &mut ack, &mut w)? {
+        return Err(io::Error::other(
+            "TCP receiver closed without acknowledging",
+        ));
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    ctrl.send(&Msg::new("END"))?;
+    let done = ctrl.expect("DONE")?;
+    let octets: u64 = done.num("octets")?;
+    if octets != sent * spec.size as u64 {
+        return Err(io::Error::other(format!(
+            "TCP receiver counted {octets} octets, {} were sent",
+            sent * spec.size as u64
+        )));
+    }
+    Ok(Measured {
+        octets,
+        msgs: sent,
+        secs,
+        note: "timed to the receiver's ack".into(),
+        ..Default::default()
+    })
+}
+
+fn udp_socket(spec: &Spec, ctrl: &Ctrl) -> io::Result<UdpSocket> {
+    let s = UdpSocket::bind((ctrl.local_addr()?.ip(), 0))?;
+    prepare_udp(&s, spec.wait)?;
+    Ok(s)
+}
+
+fn udp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> {
+    let s = udp_socket(spec, ctrl)?;
+    let mut w = Watch::new(HANG);
+    let mut dgram = vec![0u8; UDP_HDR + spec.payload.max(1)];
+    let mut buf = vec![0u8; 65536];
+    let (cnt, _) = chunks(spec.size, spec.payload)?;
+    let mut h = Histogram::new();
+    let (mut lost, mut seq, mut warm) = (0u64, 0u32, 0u64);
+    let t0 = Instant::now();
+    while warm < spec.warmup || spec.more(h.count(), t0) {
+        seq = seq.wrapping_add(1);
+        let a = Instant::now();
+        send_msg(&s, to, &mut dgram, seq, spec.size, spec.payload, &mut w)?;
+        let mut got = 0usize;
+        let mut spins = 0u32;
+        let answered = loop {
+            match s.recv_from(&mut buf) {
+                Ok((n, _)) => {
+                    if let Some((sq, _, _)) = get_hdr(&buf[..n]) {
+                        if sq == seq {
+                            got += 1;
+                            if got == cnt {
+                                break true;
+                            }
+                        }
+                    }
+                }
+                Err(e) if would_block(&e) => {
+                    spins = spins.wrapping_add(1);
+                    if (spec.wait == WaitMode::Event || spins & 255 == 0)
+                        && a.elapsed() > LOSS_TIMEOUT
+                    {
+                        break false;
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(111) => {}
+                Err(e) => return Err(e),
+            }
+        };
+        if !answered {
+            lost += 1;
+            if lost > 10 + h.count() / 10 {
+                return Err(io::Error::other(format!(
+                    "UDP ping-pong: {lost} messages lost (more than 10 %)"
+                )));
+            }
+            continue;
+        }
+        if warm < spec.warmup {
+            warm += 1;
+        } else {
+            h.record(a.elapsed().as_nanos() as u64 / 2);
+        }
+    }
+    ctrl.send(&Msg::new("END"))?;
+    ctrl.expect("DONE")?;
+    Ok(Measured {
+        hist: Some(h),
+        lost,
+        ..Default::default()
+    })
+}
+
+fn udp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> {
+    let s = udp_socket(spec, ctrl)?;
+    let mut w = Watch::new(HANG);
+    let mut dgram = vec![0u8; UDP_HDR + spec.payload.max(1)];
+    let mut sent = 0u64;
+    let t0 = Instant::now();
+    while spec.more(sent, t0) {
+        send_msg(
+            &s,
+            to,
+            &mut dgram,
+            sent as u32,
+            spec.size,
+            spec.payload,
+            &mut w,
+        )?;
+        sent += 1;
+    }
+    std::thread::sleep(Duration::from_millis(5));
+    ctrl.send(&Msg::new("END"))?;
+    let done = ctrl.expect("DONE")?;
+    let counted: u64 = done.num("counted")?;
+    let secs: f64 = done.num("secs")?;
+    if counted == 0 || secs <= 0.0 {
+        return Err(io::Error::other(
+            "UDP blast: too little arrived at the receiver to time it",
+        ));
+    }
+    let sent_octets = sent * spec.size as u64;
+    let got: u64 = done.num("octets")?;
+    let lost_msgs = sent_octets.saturating_sub(got) / spec.size.max(1) as u64;
+    Ok(Measured {
+        octets: counted,
+        msgs: counted / spec.size as u64,
+        secs,
+        lost: lost_msgs,
+        note: format!("counted at the receiver; {} octets/datagram", spec.payload),
+        ..Default::default()
+    })
+}
