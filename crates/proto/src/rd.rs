@@ -429,6 +429,9 @@ pub struct RdStats {
     pub rx_sessions: u64,
     /// Resets of our current session honoured.
     pub resyncs: u64,
+    /// Tokens the layer above dropped after a resync
+    /// ([`RdEndpoint::discard_unsent`]).
+    pub discarded: u64,
     /// Peer entries created.
     pub peers_created: u64,
     /// Peer entries removed for idleness.
@@ -469,6 +472,9 @@ struct Tx<T> {
     base: u64,
     /// Last data datagram sent.
     last_data: Instant,
+    /// No data datagram went out in this session yet: its PSNs are not
+    /// bound to tokens, so [`RdEndpoint::discard_unsent`] may drop some.
+    fresh: bool,
 }
 
 impl<T> Tx<T> {
@@ -488,6 +494,7 @@ impl<T> Tx<T> {
             urgent: 0,
             base: 0,
             last_data: now,
+            fresh: true,
         }
     }
 }
@@ -1113,6 +1120,7 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
         t.retries = 0;
         t.sample = None;
         t.rewound_at = None;
+        t.fresh = true;
         let resent = t.queue.len();
         if resent > 0 {
             self.events.push_back(Event::Resynced { peer, resent });
@@ -1271,6 +1279,7 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
             }
             t.last_data = now;
             t.probe_due = false;
+            t.fresh = false;
             shim.data = Some(DataSeq {
                 epoch: t.epoch,
                 psn,
@@ -1290,6 +1299,7 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
                 // An ACK a report holds back on control datagrams rides in
                 // full on that report, sent again.
                 if let Some(off) = carrier {
+                    t.fresh = false;
                     pos = Some(t.base + off as u64);
                     token = Some(t.queue[off]);
                     retransmission = true;
@@ -1423,6 +1433,78 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
         for token in t.queue {
             self.events.push_back(Event::Abandoned { peer: key, token });
         }
+    }
+
+    /// Drops from `peer`'s queue every token `keep` refuses, while the
+    /// current session has sent no data datagram yet (right after
+    /// [`Event::Resynced`], before the next [`RdEndpoint::poll_transmit`]):
+    /// no PSN of the session is bound to a token then, so the tokens kept
+    /// are simply numbered from 0 without the dropped ones. Each dropped
+    /// token is reported as [`Event::Abandoned`] (oldest first); a report's
+    /// hold on our ACK goes with its token. Returns the number dropped; 0
+    /// (nothing changed) once the session has sent data.
+    ///
+    /// For the layer above: after a resync the peer has lost our old
+    /// session, so the rest of a message it acknowledged in part, or a
+    /// response to a request of its old incarnation, must not reach the
+    /// new incarnation as if it were new.
+    pub fn discard_unsent(&mut self, peer: &K, mut keep: impl FnMut(&T) -> bool) -> usize {
+        let Some(p) = self.peers.get_mut(peer) else {
+            return 0;
+        };
+        let Some(t) = p.tx.as_mut() else {
+            return 0;
+        };
+        if !t.fresh || t.next != 0 {
+            return 0;
+        }
+        let old = std::mem::take(&mut t.queue);
+        let (old_high, old_urgent) = (t.high, t.urgent);
+        let (mut high, mut urgent) = (0, 0);
+        // Offsets dropped, ascending (a rare path: a peer restarted).
+        let mut dropped: Vec<usize> = Vec::new();
+        for (i, token) in old.into_iter().enumerate() {
+            if keep(&token) {
+                if i < old_high {
+                    high += 1;
+                } else if i < old_high + old_urgent {
+                    urgent += 1;
+                }
+                t.queue.push_back(token);
+            } else {
+                dropped.push(i);
+                self.events
+                    .push_back(Event::Abandoned { peer: *peer, token });
+            }
+        }
+        if dropped.is_empty() {
+            return 0;
+        }
+        t.high = high;
+        t.urgent = urgent;
+        if t.queue.is_empty() {
+            t.rto_at = None;
+        }
+        let base = t.base;
+        p.holds.retain_mut(|h| {
+            let Some(off) = h
+                .pos
+                .checked_sub(base)
+                .and_then(|o| usize::try_from(o).ok())
+            else {
+                return true;
+            };
+            match dropped.binary_search(&off) {
+                Ok(_) => false,
+                Err(before) => {
+                    h.pos -= before as u64;
+                    true
+                }
+            }
+        });
+        let n = dropped.len();
+        self.stats.discarded += n as u64;
+        n
     }
 
     /// Gives up on `peer` now, as if its retry limit had passed (for
@@ -1815,6 +1897,69 @@ mod tests {
         // A stale reset (old epoch) is ignored.
         a.handle_datagram(B, &rst[0].shim, t0);
         assert!(events(&mut a).is_empty());
+    }
+
+    #[test]
+    fn discard_unsent_drops_tokens_only_before_the_new_session_sends() {
+        let t0 = Instant::now();
+        let (mut a, mut b) = (ep(A.0), ep(B.0));
+        a.send(B, 1, t0).unwrap();
+        let tx = drain(&mut a, t0);
+        b.handle_datagram(A, &tx[0].shim, t0);
+        let ack = drain(&mut b, t0);
+        a.handle_datagram(B, &ack[0].shim, t0);
+        events(&mut a);
+        // Tokens 2..=5 go out in the old session; B restarts.
+        for k in 2..=5 {
+            a.send(B, k, t0).unwrap();
+        }
+        let tx = drain(&mut a, t0);
+        assert_eq!(tx.len(), 4);
+        assert_eq!(a.discard_unsent(&B, |_| false), 0, "the session sent data");
+        let mut b = ep(B.0);
+        b.handle_datagram(A, &tx[0].shim, t0);
+        let rst = drain(&mut b, t0);
+        a.handle_datagram(B, &rst[0].shim, t0);
+        assert_eq!(events(&mut a), [Event::Resynced { peer: B, resent: 4 }]);
+        // The layer above drops 2 and 4: they are abandoned, 3 and 5 go out
+        // as PSN 0 and 1 of the new session.
+        assert_eq!(a.discard_unsent(&B, |&t| t % 2 == 1), 2);
+        assert_eq!(
+            events(&mut a),
+            [
+                Event::Abandoned { peer: B, token: 2 },
+                Event::Abandoned { peer: B, token: 4 }
+            ]
+        );
+        assert_eq!((a.queued(&B), a.unacked(&B)), (2, 2));
+        let tx = drain(&mut a, t0);
+        let sent: Vec<_> = tx
+            .iter()
+            .map(|t| (t.token, t.shim.data.map(|d| (d.psn, d.syn))))
+            .collect();
+        assert_eq!(
+            sent,
+            [(Some(3), Some((0, true))), (Some(5), Some((1, true)))]
+        );
+        for t in &tx {
+            assert_eq!(b.handle_datagram(A, &t.shim, t0), Verdict::Deliver);
+        }
+        assert_eq!(
+            a.discard_unsent(&B, |_| false),
+            0,
+            "the new session sent data"
+        );
+        for t in drain(&mut b, t0) {
+            a.handle_datagram(B, &t.shim, t0);
+        }
+        assert_eq!(
+            events(&mut a),
+            [
+                Event::Acked { peer: B, token: 3 },
+                Event::Acked { peer: B, token: 5 }
+            ]
+        );
+        assert_eq!(a.stats().discarded, 2);
     }
 
     #[test]

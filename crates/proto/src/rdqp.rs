@@ -151,6 +151,19 @@
 //!   reliability layer expires the peer (no traffic for idle_timeout); a
 //!   new session of the peer abandons the message being received. Queues
 //!   and the inbound pool are allocated when the QP is created.
+//! * Peer restart (the peer answers our session with a reset: it restarted
+//!   or forgot us). A Send, Write or Write-Record acknowledged in part, and
+//!   a Read or atomic whose request was acknowledged (or whose response
+//!   had begun), complete with RetryExcErr; none of their remaining
+//!   datagrams, and no response or Terminate queued for the old
+//!   incarnation, is sent in the new session; requests acknowledged in
+//!   none of their datagrams are sent again whole. Completions behind
+//!   them (posting order) are released.
+//! * A segment from the middle of a message (MO / T-MO not the next
+//!   expected) with no message of its MSN / T-MSN in progress is never
+//!   placed and never starts a message: Terminate (Send: DDP invalid MO;
+//!   Write, Write-Record: RDMAP catastrophic stream error), the rest of
+//!   the message is dropped.
 //!
 //! Addendum to §9.4 (reliability rules), implemented by
 //! `RdEndpoint::send_report`:
@@ -330,6 +343,11 @@ pub struct RdQpStats {
     pub tx_aborted: u64,
     /// Work requests refused because the peer table was full.
     pub tx_table_full: u64,
+    /// Work requests failed (`RetryExcErr`) because the peer lost our
+    /// session (it restarted) after acknowledging part of them: a message
+    /// acknowledged in part, a Read or atomic whose request it had
+    /// acknowledged.
+    pub tx_resync_failed: u64,
     /// Datagrams handed to [`RdQp::handle_datagram`].
     pub rx_datagrams: u64,
     /// Dropped: CRC32C mismatch.
@@ -358,6 +376,10 @@ pub struct RdQpStats {
     pub rx_inconsistent: u64,
     /// Later segments of a message already failed or dropped.
     pub rx_skipped: u64,
+    /// Segments from the middle of a message whose beginning was not
+    /// received here (a restart on either side, a hostile peer): not
+    /// placed, answered with a Terminate.
+    pub rx_orphan_segments: u64,
     /// RDMA Write segments placed.
     pub rx_write_segments: u64,
     /// Write-Record segments placed (and logged).
@@ -630,6 +652,9 @@ struct PeerState {
     skip_send: Option<u32>,
     /// T-MSN whose remaining segments are dropped.
     skip_tagged: Option<u32>,
+    /// The tagged (Write, Write-Record) message being received: T-MSN
+    /// and the next T-MO expected.
+    rx_tagged: Option<(u32, u32)>,
     ready: bool,
     turn_in: bool,
 }
@@ -655,6 +680,7 @@ impl PeerState {
             rx: None,
             skip_send: None,
             skip_tagged: None,
+            rx_tagged: None,
             ready: false,
             turn_in: false,
         }
@@ -1424,7 +1450,7 @@ impl RdQp {
                         self.abort_rx(peer);
                     }
                 }
-                Event::Resynced { .. } => {}
+                Event::Resynced { peer, .. } => self.peer_resynced(peer),
                 Event::PeerExpired { peer } => self.peer_expired(peer),
             }
         }
@@ -1570,6 +1596,57 @@ impl RdQp {
         }
     }
 
+    /// The peer answered our session with a reset: it lost the session
+    /// (a new incarnation of the process, or it forgot us), and the
+    /// reliability layer re-sends our unacknowledged tokens in a new one.
+    /// What the old session acknowledged went to a peer state that is
+    /// gone, so:
+    ///
+    /// * a Send, Write or Write-Record acknowledged in part fails with
+    ///   RetryExcErr (its rest would reach a receiver that never saw its
+    ///   beginning); one acknowledged in none of its datagrams is simply
+    ///   sent again, whole;
+    /// * a Read or atomic whose request was acknowledged (or whose
+    ///   response had begun) fails with RetryExcErr: the response will
+    ///   never come, and completions are reported in posting order;
+    /// * requests waiting for a gate fail (their ACK cannot be confirmed),
+    ///   responses and Terminates to the old session are dropped, and the
+    ///   message being received from the peer is abandoned;
+    /// * nothing of the failed requests or dropped responses is sent in the
+    ///   new session ([`RdEndpoint::discard_unsent`]).
+    fn peer_resynced(&mut self, peer: DgramAddr) {
+        self.fail_gated(peer);
+        for i in 0..self.sq.len() {
+            let Some(e) = self.sq[i].e else {
+                continue;
+            };
+            if e.dest != peer || e.done || !e.started {
+                continue;
+            }
+            let broken = if e.kind.acked_kind() {
+                e.acked > 0 && e.acked < e.nsegs
+            } else {
+                e.awaiting && (e.acked > 0 || e.received > 0)
+            };
+            if broken {
+                self.stats.tx_resync_failed += 1;
+                self.complete(i as u32, WcStatus::RetryExcErr, 0);
+            }
+        }
+        self.kill_inbound_of(peer);
+        self.abort_rx(peer);
+        let (sq, inb) = (&self.sq, &self.inb);
+        self.ep.discard_unsent(&peer, |t| match t.from {
+            Source::Sq => sq
+                .get(t.slot as usize)
+                .is_some_and(|s| s.gen == t.gen && s.e.is_some_and(|e| !e.done)),
+            Source::Inbound => inb
+                .get(t.slot as usize)
+                .is_some_and(|s| s.gen == t.gen && s.e.is_some_and(|e| !e.dead)),
+        });
+        self.mark_ready(peer);
+    }
+
     /// The reliability layer forgot `peer` after idle_timeout of quiet.
     fn peer_expired(&mut self, peer: DgramAddr) {
         self.abort_rx(peer);
@@ -1586,6 +1663,7 @@ impl RdQp {
         if let Some(p) = self.peers.get_mut(&peer) {
             p.skip_send = None;
             p.skip_tagged = None;
+            p.rx_tagged = None;
         }
         self.maybe_drop_peer(peer);
         self.mark_ready(peer);
@@ -1599,6 +1677,7 @@ impl RdQp {
         };
         p.skip_send = None;
         p.skip_tagged = None;
+        p.rx_tagged = None;
         if let Some(m) = p.rx.take() {
             self.rq.give_back(m.seq, m.wr);
         }
@@ -2288,12 +2367,18 @@ impl RdQp {
             Some(m) => m,
             None => {
                 if mo != 0 {
-                    // Its beginning was not received here (abandoned).
-                    self.stats.rx_skipped += 1;
-                    if !repr.last {
-                        p.skip_send = Some(msn);
-                    }
-                    return;
+                    // Its beginning was not received here (this side or
+                    // the sender restarted, or a hostile sender): never
+                    // taken for a new message; the sender learns it.
+                    self.stats.rx_orphan_segments += 1;
+                    return self.rx_send_fail(
+                        src,
+                        msn,
+                        repr.last,
+                        None,
+                        TerminateCause::DdpUntaggedInvalidMo,
+                        seg,
+                    );
                 }
                 let Some((seq, wr)) = self.rq.take() else {
                     self.stats.rx_no_recv += 1;
@@ -2472,6 +2557,33 @@ impl RdQp {
             return;
         }
         p.skip_tagged = None;
+        if ext.is_some() {
+            if p.rx_tagged.is_some_and(|(m, _)| m != msn) {
+                // The previous message never ended (its sender gave up
+                // on it).
+                self.stats.rx_inconsistent += 1;
+                p.rx_tagged = None;
+            }
+            let expected = p.rx_tagged.map_or(0, |(_, next)| next);
+            if mo != expected {
+                // A segment from the middle of a message whose beginning
+                // (or the segment before) was not received here: a restart
+                // on either side, or a hostile sender. Not placed.
+                self.stats.rx_orphan_segments += 1;
+                p.rx_tagged = None;
+                if !repr.last {
+                    p.skip_tagged = Some(msn);
+                }
+                let cause = TerminateCause::RdmapCatastrophicStream;
+                self.queue_terminate(src, TermSpec::about(cause, seg, msn));
+                return;
+            }
+            let end = u64::from(mo) + payload.len() as u64;
+            p.rx_tagged = match u32::try_from(end) {
+                Ok(next) if !repr.last => Some((msn, next)),
+                _ => None,
+            };
+        }
         let record = repr.opcode == Opcode::WriteRecord;
         let res = if !payload.is_empty() {
             mem.remote_write(stag, to, payload)
@@ -2492,6 +2604,7 @@ impl RdQp {
                 error,
             });
             if let Some(p) = self.peers.get_mut(&src) {
+                p.rx_tagged = None;
                 if !repr.last && ext.is_some() {
                     p.skip_tagged = Some(msn);
                 }
@@ -2768,6 +2881,9 @@ impl RdQp {
             if let Some(p) = self.peers.get_mut(&src) {
                 if tagged {
                     p.skip_tagged = Some(about);
+                    if p.rx_tagged.is_some_and(|(m, _)| m == about) {
+                        p.rx_tagged = None;
+                    }
                 } else if qn == Some(0) {
                     if let Some(m) = p.rx.filter(|m| m.msn == about) {
                         p.rx = None;
@@ -3605,6 +3721,118 @@ mod tests {
         assert_eq!((rx[0].1.wr_id, rx[0].1.byte_len), (1, 10));
         assert_eq!(p.b.at(0, 10), &data[..]);
         assert_eq!(p.a.wcs()[0].1.status, WcStatus::Success);
+    }
+
+    /// `d` with its shim PSN replaced (and the CRC made right again).
+    fn with_psn(d: &[u8], psn: u32) -> Vec<u8> {
+        let mut d = d.to_vec();
+        d[12..16].copy_from_slice(&psn.to_be_bytes());
+        let n = d.len();
+        let t = datagram::trailer(&d[..n - CRC_LEN], &[]);
+        d[n - CRC_LEN..].copy_from_slice(&t);
+        d
+    }
+
+    /// The Terminates among B's data datagrams.
+    fn terminates(out: &[Vec<u8>]) -> Vec<(TerminateCause, u32)> {
+        out.iter()
+            .filter(|d| shim_of(d).data.is_some())
+            .filter_map(|d| match seg_of(d).0 {
+                SegmentRepr {
+                    ddp: DdpHeader::Untagged { rsvd_ulp, .. },
+                    body: RdmapBody::Terminate(t),
+                    ..
+                } => Some((t.cause, rsvd_ulp)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_send_segment_from_the_middle_of_a_message_is_never_taken_for_one() {
+        let mut p = Pair::new(|_| {}, |_| {});
+        p.a.fill(0, 3 * ROOM_SEND, 1);
+        p.b.recv(1, 0, 8192);
+        p.a.send(1, 0, 3 * ROOM_SEND, p.b.addr);
+        let d = p.a.tx();
+        assert_eq!(d.len(), 3);
+        // B never saw the first segment (say B restarted after it): the
+        // second and third come as the first datagrams of a session.
+        p.deliver(Dir::AtoB, &with_psn(&d[1], 0));
+        p.deliver(Dir::AtoB, &with_psn(&d[2], 1));
+        let s = p.b.qp.stats();
+        assert_eq!((s.rx_orphan_segments, s.rx_skipped), (1, 1));
+        assert_eq!(p.b.qp.recv_posted(), 1, "no receive taken");
+        assert!(p.b.wcs().is_empty());
+        assert!(p.b.at(0, 8192).iter().all(|&x| x == 0), "nothing placed");
+        // One Terminate, about MSN 1: invalid MO.
+        let out = p.b.tx();
+        assert_eq!(
+            terminates(&out),
+            [(TerminateCause::DdpUntaggedInvalidMo, 1)]
+        );
+        // A whole message after it is received normally.
+        let data = p.a.fill(5000, 100, 2);
+        p.a.send(2, 5000, 100, p.b.addr);
+        let d = p.a.tx();
+        let last = d.last().expect("datagram");
+        p.deliver(Dir::AtoB, &with_psn(last, 2));
+        let rx = p.b.wcs();
+        assert_eq!(rx.len(), 1);
+        assert_eq!(
+            (rx[0].1.wr_id, rx[0].1.status, rx[0].1.byte_len),
+            (1, WcStatus::Success, 100)
+        );
+        assert_eq!(p.b.at(0, 100), &data[..]);
+    }
+
+    #[test]
+    fn a_write_segment_from_the_middle_of_a_message_is_never_placed() {
+        for record in [false, true] {
+            let mut p = Pair::new(|_| {}, |_| {});
+            p.a.fill(0, 3 * ROOM_TAGGED, 1);
+            let op = if record {
+                SendOp::WriteRecord {
+                    remote_addr: BASE + 100_000,
+                    rkey: p.b.buf,
+                }
+            } else {
+                write(100_000, p.b.buf)
+            };
+            p.a.post(1, op, 0, 3 * ROOM_TAGGED, p.b.addr);
+            let d = p.a.tx();
+            assert_eq!(d.len(), 3);
+            p.deliver(Dir::AtoB, &with_psn(&d[1], 0));
+            p.deliver(Dir::AtoB, &with_psn(&d[2], 1));
+            let s = p.b.qp.stats();
+            assert_eq!((s.rx_orphan_segments, s.rx_skipped), (1, 1));
+            assert_eq!(s.rx_write_segments + s.rx_record_segments, 0);
+            assert!(p.b.at(100_000, 3 * ROOM_TAGGED).iter().all(|&x| x == 0));
+            assert_eq!(p.b.qp.record_stats(), RecordStats::default());
+            let out = p.b.tx();
+            assert_eq!(
+                terminates(&out),
+                [(TerminateCause::RdmapCatastrophicStream, 1)]
+            );
+            // A whole Write after it is placed.
+            let data = p.a.fill(5000, 100, 2);
+            p.a.post(2, write(200_000, p.b.buf), 5000, 100, p.b.addr);
+            let d = p.a.tx();
+            p.deliver(Dir::AtoB, &with_psn(d.last().expect("datagram"), 2));
+            assert_eq!(p.b.at(200_000, 100), &data[..]);
+            // A segment out of place inside a message in progress is an
+            // orphan too.
+            p.a.post(3, write(300_000, p.b.buf), 0, 3 * ROOM_TAGGED, p.b.addr);
+            let d = p.a.tx();
+            p.deliver(Dir::AtoB, &with_psn(&d[0], 3));
+            p.deliver(Dir::AtoB, &with_psn(&d[2], 4));
+            assert_eq!(p.b.qp.stats().rx_orphan_segments, 2);
+            assert!(p
+                .b
+                .at(300_000 + ROOM_TAGGED, 2 * ROOM_TAGGED)
+                .iter()
+                .all(|&x| x == 0));
+        }
     }
 
     #[test]

@@ -13,7 +13,12 @@
 //! * one server and 1 000 clients: the server's per-peer state returns to
 //!   zero once they are idle;
 //! * remote access violations fail exactly the offending requests, in both
-//!   directions at once, and the QPs keep working.
+//!   directions at once, and the QPs keep working;
+//! * a peer that restarts (a new incarnation, new epochs, fresh memory):
+//!   a message it had acknowledged in part, a Read or atomic whose request
+//!   it had acknowledged, fail with `RetryExcErr` (never Success, never
+//!   stuck), nothing of them reaches the new incarnation, and the requests
+//!   behind them complete in order and reach it whole.
 //!
 //! `RDQP_SIM_SEED=n` shifts every seed (soak runs).
 
@@ -149,6 +154,8 @@ struct Sim {
     timers: BinaryHeap<Reverse<(Instant, usize)>>,
     /// Nodes whose traffic (both ways) vanishes.
     silent: HashSet<usize>,
+    /// Nodes whose data datagrams vanish (their ACK-only ones pass).
+    data_lost_from: HashSet<usize>,
     sent: u64,
 }
 
@@ -194,8 +201,30 @@ impl Sim {
             by_ip,
             timers: BinaryHeap::new(),
             silent: HashSet::new(),
+            data_lost_from: HashSet::new(),
             sent: 0,
         }
+    }
+
+    /// Node `i`'s process restarts: a new QP (same address and QPN, epochs
+    /// newer than the old incarnation's, as a wall-clock seed gives) and
+    /// fresh zeroed memory. Datagrams already in flight to it arrive at
+    /// the new incarnation.
+    fn restart(&mut self, i: usize, mut c: RdQpConfig, mem_len: usize) {
+        c.qpn = addr(i).qpn;
+        c.rd.epoch_seed = 1_000_000 + 7919 * i as u32;
+        let mut m = VecMemory::new();
+        let all = Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC;
+        let buf = m.register(0, BASE, mem_len, all);
+        let n = &mut self.nodes[i];
+        n.qp = RdQp::new(c, self.now).expect("valid config");
+        n.mem = m;
+        n.buf = buf;
+        n.wcs.clear();
+        n.events.clear();
     }
 
     fn flush(&mut self, i: usize) {
@@ -227,6 +256,10 @@ impl Sim {
         let copies = if self.rng.chance(self.link.dup) { 2 } else { 1 };
         for _ in 0..copies {
             if self.silent.contains(&from) || self.silent.contains(&to) {
+                continue;
+            }
+            let data = d.len() > 4 && d[0] == 0x52 && d[4] & 0x80 != 0;
+            if data && self.data_lost_from.contains(&from) {
                 continue;
             }
             if self.rng.chance(self.link.loss) {
@@ -1066,4 +1099,173 @@ fn rdqp_remote_access_violations_fail_exactly_those_requests() {
     assert!(sim.post(0, wr(9999, send_op(), p), addr(1)));
     sim.run_for(ms(200));
     assert_eq!(sim.take_wcs(1)[0].1.status, WcStatus::Success);
+}
+
+// ----------------------------------------------------------------------
+// A peer restarts
+// ----------------------------------------------------------------------
+
+const RESTART_MEM: usize = 1 << 21;
+
+/// Node 0 posts `first` (id 1, many segments or a response of many) and a
+/// small Send (id 2) to node 1; once node 1 has acknowledged part of the
+/// work (`started` says when), node 1 restarts. Node 0 then posts
+/// another small Send (id 3). Returns node 0's send completions and node
+/// 1's (new incarnation's) receive completions after a while.
+fn restart_mid_request(
+    seed: u64,
+    first: impl FnOnce(&Sim) -> SendOp,
+    first_len: usize,
+    setup: impl FnOnce(&mut Sim),
+    started: impl Fn(&Sim) -> bool,
+) -> (Sim, Vec<(u64, WcStatus)>, Vec<WorkCompletion>) {
+    let mut sim = Sim::new(seed, Link::lossy(0.0), vec![cfg(); 2], &[RESTART_MEM]);
+    for k in 0..4 {
+        sim.recv(1, 100 + k, k * 65536, 65536);
+    }
+    fill_random(&mut sim, 0, 0, 256 * 1024, 11);
+    fill_random(&mut sim, 1, 0, RESTART_MEM, 12);
+    setup(&mut sim);
+    let op = first(&sim);
+    let p = sgl(&sim.nodes[0], 0, first_len);
+    assert!(sim.post(0, wr(1, op, p), addr(1)));
+    let small = content(2, 3000);
+    sim.fill(0, 512 * 1024, &small);
+    let p = sgl(&sim.nodes[0], 512 * 1024, small.len());
+    assert!(sim.post(0, wr(2, send_op(), p), addr(1)));
+    let t0 = sim.now;
+    while !started(&sim) {
+        sim.run_for(Duration::from_micros(5));
+        assert!(sim.now - t0 < ms(500), "the request never got going");
+    }
+    assert!(
+        sim.nodes[0].wcs.iter().all(|(_, wc)| wc.wr_id != 1),
+        "request 1 finished before the restart: {:?}",
+        sim.nodes[0].wcs
+    );
+    sim.data_lost_from.clear();
+    sim.restart(1, cfg(), RESTART_MEM);
+    for k in 0..4 {
+        sim.recv(1, 200 + k, k * 65536, 65536);
+    }
+    let third = content(3, 5000);
+    sim.fill(0, 600 * 1024, &third);
+    let p = sgl(&sim.nodes[0], 600 * 1024, third.len());
+    assert!(sim.post(0, wr(3, send_op(), p), addr(1)));
+    // Far less than idle_timeout: nothing may wait for the peer entry to
+    // expire.
+    sim.run_for(ms(2000));
+    let sends = sim
+        .take_wcs(0)
+        .into_iter()
+        .map(|(q, wc)| {
+            assert_eq!(q, CqKind::Send);
+            (wc.wr_id, wc.status)
+        })
+        .collect();
+    let recvs = sim.take_wcs(1).into_iter().map(|(_, wc)| wc).collect();
+    (sim, sends, recvs)
+}
+
+/// The new incarnation got exactly Send 3 (and Send 2 unless the old one
+/// took it), whole.
+fn check_new_incarnation(sim: &Sim, recvs: &[WorkCompletion], with_2: bool) {
+    let want: Vec<Vec<u8>> = if with_2 {
+        vec![content(2, 3000), content(3, 5000)]
+    } else {
+        vec![content(3, 5000)]
+    };
+    assert_eq!(recvs.len(), want.len(), "{recvs:?}");
+    for (k, (wc, data)) in recvs.iter().zip(&want).enumerate() {
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.byte_len as usize),
+            (200 + k as u64, WcStatus::Success, data.len())
+        );
+        assert_eq!(sim.bytes(1, k as u64 * 65536, data.len()), &data[..]);
+    }
+}
+
+const FAIL_1_THEN_OK: [(u64, WcStatus); 3] = [
+    (1, WcStatus::RetryExcErr),
+    (2, WcStatus::Success),
+    (3, WcStatus::Success),
+];
+
+#[test]
+fn rdqp_restarted_peer_fails_a_half_acknowledged_send() {
+    // 60 000 octets: 43 segments; the restart comes after the first ACK.
+    let (sim, sends, recvs) = restart_mid_request(
+        81,
+        |_| send_op(),
+        60_000,
+        |_| {},
+        |s| s.nodes[0].qp.rd_stats().acked > 0,
+    );
+    assert_eq!(sends, FAIL_1_THEN_OK);
+    // Nothing of Send 1 was taken for a message by the new incarnation;
+    // Send 2, not acknowledged before, reached it whole.
+    check_new_incarnation(&sim, &recvs, true);
+}
+
+#[test]
+fn rdqp_restarted_peer_fails_a_half_acknowledged_write_and_places_none_of_it() {
+    let target = 1 << 20;
+    let (sim, sends, recvs) = restart_mid_request(
+        82,
+        |s| SendOp::Write {
+            remote_addr: BASE + target,
+            rkey: s.nodes[1].buf,
+            imm: None,
+        },
+        60_000,
+        |_| {},
+        |s| s.nodes[0].qp.rd_stats().acked > 0,
+    );
+    assert_eq!(sends, FAIL_1_THEN_OK);
+    assert!(
+        sim.bytes(1, target, 60_000).iter().all(|&b| b == 0),
+        "the rest of the Write was placed in the new incarnation"
+    );
+    check_new_incarnation(&sim, &recvs, true);
+}
+
+#[test]
+fn rdqp_restarted_peer_fails_an_answered_read_and_frees_later_completions() {
+    // A 200 KiB Read: the restart comes once part of the response has
+    // been placed (its request was acknowledged). Send 2 went to the old
+    // incarnation; Send 3 goes to the new one.
+    let (sim, sends, recvs) = restart_mid_request(
+        83,
+        |s| SendOp::Read {
+            remote_addr: BASE,
+            rkey: s.nodes[1].buf,
+        },
+        200 * 1024,
+        |_| {},
+        |s| s.nodes[0].qp.stats().rx_read_segments > 0,
+    );
+    assert_eq!(sends, FAIL_1_THEN_OK);
+    check_new_incarnation(&sim, &recvs, false);
+}
+
+#[test]
+fn rdqp_restarted_peer_fails_an_acknowledged_atomic_and_frees_later_completions() {
+    // The old incarnation's data datagrams (the Atomic Response) are lost,
+    // its ACK-only datagrams arrive: the request is acknowledged, the
+    // response never comes.
+    let (sim, sends, recvs) = restart_mid_request(
+        84,
+        |s| SendOp::FetchAdd {
+            remote_addr: BASE,
+            rkey: s.nodes[1].buf,
+            add: 5,
+        },
+        8,
+        |s| {
+            s.data_lost_from.insert(1);
+        },
+        |s| s.nodes[0].qp.rd_stats().acked > 0,
+    );
+    assert_eq!(sends, FAIL_1_THEN_OK);
+    check_new_incarnation(&sim, &recvs, false);
 }
