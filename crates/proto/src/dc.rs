@@ -207,6 +207,9 @@ pub struct DcTarget {
     pub addr: DgramAddr,
     /// The DC access key.
     pub key: u64,
+    /// Not sent: a local discriminator (the engine puts the protection
+    /// domain here, so that connections are not shared across domains).
+    pub local: u32,
 }
 
 /// A connection of the table (never reused).
@@ -789,7 +792,11 @@ impl DcTable {
         self.entries.insert(
             id,
             Entry {
-                target: DcTarget { addr: src, key: 0 },
+                target: DcTarget {
+                    addr: src,
+                    key: 0,
+                    local: 0,
+                },
                 remote: Some((src, m.conn)),
                 state: State::TargetPending {
                     cookie,
@@ -967,6 +974,7 @@ mod tests {
         let target = DcTarget {
             addr: addr(0x100),
             key: 41,
+            local: 0,
         };
         let (id, new) = ini.post(t0, target);
         assert!(new);
@@ -1003,6 +1011,7 @@ mod tests {
             let t = DcTarget {
                 addr: addr(q << 8),
                 key: 1,
+                local: 0,
             };
             let (id, _) = ini.post(t0, t);
             let inv = ini.poll_transmit().unwrap();
@@ -1024,6 +1033,7 @@ mod tests {
         let t3 = DcTarget {
             addr: addr(3 << 8),
             key: 1,
+            local: 0,
         };
         let (id3, _) = ini.post(t0, t3);
         assert_eq!(ini.waiting(), 1);

@@ -260,6 +260,7 @@ impl World {
         let target = DcTarget {
             addr: dct_addr(dct),
             key,
+            local: 0,
         };
         let now = self.now;
         let (conn, _) = self.inis[i].post(now, target);
@@ -489,10 +490,12 @@ fn invitation_timeout_fails_only_that_target() {
     let dead = DcTarget {
         addr: dct_addr(1),
         key: 1,
+        local: 0,
     };
     let alive = DcTarget {
         addr: dct_addr(2),
         key: 1,
+        local: 0,
     };
     let (d, _) = ini.post(t0, dead);
     let (a, _) = ini.post(t0, alive);

@@ -1,0 +1,1338 @@
+//! Software dynamically connected transport (SoftDC) runtime: DC targets
+//! ([`Dct`]) and initiators ([`Dci`]) built from UD QPs (connection
+//! invitations) and RC QPs (data), driving the sans-IO
+//! [`softrdma_proto::dc::DcTable`] (`docs/dc.md`).
+//!
+//! # Pieces
+//!
+//! A [`DcService`] per context (shared by every DCI and DCT of the
+//! context, created by the first of them, dropped with the last) owns:
+//!
+//! * the connection table ([`DcTable`]: capacity, LRU, idle timeout,
+//!   invitation retransmission);
+//! * one UD QP the initiators send invitations from and receive answers
+//!   on; each DCT has a UD QP of its own whose number is the DCT number;
+//!   their receive buffers are registered in a private protection domain;
+//! * one internal CQ for the initiators' RC QPs, and one for the UD QPs,
+//!   both on one completion channel whose descriptor the context's
+//!   progress thread watches (so invitations are answered and answers
+//!   acted upon whether or not anybody polls), plus one progress timer
+//!   for [`DcTable::poll_timeout`];
+//! * (once a DCT exists) a TCP listener for the RC connections the DCTs
+//!   accept, served by one accept thread per service (the MPA exchange
+//!   blocks; as in [`crate::ibconn`]).
+//!
+//! An initiator opens an RC connection (after an Accept) on a short-lived
+//! thread running [`cm::connect`] (blocking MPA), then hands the queued
+//! work to the connection.
+//!
+//! # Completion order
+//!
+//! A DCI is one send queue: its completions reach the application's CQ in
+//! posting order, whatever target each work request went to. Every work
+//! request is posted to its RC QP signaled, with an internal id (DCI,
+//! sequence number); the RC completions land in the internal CQ and wait
+//! in the DCI's reorder ring until every earlier work request has
+//! completed. Unsignaled work requests that succeed are then dropped, as
+//! verbs would. Work requests to a target that is being connected wait in
+//! the connection's backlog (in order) and go out when it is up; if the
+//! invitation fails (timeout, wrong key, no such DCT) or the RC connection
+//! fails, only that target's work requests complete in error
+//! (`RetryExcErr`, `RemAccessErr`, `RemInvReqErr`, `WrFlushErr`).
+//!
+//! # Progress
+//!
+//! Busy-polling the DCI's CQ drives the service inline (try-lock: skipped
+//! while another thread is at it): the RC QPs' sockets through the
+//! internal CQ, and the UD QP only while an invitation is outstanding (no
+//! extra system call in steady state). Everything else happens on the
+//! progress thread.
+//!
+//! # Locks
+//!
+//! The service's core lock, then a QP's lock (posting), then the CQs'
+//! entry locks. Threads that set up connections take the core lock only
+//! around table updates, never across a blocking call.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Instant;
+
+use softrdma_proto::dc::{
+    ConnId, DcConfig, DcEvent, DcStats, DcTable, DcTarget, FailReason, RejectReason, MSG_LEN,
+};
+use softrdma_proto::memory::Access;
+use softrdma_proto::wr::{
+    DgramAddr, InlineData, Payload, RecvWr, SendFlags, SendOp, SendWr, SgList, WcOpcode, WcStatus,
+    WorkCompletion,
+};
+
+use crate::cm::{self, ConnParams, Listener};
+use crate::cq::{CompChannel, Completion, Cq, InlineProgress};
+use crate::dgram::{DgramError, DgramQpHandle, UdOptions};
+use crate::progress::Source;
+use crate::{Context, Qp, QpCaps, QpError, QpLinkState, Shared, Srq};
+
+/// First octets of the MPA private data of a DC connection request.
+pub const PD_MAGIC: [u8; 4] = *b"sDC1";
+
+/// Receive slot size of the invitation UD QPs (messages are [`MSG_LEN`]).
+const SLOT: usize = 64;
+/// Receives posted on the initiators' UD QP.
+const CTL_RECVS: usize = 64;
+/// Receives posted on each DCT's UD QP.
+const DCT_RECVS: usize = 16;
+/// Send queue depth of the RC QPs (more waits in the connection backlog).
+const RC_SQ: usize = 256;
+/// How often target connections are checked for having closed while
+/// any exist (they are also checked whenever the table is full).
+const REAP_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+/// Sequence bits of an internal work request id (the DCI id above).
+const SEQ_BITS: u32 = 40;
+/// Key-rejection reports kept per DCT until read.
+const MAX_REJECTIONS: usize = 256;
+
+/// Progress-thread tokens of DC services (above RC QPs' and datagram
+/// tokens).
+static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1 << 56);
+
+/// The service of each live context.
+static SERVICES: Mutex<Vec<(Weak<Shared>, Weak<DcService>)>> = Mutex::new(Vec::new());
+
+/// How a context's DC service is set up (by its first DCI or DCT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DcOptions {
+    /// Table and invitation protocol parameters (the seed is replaced by
+    /// an unpredictable one).
+    pub table: DcConfig,
+    /// Address the UD sockets and the TCP listener bind to.
+    pub bind_ip: IpAddr,
+}
+
+impl Default for DcOptions {
+    fn default() -> Self {
+        DcOptions {
+            table: DcConfig::default(),
+            bind_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        }
+    }
+}
+
+/// Why a DC object could not be created or a work request posted.
+#[derive(Debug)]
+pub enum DcError {
+    /// A UD QP for invitations could not be created.
+    Dgram(DgramError),
+    /// A socket, the listener or the progress thread failed.
+    Io(io::Error),
+    /// Memory for invitation buffers could not be registered.
+    Register,
+}
+
+impl std::fmt::Display for DcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DcError::Dgram(e) => write!(f, "DC invitation QP: {e}"),
+            DcError::Io(e) => write!(f, "DC service: {e}"),
+            DcError::Register => f.write_str("DC service: cannot register invitation buffers"),
+        }
+    }
+}
+
+impl std::error::Error for DcError {}
+
+impl From<DgramError> for DcError {
+    fn from(e: DgramError) -> Self {
+        DcError::Dgram(e)
+    }
+}
+
+impl From<io::Error> for DcError {
+    fn from(e: io::Error) -> Self {
+        DcError::Io(e)
+    }
+}
+
+/// A service's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DcServiceStats {
+    /// The table's counters (invitations, retransmissions, rejections,
+    /// evictions, high-water mark of slots in use …).
+    pub table: DcStats,
+    /// Slots in use now.
+    pub live: usize,
+    /// RC QPs (initiator and target side) that exist now.
+    pub rc_qps: usize,
+    /// Highest number of RC QPs that existed at once.
+    pub max_rc_qps: usize,
+    /// Initiator connections waiting for a slot.
+    pub waiting: usize,
+}
+
+/// Registered receive buffers of an invitation UD QP.
+struct RecvBuf {
+    shared: Arc<Shared>,
+    mem: Box<[u8]>,
+    stag: u32,
+}
+
+impl RecvBuf {
+    fn new(shared: &Arc<Shared>, pd: u32, slots: usize) -> Result<RecvBuf, DcError> {
+        let mut mem = vec![0u8; slots * SLOT].into_boxed_slice();
+        let ptr = mem.as_mut_ptr();
+        // SAFETY: `mem` is a live heap allocation of `slots * SLOT` octets
+        // that is freed only after Drop deregisters the STag; moving the
+        // Box does not move its heap memory.
+        let stag = unsafe {
+            shared
+                .registry
+                .register(ptr, mem.len(), ptr as u64, Access::LOCAL_WRITE, pd)
+        }
+        .map_err(|_| DcError::Register)?;
+        Ok(RecvBuf {
+            shared: shared.clone(),
+            mem,
+            stag,
+        })
+    }
+
+    fn wr(&self, slot: usize) -> RecvWr {
+        let addr = self.mem.as_ptr() as u64 + (slot * SLOT) as u64;
+        RecvWr {
+            wr_id: slot as u64,
+            sgl: SgList::single(addr, SLOT as u32, self.stag),
+        }
+    }
+
+    /// Copies the message in `slot` out (the slot is not reposted yet,
+    /// so nothing writes it).
+    fn read(&self, slot: usize, len: usize) -> Option<[u8; MSG_LEN]> {
+        if len != MSG_LEN || slot >= self.mem.len() / SLOT {
+            return None;
+        }
+        let src = self.mem.as_ptr().wrapping_add(slot * SLOT);
+        let mut out = [0u8; MSG_LEN];
+        // SAFETY: `src..src+MSG_LEN` lies inside `mem` (checked above);
+        // the engine wrote it through the registration before the
+        // completion was queued and does not write it again until the
+        // slot is reposted; a volatile-free copy of plain octets.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), MSG_LEN) };
+        Some(out)
+    }
+}
+
+impl Drop for RecvBuf {
+    fn drop(&mut self) {
+        self.shared.registry.deregister(self.stag);
+    }
+}
+
+/// One posted DCI work request awaiting its turn to complete.
+struct Slot {
+    wr_id: u64,
+    /// The connection it was posted to.
+    conn: ConnId,
+    signaled: bool,
+    done: Option<WorkCompletion>,
+}
+
+struct DciState {
+    cq: Arc<Cq>,
+    qp_num: u32,
+    pd: u32,
+    depth: usize,
+    /// Sequence number of `ring[0]`.
+    base: u64,
+    ring: VecDeque<Slot>,
+    /// Has completions ready to release.
+    dirty: bool,
+}
+
+/// An initiator connection in the engine.
+struct Conn {
+    pd: u32,
+    qp: Option<Qp>,
+    /// Work requests not yet handed to the QP (in order).
+    backlog: VecDeque<SendWr>,
+    /// Handed to the QP, not completed.
+    inflight: u32,
+    /// Failed: remaining completions are flushes.
+    dead: bool,
+    /// The table knows it as live.
+    up: bool,
+}
+
+struct DctState {
+    ud: DgramQpHandle,
+    buf: RecvBuf,
+    pd: u32,
+    cq: Arc<Cq>,
+    srq: Arc<Srq>,
+    rejected: u64,
+    rejections: VecDeque<DgramAddr>,
+}
+
+struct TargetConn {
+    qp: Qp,
+    dct: u32,
+}
+
+struct Core {
+    table: DcTable,
+    conns: HashMap<ConnId, Conn>,
+    dcis: HashMap<u32, DciState>,
+    next_dci: u32,
+    dcts: HashMap<u32, DctState>,
+    targets: HashMap<ConnId, TargetConn>,
+    /// Target connections being accepted (counted as RC QPs).
+    accepting: usize,
+    timer: Option<Instant>,
+    last_reap: Option<Instant>,
+    max_rc: usize,
+    /// Completions on their way to a DCI's CQ (reused buffer).
+    scratch: Vec<Completion>,
+}
+
+/// The DC machinery of one context (see the module documentation).
+pub struct DcService {
+    shared: Arc<Shared>,
+    this: Weak<DcService>,
+    opts: DcOptions,
+    ctl_pd: u32,
+    channel: Arc<CompChannel>,
+    ctl_cq: Arc<Cq>,
+    data_cq: Arc<Cq>,
+    ctl_qp: DgramQpHandle,
+    ctl_buf: RecvBuf,
+    token: u64,
+    /// Connections inviting or connecting (gates inline UD polling).
+    pending: AtomicUsize,
+    listener: OnceLock<Arc<Listener>>,
+    core: Mutex<Core>,
+}
+
+impl std::fmt::Debug for DcService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DcService")
+            .field("ctl_qpn", &self.ctl_qp.qpn())
+            .finish()
+    }
+}
+
+fn tag(dci: u32, seq: u64) -> u64 {
+    (u64::from(dci) << SEQ_BITS) | (seq & ((1 << SEQ_BITS) - 1))
+}
+
+fn untag(id: u64) -> (u32, u64) {
+    ((id >> SEQ_BITS) as u32, id & ((1 << SEQ_BITS) - 1))
+}
+
+fn random_seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
+    t ^ (u64::from(std::process::id()) << 40) ^ (&NEXT_TOKEN as *const _ as u64)
+}
+
+impl DcService {
+    /// The DC service of `ctx`, created with `opts` if it has none (an
+    /// existing service keeps the options it was created with:
+    /// [`DcService::options`]).
+    pub fn of(ctx: &Context, opts: DcOptions) -> Result<Arc<DcService>, DcError> {
+        let mut all = SERVICES.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|(c, s)| c.strong_count() > 0 && s.strong_count() > 0);
+        if let Some(s) = all
+            .iter()
+            .find(|(c, _)| std::ptr::eq(c.as_ptr(), Arc::as_ptr(&ctx.shared)))
+            .and_then(|(_, s)| s.upgrade())
+        {
+            return Ok(s);
+        }
+        let svc = DcService::create(ctx, opts)?;
+        all.push((Arc::downgrade(&ctx.shared), Arc::downgrade(&svc)));
+        Ok(svc)
+    }
+
+    fn create(ctx: &Context, opts: DcOptions) -> Result<Arc<DcService>, DcError> {
+        let shared = ctx.shared.clone();
+        let channel = CompChannel::new()?;
+        let ctl_cq = ctx.create_cq(4096, Some(channel.clone()));
+        let data_cq = ctx.create_cq(1 << 16, Some(channel.clone()));
+        let ctl_pd = ctx.alloc_pd();
+        let ctl_qp = ctx.create_ud_qp(
+            ctl_pd,
+            QpCaps {
+                max_send_wr: 1024,
+                max_recv_wr: CTL_RECVS,
+            },
+            ctl_cq.clone(),
+            ctl_cq.clone(),
+            UdOptions {
+                bind: SocketAddr::new(opts.bind_ip, 0),
+                ..UdOptions::default()
+            },
+        )?;
+        let ctl_buf = RecvBuf::new(&shared, ctl_pd, CTL_RECVS)?;
+        for i in 0..CTL_RECVS {
+            ctl_qp
+                .post_recv(ctl_buf.wr(i))
+                .map_err(|_| DcError::Register)?;
+        }
+        let table = DcTable::new(DcConfig {
+            seed: random_seed(),
+            ..opts.table
+        });
+        let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+        let svc = Arc::new_cyclic(|this| DcService {
+            shared: shared.clone(),
+            this: this.clone(),
+            opts,
+            ctl_pd,
+            channel: channel.clone(),
+            ctl_cq: ctl_cq.clone(),
+            data_cq: data_cq.clone(),
+            ctl_qp,
+            ctl_buf,
+            token,
+            pending: AtomicUsize::new(0),
+            listener: OnceLock::new(),
+            core: Mutex::new(Core {
+                table,
+                conns: HashMap::new(),
+                dcis: HashMap::new(),
+                next_dci: 1,
+                dcts: HashMap::new(),
+                targets: HashMap::new(),
+                accepting: 0,
+                timer: None,
+                last_reap: None,
+                max_rc: 0,
+                scratch: Vec::with_capacity(64),
+            }),
+        });
+        shared
+            .progress()?
+            .register(channel.fd(), token, Arc::downgrade(&svc))?;
+        ctl_cq.req_notify(false);
+        data_cq.req_notify(false);
+        Ok(svc)
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> DcOptions {
+        self.opts
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> DcServiceStats {
+        let c = self.lock();
+        DcServiceStats {
+            table: c.table.stats(),
+            live: c.table.live(),
+            rc_qps: rc_count(&c),
+            max_rc_qps: c.max_rc,
+            waiting: c.table.waiting(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn ctx(&self) -> Context {
+        Context {
+            shared: self.shared.clone(),
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Initiator
+    // ------------------------------------------------------------------
+
+    fn post(&self, dci: u32, wr: SendWr, target: DcTarget) -> Result<(), QpError> {
+        match wr.op {
+            SendOp::WriteRecord { .. } => return Err(QpError::Unsupported),
+            SendOp::LocalInvalidate { .. } => return Err(QpError::Invalid),
+            _ => {}
+        }
+        let now = Instant::now();
+        let mut c = self.lock();
+        let core = &mut *c;
+        let st = core.dcis.get_mut(&dci).ok_or(QpError::Invalid)?;
+        if st.ring.len() >= st.depth {
+            return Err(QpError::QueueFull);
+        }
+        let (pd, seq) = (st.pd, st.base + st.ring.len() as u64);
+        let internal = SendWr {
+            wr_id: tag(dci, seq),
+            flags: SendFlags {
+                signaled: true,
+                ..wr.flags
+            },
+            ..wr
+        };
+        let key = DcTarget {
+            local: pd,
+            ..target
+        };
+        // A connection whose QP failed is forgotten first, so that this
+        // work request gets a fresh one.
+        let (id, new) = loop {
+            let (id, new) = core.table.post(now, key);
+            let failed = core.conns.get(&id).is_some_and(|conn| {
+                conn.dead
+                    || (conn.up
+                        && conn
+                            .qp
+                            .as_ref()
+                            .is_some_and(|q| q.link_state() == QpLinkState::Error))
+            });
+            if !failed {
+                break (id, new);
+            }
+            core.table.completed(id, now);
+            self.kill_conn(core, id, now);
+        };
+        let st = core.dcis.get_mut(&dci).expect("checked");
+        st.ring.push_back(Slot {
+            wr_id: wr.wr_id,
+            conn: id,
+            signaled: wr.flags.signaled,
+            done: None,
+        });
+        if new {
+            self.pending.fetch_add(1, Ordering::Relaxed);
+            core.conns.insert(
+                id,
+                Conn {
+                    pd,
+                    qp: None,
+                    backlog: VecDeque::new(),
+                    inflight: 0,
+                    dead: false,
+                    up: false,
+                },
+            );
+        }
+        let conn = core.conns.get_mut(&id).expect("inserted");
+        conn.backlog.push_back(internal);
+        if conn.up {
+            self.drain_backlog(core, id, now);
+        }
+        self.pump(core, now);
+        self.release(core);
+        Ok(())
+    }
+
+    /// Hands backlog work of `id` to its QP while it takes it.
+    fn drain_backlog(&self, core: &mut Core, id: ConnId, now: Instant) {
+        let Some(conn) = core.conns.get_mut(&id) else {
+            return;
+        };
+        let Some(qp) = conn.qp.clone() else { return };
+        let mut failed = Vec::new();
+        while let Some(wr) = conn.backlog.front().copied() {
+            match qp.post_send(wr) {
+                Ok(()) => {
+                    conn.backlog.pop_front();
+                    conn.inflight += 1;
+                }
+                Err(QpError::QueueFull) => break,
+                Err(e) => {
+                    conn.backlog.pop_front();
+                    failed.push((wr, e));
+                }
+            }
+        }
+        for (wr, e) in failed {
+            let status = match e {
+                QpError::Unsupported | QpError::Invalid => WcStatus::LocQpOpErr,
+                _ => WcStatus::WrFlushErr,
+            };
+            finish(core, wr.wr_id, status, WcOpcode::of(&wr.op), now);
+        }
+    }
+
+    /// Forgets initiator connection `id`: its queued work completes with
+    /// `WrFlushErr` (work in flight completes through the QP's flush), its
+    /// QP is disconnected, its slot freed.
+    fn kill_conn(&self, core: &mut Core, id: ConnId, now: Instant) {
+        core.table.closed(id, now);
+        if let Some(mut conn) = core.conns.remove(&id) {
+            if !conn.up {
+                self.pending.fetch_sub(1, Ordering::Relaxed);
+            }
+            fail_backlog(core, &mut conn, WcStatus::WrFlushErr, now);
+            // Work in flight completes through the QP's flush.
+            if let Some(qp) = conn.qp.take() {
+                qp.disconnect();
+            }
+        }
+    }
+
+    /// Sends the table's transmits, acts on its events, arms its timer.
+    fn pump(&self, core: &mut Core, now: Instant) {
+        loop {
+            let mut any = false;
+            while let Some(tx) = core.table.poll_transmit() {
+                any = true;
+                let wr = SendWr {
+                    wr_id: 0,
+                    op: SendOp::Send {
+                        imm: None,
+                        invalidate: None,
+                    },
+                    payload: Payload::Inline(
+                        InlineData::new(&tx.msg.encode()).expect("40 octets fit inline"),
+                    ),
+                    flags: SendFlags::default(),
+                };
+                let qp = match tx.from_dct {
+                    None => Some(&self.ctl_qp),
+                    Some(d) => core.dcts.get(&d).map(|s| &s.ud),
+                };
+                // A datagram that cannot be sent is lost: the invitation
+                // is retransmitted on the initiator's schedule.
+                if let Some(qp) = qp {
+                    let _ = qp.post_send(wr, tx.to);
+                }
+            }
+            while let Some(ev) = core.table.poll_event() {
+                any = true;
+                self.on_event(core, ev, now);
+            }
+            if !any {
+                break;
+            }
+        }
+        let mut next = core.table.poll_timeout();
+        if !core.targets.is_empty() {
+            let reap = now + REAP_EVERY;
+            next = Some(next.map_or(reap, |t| t.min(reap)));
+        }
+        if let Some(t) = next {
+            if core.timer.is_none_or(|armed| t < armed || armed <= now) {
+                core.timer = Some(t);
+                if let Ok(p) = self.shared.progress() {
+                    p.set_timer(self.token, t);
+                }
+            }
+        }
+    }
+
+    fn on_event(&self, core: &mut Core, ev: DcEvent, now: Instant) {
+        match ev {
+            DcEvent::Connect {
+                id,
+                target,
+                port,
+                cookie,
+            } => self.start_connect(core, id, target, port, cookie),
+            DcEvent::Failed { id, reason, .. } => {
+                let status = match reason {
+                    FailReason::Timeout | FailReason::ConnectFailed => WcStatus::RetryExcErr,
+                    FailReason::Rejected(RejectReason::BadKey) => WcStatus::RemAccessErr,
+                    FailReason::Rejected(_) => WcStatus::RemInvReqErr,
+                };
+                if let Some(mut conn) = core.conns.remove(&id) {
+                    if !conn.up {
+                        self.pending.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    fail_backlog(core, &mut conn, status, now);
+                    if let Some(qp) = conn.qp.take() {
+                        qp.disconnect();
+                    }
+                }
+            }
+            DcEvent::Teardown { id } => {
+                // Idle by the table's account: nothing queued or in flight.
+                if let Some(mut conn) = core.conns.remove(&id) {
+                    if !conn.up {
+                        self.pending.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    fail_backlog(core, &mut conn, WcStatus::WrFlushErr, now);
+                    if let Some(qp) = conn.qp.take() {
+                        qp.disconnect();
+                    }
+                }
+            }
+            DcEvent::KeyRejected { dct, src } => {
+                if let Some(d) = core.dcts.get_mut(&dct) {
+                    d.rejected += 1;
+                    if d.rejections.len() < MAX_REJECTIONS {
+                        d.rejections.push_back(src);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Creates the RC QP of initiator connection `id` and connects it to
+    /// the target's listener on a helper thread.
+    fn start_connect(&self, core: &mut Core, id: ConnId, target: DcTarget, port: u16, cookie: u64) {
+        let Some(conn) = core.conns.get_mut(&id) else {
+            return;
+        };
+        let ctx = self.ctx();
+        let ib = ctx.ib_conn();
+        let qp = match ib.reserve() {
+            Ok(qpn) => {
+                let qp = ctx.create_qp(
+                    qpn,
+                    conn.pd,
+                    QpCaps {
+                        max_send_wr: RC_SQ,
+                        max_recv_wr: 1,
+                    },
+                    self.data_cq.clone(),
+                    self.data_cq.clone(),
+                );
+                let _ = ib.bind(qpn, &qp);
+                qp
+            }
+            Err(_) => {
+                core.table.connect_failed(id, Instant::now());
+                return;
+            }
+        };
+        conn.qp = Some(qp.clone());
+        core.max_rc = core.max_rc.max(rc_count(core));
+        let me = self.this.clone();
+        let mut pd = PD_MAGIC.to_vec();
+        pd.extend_from_slice(&cookie.to_be_bytes());
+        pd.extend_from_slice(&target.addr.qpn.to_be_bytes());
+        pd.extend_from_slice(&id.0.to_be_bytes());
+        let addr = SocketAddr::new(target.addr.ip, port);
+        let spawned = std::thread::Builder::new()
+            .name("softrdma-dc-connect".into())
+            .spawn(move || {
+                let ok = cm::connect(
+                    &ctx,
+                    &qp,
+                    addr,
+                    &ConnParams {
+                        private_data: pd,
+                        ird: 0,
+                        ord: 0,
+                    },
+                )
+                .is_ok();
+                if let Some(svc) = me.upgrade() {
+                    svc.on_connected(id, ok);
+                }
+            });
+        if spawned.is_err() {
+            core.table.connect_failed(id, Instant::now());
+        }
+    }
+
+    fn on_connected(&self, id: ConnId, ok: bool) {
+        let now = Instant::now();
+        let mut c = self.lock();
+        let core = &mut *c;
+        let Some(conn) = core.conns.get_mut(&id) else {
+            return;
+        };
+        if ok {
+            conn.up = true;
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+            core.table.connected(id, now);
+            self.drain_backlog(core, id, now);
+        } else {
+            conn.qp = None;
+            core.table.connect_failed(id, now);
+        }
+        self.pump(core, now);
+        self.release(core);
+    }
+
+    /// Internal RC completions: into the DCIs' reorder rings.
+    fn on_data(&self, core: &mut Core, batch: &[Completion], now: Instant) {
+        let mut touched: Vec<ConnId> = Vec::new();
+        for c in batch {
+            if matches!(c.wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+                continue;
+            }
+            let Some(id) = finish_wc(core, &c.wc, now) else {
+                continue;
+            };
+            if let Some(conn) = core.conns.get_mut(&id) {
+                conn.inflight = conn.inflight.saturating_sub(1);
+                if c.wc.status != WcStatus::Success {
+                    conn.dead = true;
+                }
+                if !touched.contains(&id) {
+                    touched.push(id);
+                }
+            }
+        }
+        for id in touched {
+            if core.conns.get(&id).is_some_and(|c| c.dead) {
+                self.kill_conn(core, id, now);
+            } else {
+                self.drain_backlog(core, id, now);
+            }
+        }
+    }
+
+    /// Moves completed prefixes of the DCIs' rings to their CQs.
+    fn release(&self, core: &mut Core) {
+        let Core { dcis, scratch, .. } = core;
+        for st in dcis.values_mut() {
+            if !st.dirty {
+                continue;
+            }
+            st.dirty = false;
+            scratch.clear();
+            while st.ring.front().is_some_and(|s| s.done.is_some()) {
+                let s = st.ring.pop_front().expect("front");
+                st.base += 1;
+                let wc = s.done.expect("done");
+                if s.signaled || wc.status != WcStatus::Success {
+                    scratch.push(Completion {
+                        wc,
+                        qp_num: st.qp_num,
+                    });
+                }
+            }
+            st.cq.push(scratch);
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Progress
+    // ------------------------------------------------------------------
+
+    /// Drains both internal CQs and acts on what they held.
+    fn drive(&self, core: &mut Core, with_ud: bool) -> bool {
+        let now = Instant::now();
+        let mut buf = [Completion {
+            wc: WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0),
+            qp_num: 0,
+        }; 32];
+        let mut any = false;
+        loop {
+            let n = self.data_cq.poll(&mut buf);
+            if n > 0 {
+                any = true;
+                self.on_data(core, &buf[..n], now);
+            }
+            let m = if with_ud {
+                self.ctl_cq.poll(&mut buf)
+            } else {
+                0
+            };
+            if m > 0 {
+                any = true;
+                self.on_ctl(core, &buf[..m], now);
+            }
+            if n < buf.len() && m < buf.len() {
+                break;
+            }
+        }
+        if any {
+            self.pump(core, now);
+            self.release(core);
+        }
+        any
+    }
+
+    /// Invitation traffic (UD receives) and UD send completions.
+    fn on_ctl(&self, core: &mut Core, batch: &[Completion], now: Instant) {
+        for c in batch {
+            if c.wc.opcode != WcOpcode::Recv {
+                continue;
+            }
+            let slot = c.wc.wr_id as usize;
+            let is_ctl = c.qp_num == self.ctl_qp.qpn();
+            let msg = if is_ctl {
+                self.ctl_buf.read(slot, c.wc.byte_len as usize)
+            } else {
+                core.dcts
+                    .get(&c.qp_num)
+                    .and_then(|d| d.buf.read(slot, c.wc.byte_len as usize))
+            };
+            // Repost first: the message is copied out.
+            if is_ctl {
+                let _ = self.ctl_qp.post_recv(self.ctl_buf.wr(slot));
+            } else if let Some(d) = core.dcts.get(&c.qp_num) {
+                let _ = d.ud.post_recv(d.buf.wr(slot));
+            }
+            let (Some(msg), Some(src)) = (msg, c.wc.src) else {
+                continue;
+            };
+            if !is_ctl && core.table.live() >= core.table.config().capacity {
+                reap(core, now);
+            }
+            core.table.handle_message(now, src, c.qp_num, &msg);
+        }
+    }
+
+    fn on_timer_now(&self, now: Instant) {
+        let mut c = self.lock();
+        let core = &mut *c;
+        core.timer = None;
+        core.table.handle_timeout(now);
+        if core.last_reap.is_none_or(|t| now >= t + REAP_EVERY) {
+            reap(core, now);
+        }
+        self.pump(core, now);
+        self.release(core);
+    }
+
+    fn on_channel(&self) {
+        while self.channel.try_get_event().is_some() {}
+        let mut c = self.lock();
+        loop {
+            self.ctl_cq.req_notify(false);
+            self.data_cq.req_notify(false);
+            if !self.drive(&mut c, true) {
+                break;
+            }
+        }
+    }
+
+    fn inline(&self) {
+        let Ok(mut c) = self.core.try_lock() else {
+            return;
+        };
+        let with_ud = self.pending.load(Ordering::Relaxed) > 0;
+        self.drive(&mut c, with_ud);
+    }
+
+    // ------------------------------------------------------------------
+    // Target
+    // ------------------------------------------------------------------
+
+    fn listener(&self) -> Result<(), DcError> {
+        if self.listener.get().is_some() {
+            return Ok(());
+        }
+        let l = Arc::new(Listener::bind(
+            &self.ctx(),
+            SocketAddr::new(self.opts.bind_ip, 0),
+        )?);
+        let port = l.local_addr()?.port();
+        if self.listener.set(l.clone()).is_err() {
+            return Ok(());
+        }
+        self.lock().table.set_listen_port(port);
+        let me = self.this.clone();
+        std::thread::Builder::new()
+            .name(format!("softrdma-dc-{port}"))
+            .spawn(move || accept_loop(me, l))?;
+        Ok(())
+    }
+
+    /// Handles one RC connection request to a DCT.
+    fn on_request(&self, inc: cm::Incoming) {
+        let pd = inc.private_data().to_vec();
+        if pd.len() < 24 || pd[..4] != PD_MAGIC {
+            let _ = inc.reject(b"softrdma: not a DC connection request");
+            return;
+        }
+        let cookie = u64::from_be_bytes(pd[4..12].try_into().expect("8 octets"));
+        let dct = u32::from_be_bytes(pd[12..16].try_into().expect("4 octets"));
+        let conn = u64::from_be_bytes(pd[16..24].try_into().expect("8 octets"));
+        let ctx = self.ctx();
+        let ib = ctx.ib_conn();
+        let (qp, id) = {
+            let mut c = self.lock();
+            let core = &mut *c;
+            let Some(id) = core.table.target_attach(cookie, dct, conn) else {
+                drop(c);
+                let _ = inc.reject(b"softrdma: unknown DC invitation");
+                return;
+            };
+            let Some(d) = core.dcts.get(&dct) else {
+                core.table.closed(id, Instant::now());
+                drop(c);
+                let _ = inc.reject(b"softrdma: no such DCT");
+                return;
+            };
+            let Ok(qpn) = ib.reserve() else {
+                core.table.closed(id, Instant::now());
+                drop(c);
+                let _ = inc.reject(b"softrdma: no QP number");
+                return;
+            };
+            let qp = ctx.create_qp_with_srq(
+                qpn,
+                d.pd,
+                QpCaps {
+                    max_send_wr: 1,
+                    max_recv_wr: 1,
+                },
+                d.cq.clone(),
+                d.cq.clone(),
+                d.srq.clone(),
+            );
+            let _ = ib.bind(qpn, &qp);
+            core.accepting += 1;
+            core.max_rc = core.max_rc.max(rc_count(core));
+            (qp, id)
+        };
+        let ok = inc
+            .accept(
+                &qp,
+                &ConnParams {
+                    private_data: Vec::new(),
+                    ird: 0,
+                    ord: 0,
+                },
+            )
+            .is_ok();
+        let now = Instant::now();
+        let mut c = self.lock();
+        let core = &mut *c;
+        core.accepting -= 1;
+        if ok && core.dcts.contains_key(&dct) {
+            core.targets.insert(id, TargetConn { qp, dct });
+        } else {
+            qp.disconnect();
+            core.table.closed(id, now);
+        }
+        self.pump(core, now);
+    }
+
+    fn add_dct(&self, pd: u32, cq: Arc<Cq>, srq: Arc<Srq>, key: u64) -> Result<u32, DcError> {
+        self.listener()?;
+        let ctx = self.ctx();
+        let ud = ctx.create_ud_qp(
+            self.ctl_pd,
+            QpCaps {
+                max_send_wr: 256,
+                max_recv_wr: DCT_RECVS,
+            },
+            self.ctl_cq.clone(),
+            self.ctl_cq.clone(),
+            UdOptions {
+                bind: SocketAddr::new(self.opts.bind_ip, 0),
+                ..UdOptions::default()
+            },
+        )?;
+        let buf = RecvBuf::new(&self.shared, self.ctl_pd, DCT_RECVS)?;
+        for i in 0..DCT_RECVS {
+            ud.post_recv(buf.wr(i)).map_err(|_| DcError::Register)?;
+        }
+        let num = ud.qpn();
+        let mut c = self.lock();
+        c.table.add_dct(num, key);
+        c.dcts.insert(
+            num,
+            DctState {
+                ud,
+                buf,
+                pd,
+                cq,
+                srq,
+                rejected: 0,
+                rejections: VecDeque::new(),
+            },
+        );
+        Ok(num)
+    }
+
+    fn remove_dct(&self, num: u32) {
+        let now = Instant::now();
+        let mut c = self.lock();
+        let core = &mut *c;
+        core.table.remove_dct(num);
+        core.dcts.remove(&num);
+        let gone: Vec<ConnId> = core
+            .targets
+            .iter()
+            .filter(|(_, t)| t.dct == num)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            if let Some(t) = core.targets.remove(&id) {
+                t.qp.disconnect();
+            }
+            core.table.closed(id, now);
+        }
+        self.pump(core, now);
+    }
+}
+
+impl Drop for DcService {
+    fn drop(&mut self) {
+        if let Ok(p) = self.shared.progress() {
+            p.unregister(self.channel.fd(), self.token);
+        }
+        if let Some(l) = self.listener.get() {
+            // Wakes the accept thread (its `accept` fails); it then finds
+            // the service gone and returns, dropping the listener.
+            // SAFETY: shutdown on a descriptor this Arc keeps open.
+            unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+        }
+        let c = self.core.get_mut().unwrap_or_else(|p| p.into_inner());
+        for (_, conn) in c.conns.drain() {
+            if let Some(qp) = conn.qp {
+                qp.disconnect();
+            }
+        }
+        for (_, t) in c.targets.drain() {
+            t.qp.disconnect();
+        }
+    }
+}
+
+impl Source for DcService {
+    fn on_ready(&self, _readable: bool, _writable: bool) {
+        self.on_channel();
+    }
+
+    fn on_timer(&self, now: Instant) {
+        self.on_timer_now(now);
+    }
+}
+
+fn rc_count(c: &Core) -> usize {
+    c.conns.values().filter(|x| x.qp.is_some()).count() + c.targets.len() + c.accepting
+}
+
+/// Marks internal work request `wr_id` done with `status` (unless it is
+/// done already).
+fn finish(core: &mut Core, wr_id: u64, status: WcStatus, opcode: WcOpcode, now: Instant) {
+    finish_wc(core, &WorkCompletion::new(wr_id, status, opcode, 0), now);
+}
+
+/// Marks the internal work request of `wc` done with `wc` (its wr_id
+/// replaced by the application's); tells the table. The connection it
+/// was posted to, if it was not done already.
+fn finish_wc(core: &mut Core, wc: &WorkCompletion, now: Instant) -> Option<ConnId> {
+    let (dci, seq) = untag(wc.wr_id);
+    let st = core.dcis.get_mut(&dci)?;
+    let slot = st.ring.get_mut(seq.wrapping_sub(st.base) as usize)?;
+    if slot.done.is_some() {
+        return None;
+    }
+    slot.done = Some(WorkCompletion {
+        wr_id: slot.wr_id,
+        ..*wc
+    });
+    st.dirty = true;
+    let id = slot.conn;
+    core.table.completed(id, now);
+    Some(id)
+}
+
+fn fail_backlog(core: &mut Core, conn: &mut Conn, status: WcStatus, now: Instant) {
+    while let Some(wr) = conn.backlog.pop_front() {
+        finish(core, wr.wr_id, status, WcOpcode::of(&wr.op), now);
+    }
+}
+
+/// Forgets target connections whose QP has failed or closed.
+fn reap(core: &mut Core, now: Instant) {
+    core.last_reap = Some(now);
+    let gone: Vec<ConnId> = core
+        .targets
+        .iter()
+        .filter(|(_, t)| t.qp.link_state() == QpLinkState::Error)
+        .map(|(&id, _)| id)
+        .collect();
+    for id in gone {
+        core.targets.remove(&id);
+        core.table.closed(id, now);
+    }
+}
+
+fn accept_loop(me: Weak<DcService>, listener: Arc<Listener>) {
+    loop {
+        let r = listener.accept();
+        let Some(svc) = me.upgrade() else { return };
+        match r {
+            Ok(inc) => svc.on_request(inc),
+            // A failed request (bad MPA, reset); or the descriptor table is
+            // full: pause rather than spin.
+            Err(cm::CmError::Io(_)) => std::thread::sleep(std::time::Duration::from_millis(1)),
+            Err(_) => {}
+        }
+    }
+}
+
+/// Inline progress hook attached to a DCI's CQ.
+struct Hook {
+    svc: Weak<DcService>,
+}
+
+impl InlineProgress for Hook {
+    fn progress_inline(&self) {
+        if let Some(s) = self.svc.upgrade() {
+            s.inline();
+        }
+    }
+    fn progress_key(&self) -> usize {
+        self.svc.as_ptr() as usize
+    }
+}
+
+// ----------------------------------------------------------------------
+// Public objects
+// ----------------------------------------------------------------------
+
+/// A DC initiator: one send queue reaching any DCT (per-WR destination).
+pub struct Dci {
+    svc: Arc<DcService>,
+    id: u32,
+    qp_num: u32,
+    _hook: Arc<Hook>,
+}
+
+impl std::fmt::Debug for Dci {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dci").field("qp_num", &self.qp_num).finish()
+    }
+}
+
+impl Dci {
+    /// A DCI of `svc` posting with memory of protection domain `pd`,
+    /// completing into `cq` (at most `max_send_wr` outstanding).
+    pub fn new(svc: &Arc<DcService>, pd: u32, cq: Arc<Cq>, max_send_wr: usize) -> Dci {
+        let hook = Arc::new(Hook {
+            svc: Arc::downgrade(svc),
+        });
+        cq.attach(Arc::downgrade(&hook));
+        let mut c = svc.lock();
+        let id = c.next_dci;
+        c.next_dci = (c.next_dci + 1) & 0x00ff_ffff;
+        // The number completions carry: the service's UD QPN's port and a
+        // per-service DCI index are not unique enough to mean anything
+        // else; it is reported as-is.
+        let qp_num = id;
+        c.dcis.insert(
+            id,
+            DciState {
+                cq,
+                qp_num,
+                pd,
+                depth: max_send_wr.max(1),
+                base: 0,
+                ring: VecDeque::with_capacity(max_send_wr.max(1)),
+                dirty: false,
+            },
+        );
+        drop(c);
+        Dci {
+            svc: svc.clone(),
+            id,
+            qp_num,
+            _hook: hook,
+        }
+    }
+
+    /// The number this DCI's completions carry in `qp_num`.
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    /// Posts `wr` to the DCT `target.addr.qpn` at `target.addr`, with the
+    /// DC access key `target.key` (`target.local` is ignored).
+    pub fn post_send(&self, wr: SendWr, target: DcTarget) -> Result<(), QpError> {
+        self.svc.post(self.id, wr, target)
+    }
+
+    /// Work requests posted and not yet completed to the CQ.
+    pub fn outstanding(&self) -> usize {
+        self.svc
+            .lock()
+            .dcis
+            .get(&self.id)
+            .map_or(0, |d| d.ring.len())
+    }
+
+    /// The service (table counters).
+    pub fn service(&self) -> &Arc<DcService> {
+        &self.svc
+    }
+}
+
+impl Drop for Dci {
+    fn drop(&mut self) {
+        self.svc.lock().dcis.remove(&self.id);
+    }
+}
+
+/// A DC target: accepts RC connections from any DCI presenting its key;
+/// incoming Sends take receives from its SRQ and complete into its CQ.
+pub struct Dct {
+    svc: Arc<DcService>,
+    num: u32,
+    addr: DgramAddr,
+}
+
+impl std::fmt::Debug for Dct {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dct").field("num", &self.num).finish()
+    }
+}
+
+impl Dct {
+    /// A DCT of `svc` in protection domain `pd` with access key `key`.
+    pub fn new(
+        svc: &Arc<DcService>,
+        pd: u32,
+        cq: Arc<Cq>,
+        srq: Arc<Srq>,
+        key: u64,
+    ) -> Result<Dct, DcError> {
+        let num = svc.add_dct(pd, cq, srq, key)?;
+        let addr = svc
+            .lock()
+            .dcts
+            .get(&num)
+            .map(|d| d.ud.local_addr())
+            .expect("just added");
+        Ok(Dct {
+            svc: svc.clone(),
+            num,
+            addr,
+        })
+    }
+
+    /// The DCT number (its invitation UD QP's number).
+    pub fn number(&self) -> u32 {
+        self.num
+    }
+
+    /// The DCT's UD address (`qpn` = [`Dct::number`]; the IP may be
+    /// unspecified when bound to every interface).
+    pub fn address(&self) -> DgramAddr {
+        self.addr
+    }
+
+    /// Invitations rejected for a wrong key so far.
+    pub fn rejected(&self) -> u64 {
+        self.svc
+            .lock()
+            .dcts
+            .get(&self.num)
+            .map_or(0, |d| d.rejected)
+    }
+
+    /// The sources of rejected invitations not read yet (oldest first; at
+    /// most 256 are kept, the count in [`Dct::rejected`] is exact).
+    pub fn take_rejections(&self) -> Vec<DgramAddr> {
+        self.svc
+            .lock()
+            .dcts
+            .get_mut(&self.num)
+            .map_or(Vec::new(), |d| d.rejections.drain(..).collect())
+    }
+
+    /// The service (table counters).
+    pub fn service(&self) -> &Arc<DcService> {
+        &self.svc
+    }
+}
+
+impl Drop for Dct {
+    fn drop(&mut self) {
+        self.svc.remove_dct(self.num);
+    }
+}
