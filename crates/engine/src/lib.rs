@@ -10,6 +10,7 @@
 //! * [`cq`]: completion queues, completion channels (eventfds), async events.
 //! * [`qp`]: RC queue pairs over TCP.
 //! * [`dgram`]: datagram (UD and RD) queue pairs over UDP, multicast.
+//! * [`dc`]: software dynamically connected transport (DCI/DCT over UD + RC).
 //! * [`srq`]: shared receive queues.
 //! * [`cm`]: connection setup: listen, connect, accept, reject, with MPA
 //!   negotiation, private data and the peer-to-peer RTR.
@@ -23,6 +24,7 @@ pub mod cm;
 pub mod cm_events;
 pub mod config;
 pub mod cq;
+pub mod dc;
 pub mod dgram;
 pub mod ibconn;
 pub mod mr;

@@ -43,6 +43,7 @@ use softrdma_engine as engine;
 pub mod qp_state;
 pub use qp_state::{Destination, ModifyError, QpAttr, QpState};
 
+pub mod dc;
 pub mod dgram;
 pub use dgram::{
     AddressHandle, AhError, DgramAddr, DgramError, RdPostError, RdQpOptions, RdQpStats,
