@@ -17,6 +17,11 @@ APT_PACKAGES=(
     iproute2 # softrdma-sim netns: two-host tests in network namespaces joined by veth
     nftables # softrdma-sim netns: kernel packet loss (numgen random drop rules)
     iputils-ping # softrdma-sim netns: checks the veth link
+    ibverbs-utils # softrdma-capi: unmodified ibv_devices/ibv_devinfo/ibv_*_pingpong over our libibverbs.so.1
+    rdmacm-utils # softrdma-capi: unmodified rping/ucmatose/udaddy/mckey/rdma_server/rstream over our librdmacm.so.1
+    perftest # softrdma-capi: unmodified ib_{send,write,read}_{lat,bw}, ib_atomic_lat
+    libibverbs-dev # softrdma-capi: layout test compiles C against Debian's infiniband/verbs.h
+    librdmacm-dev # softrdma-capi: layout test compiles C against Debian's rdma/rdma_cma.h
 )
 
 # Wait up to 10 minutes if another apt/dpkg holds the lock.

@@ -1,0 +1,423 @@
+//! How the C objects map to softrdma objects, and the crate-internal API
+//! the verbs calls, [`crate::rdmacm`] and [`crate::rsocket`] share
+//! (documented for the rdmacm side in `ARCHITECTURE.md`).
+//!
+//! Every C object is a heap allocation of a `#[repr(C)]` Rust struct whose
+//! **first field is the C struct** the application sees (`ibv_pd`,
+//! `ibv_cq_ex`, `ibv_qp_ex`, ...), so the application's pointer is also a
+//! pointer to ours; `*_from_raw` turn one into the other. The context is
+//! the exception the ABI dictates: the application gets
+//! `&verbs_context.context`, the last field of `verbs_context`, which is
+//! the first field of [`CtxObj`] ([`CtxObj::from_raw`] subtracts the
+//! offset). Objects are created with `Box::into_raw` and freed by the
+//! matching destroy call.
+//!
+//! There is exactly one softrdma engine per process ([`engine`]), shared
+//! by every opened context, by rdma_cm and by rsockets, whichever of
+//! libibverbs.so.1/librdmacm.so.1 is loaded first (librdmacm.so.1 forwards
+//! into this library).
+//!
+//! Lifetime rules follow verbs: the application destroys children before
+//! parents. Engine objects are reference counted, so a CQ destroyed while a
+//! QP still completes into it costs memory, not safety, on our side.
+
+use std::cell::UnsafeCell;
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use softrdma_engine as engine;
+use softrdma_proto::wr::DgramAddr;
+
+use crate::abi::*;
+use crate::device::DevObj;
+
+/// The process's one softrdma engine, created on first use. Fails (with
+/// an errno) only if a `SOFTRDMA_*` variable is invalid or the system
+/// refuses an eventfd.
+pub fn engine() -> Result<&'static engine::Context, i32> {
+    static ENGINE: OnceLock<Result<engine::Context, i32>> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            engine::Context::new().map_err(|e| {
+                eprintln!("softrdma: {e}");
+                e.raw_os_error().unwrap_or(libc::EINVAL)
+            })
+        })
+        .as_ref()
+        .map_err(|e| *e)
+}
+
+// ---------------------------------------------------------------------
+// Context
+// ---------------------------------------------------------------------
+
+/// An opened device (`ibv_open_device`).
+#[repr(C)]
+pub struct CtxObj {
+    /// The extended context; the application holds `&vctx.context`.
+    pub vctx: verbs_context,
+    /// The device it was opened on.
+    pub dev: &'static DevObj,
+}
+
+impl CtxObj {
+    /// Our object behind an application's `ibv_context`.
+    ///
+    /// # Safety
+    /// `ctx` must be NULL or a context this library handed out and not yet
+    /// closed.
+    pub unsafe fn from_raw<'a>(ctx: *mut ibv_context) -> Option<&'a CtxObj> {
+        if ctx.is_null() {
+            return None;
+        }
+        let off = std::mem::offset_of!(verbs_context, context);
+        // SAFETY: per the contract, ctx points at the `context` field of the `verbs_context` that starts a live CtxObj.
+        Some(unsafe { &*((ctx as *mut u8).sub(off) as *const CtxObj) })
+    }
+
+    /// The pointer the application uses.
+    pub fn raw(&self) -> *mut ibv_context {
+        &self.vctx.context as *const ibv_context as *mut ibv_context
+    }
+}
+
+/// The context rdma_cm hands out as `cm_id->verbs` for `dev`: one per
+/// device, opened on first use and never closed (like librdmacm's
+/// per-device contexts).
+pub fn device_context(dev: &'static DevObj) -> Result<*mut ibv_context, i32> {
+    static CTXS: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+    let mut v = CTXS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, c)) = v.iter().find(|(d, _)| *d == dev.index) {
+        return Ok(*c as *mut ibv_context);
+    }
+    let c = crate::verbs_api::open_context(dev)?;
+    v.push((dev.index, c as usize));
+    Ok(c)
+}
+
+// ---------------------------------------------------------------------
+// Object registry (completion events and async events name objects by id)
+// ---------------------------------------------------------------------
+
+#[derive(Default)]
+struct Registry {
+    /// Engine CQ id -> `*mut CqObj`.
+    cqs: HashMap<u64, usize>,
+    /// QP number -> `*mut QpObj`.
+    qps: HashMap<u32, usize>,
+    /// Engine SRQ id -> `*mut SrqObj`.
+    srqs: HashMap<u64, usize>,
+}
+
+fn registry() -> std::sync::MutexGuard<'static, Registry> {
+    static REG: OnceLock<Mutex<Registry>> = OnceLock::new();
+    REG.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+pub(crate) fn register_cq(id: u64, p: *mut CqObj) {
+    registry().cqs.insert(id, p as usize);
+}
+pub(crate) fn unregister_cq(id: u64) {
+    registry().cqs.remove(&id);
+}
+/// The CQ object with engine id `id`, if it still exists.
+pub(crate) fn cq_by_id(id: u64) -> Option<*mut CqObj> {
+    registry().cqs.get(&id).map(|p| *p as *mut CqObj)
+}
+pub(crate) fn register_qp(qpn: u32, p: *mut QpObj) {
+    registry().qps.insert(qpn, p as usize);
+}
+pub(crate) fn unregister_qp(qpn: u32) {
+    registry().qps.remove(&qpn);
+}
+/// The QP object numbered `qpn`, if it exists.
+pub fn qp_by_num(qpn: u32) -> Option<*mut QpObj> {
+    registry().qps.get(&qpn).map(|p| *p as *mut QpObj)
+}
+pub(crate) fn register_srq(id: u64, p: *mut SrqObj) {
+    registry().srqs.insert(id, p as usize);
+}
+pub(crate) fn unregister_srq(id: u64) {
+    registry().srqs.remove(&id);
+}
+pub(crate) fn srq_by_id(id: u64) -> Option<*mut SrqObj> {
+    registry().srqs.get(&id).map(|p| *p as *mut SrqObj)
+}
+
+// ---------------------------------------------------------------------
+// PD, MR, AH, channel, CQ, SRQ
+// ---------------------------------------------------------------------
+
+/// A protection domain.
+#[repr(C)]
+pub struct PdObj {
+    /// What the application sees.
+    pub pd: ibv_pd,
+    /// The engine's PD number.
+    pub num: u32,
+}
+
+/// A memory region over application memory.
+#[repr(C)]
+pub struct MrObj {
+    /// What the application sees (`lkey == rkey ==` the STag).
+    pub mr: ibv_mr,
+    /// The engine STag.
+    pub stag: u32,
+}
+
+/// An address handle: where datagrams go.
+#[repr(C)]
+pub struct AhObj {
+    /// What the application sees.
+    pub ah: ibv_ah,
+    /// The destination IP (from the GID; a multicast group for
+    /// multicast).
+    pub ip: IpAddr,
+    /// The UDP port when known exactly (rdma_cm UD, `softrdma` AHs);
+    /// `None`: taken from the remote QPN at post time (`qpn >> 8`).
+    pub port: Option<u16>,
+}
+
+impl AhObj {
+    /// The datagram destination for a send to `remote_qpn` through this
+    /// handle (multicast groups map to the engine's multicast address).
+    pub fn dest(&self, remote_qpn: u32) -> Result<DgramAddr, i32> {
+        if self.ip.to_canonical().is_multicast() {
+            return Ok(engine()?.mcast_dest(self.ip));
+        }
+        Ok(DgramAddr {
+            ip: self.ip,
+            port: self.port.unwrap_or((remote_qpn >> 8) as u16),
+            qpn: remote_qpn & 0x00FF_FFFF,
+        })
+    }
+}
+
+/// A completion channel (a pollable eventfd).
+#[repr(C)]
+pub struct ChannelObj {
+    /// What the application sees (`fd` is the engine channel's eventfd).
+    pub ch: ibv_comp_channel,
+    /// The engine channel.
+    pub engine: Arc<engine::CompChannel>,
+}
+
+/// A completion queue (always allocated as `ibv_cq_ex`, whose prefix is
+/// `ibv_cq`).
+#[repr(C)]
+pub struct CqObj {
+    /// What the application sees (it reads `status`/`wr_id` that polling
+    /// writes: hence the cell).
+    pub cq: UnsafeCell<ibv_cq_ex>,
+    /// The engine CQ.
+    pub engine: Arc<engine::Cq>,
+    /// The channel it reports to, if any.
+    pub channel: Option<Arc<engine::CompChannel>>,
+    /// The completion `ibv_start_poll`/`ibv_next_poll` stand on.
+    pub cur: Mutex<ibv_wc>,
+}
+
+/// A shared receive queue.
+#[repr(C)]
+pub struct SrqObj {
+    /// What the application sees.
+    pub srq: ibv_srq,
+    /// The engine SRQ.
+    pub engine: Arc<engine::Srq>,
+    /// Its protection domain's number.
+    pub pd_num: u32,
+}
+
+/// What a QP runs on.
+pub enum QpKind {
+    /// RC over TCP (also UC, which softrdma runs as RC; see
+    /// `ARCHITECTURE.md`).
+    Rc(engine::Qp),
+    /// UD or (softrdma extension) RD over UDP.
+    Dgram(engine::DgramQpHandle),
+}
+
+/// Attributes remembered for `ibv_query_qp`.
+#[derive(Clone, Copy, Default)]
+pub struct QpRemembered {
+    /// The last attributes set, by mask bit.
+    pub attr: ibv_qp_attr,
+}
+
+/// A queue pair (always allocated as `ibv_qp_ex`, whose prefix is
+/// `ibv_qp`).
+#[repr(C)]
+pub struct QpObj {
+    /// What the application sees (it writes `wr_id`/`wr_flags`, we write
+    /// `state`: hence the cell).
+    pub ex: UnsafeCell<ibv_qp_ex>,
+    /// The QP number.
+    pub qpn: u32,
+    /// `ibv_qp_type`.
+    pub qp_type: c_int,
+    /// The engine QP.
+    pub kind: QpKind,
+    /// Every send is signaled (`sq_sig_all`).
+    pub sq_sig_all: bool,
+    /// The capabilities granted.
+    pub cap: ibv_qp_cap,
+    /// The protection domain's number.
+    pub pd_num: u32,
+    /// The device (for addresses).
+    pub dev: &'static DevObj,
+    /// `ibv_qp_state`, mirrored into `ex.qp_base.state`.
+    pub state: AtomicI32,
+    /// For `ibv_query_qp`.
+    pub remembered: Mutex<QpRemembered>,
+    /// The `ibv_wr_*` batch being built.
+    pub batch: Mutex<crate::qp_ex::WrBatch>,
+}
+
+impl QpObj {
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// The C object.
+    pub fn raw(&self) -> *mut ibv_qp_ex {
+        self.ex.get()
+    }
+
+    /// The RC engine QP (RC and UC QPs).
+    pub fn rc(&self) -> Option<&engine::Qp> {
+        match &self.kind {
+            QpKind::Rc(q) => Some(q),
+            QpKind::Dgram(_) => None,
+        }
+    }
+
+    /// The datagram engine QP (UD and RD QPs).
+    pub fn dgram(&self) -> Option<&engine::DgramQpHandle> {
+        match &self.kind {
+            QpKind::Dgram(q) => Some(q),
+            QpKind::Rc(_) => None,
+        }
+    }
+
+    /// The current `ibv_qp_state`.
+    pub fn state(&self) -> i32 {
+        self.state.load(Ordering::Acquire)
+    }
+
+    /// Sets the state (rdma_cm moves QPs to RTS when a connection is
+    /// established, to ERR on disconnect).
+    pub fn set_state(&self, s: i32) {
+        self.state.store(s, Ordering::Release);
+        // SAFETY: `state` is a plain int inside the cell of our live QP object that only this library writes; applications only read it (verbs contract), racing reads see an old or new value.
+        unsafe { std::ptr::write_volatile(std::ptr::addr_of_mut!((*self.ex.get()).qp_base.state), s) };
+    }
+}
+
+/// Our PD behind an `ibv_pd`.
+///
+/// # Safety
+/// `p` must be NULL or a live PD of this library.
+pub unsafe fn pd_from_raw<'a>(p: *mut ibv_pd) -> Option<&'a PdObj> {
+    // SAFETY: per the contract; ibv_pd is PdObj's first field.
+    unsafe { (p as *const PdObj).as_ref() }
+}
+
+/// Our MR behind an `ibv_mr`.
+///
+/// # Safety
+/// `p` must be NULL or a live MR of this library.
+pub unsafe fn mr_from_raw<'a>(p: *mut ibv_mr) -> Option<&'a MrObj> {
+    // SAFETY: per the contract; ibv_mr is MrObj's first field.
+    unsafe { (p as *const MrObj).as_ref() }
+}
+
+/// Our AH behind an `ibv_ah`.
+///
+/// # Safety
+/// `p` must be NULL or a live AH of this library.
+pub unsafe fn ah_from_raw<'a>(p: *mut ibv_ah) -> Option<&'a AhObj> {
+    // SAFETY: per the contract; ibv_ah is AhObj's first field.
+    unsafe { (p as *const AhObj).as_ref() }
+}
+
+/// Our channel behind an `ibv_comp_channel`.
+///
+/// # Safety
+/// `p` must be NULL or a live channel of this library.
+pub unsafe fn channel_from_raw<'a>(p: *mut ibv_comp_channel) -> Option<&'a ChannelObj> {
+    // SAFETY: per the contract; ibv_comp_channel is ChannelObj's first field.
+    unsafe { (p as *const ChannelObj).as_ref() }
+}
+
+/// Our CQ behind an `ibv_cq` (or `ibv_cq_ex`).
+///
+/// # Safety
+/// `p` must be NULL or a live CQ of this library.
+pub unsafe fn cq_from_raw<'a>(p: *mut ibv_cq) -> Option<&'a CqObj> {
+    // SAFETY: per the contract; ibv_cq_ex (prefix ibv_cq) is CqObj's first field.
+    unsafe { (p as *const CqObj).as_ref() }
+}
+
+/// Our SRQ behind an `ibv_srq`.
+///
+/// # Safety
+/// `p` must be NULL or a live SRQ of this library.
+pub unsafe fn srq_from_raw<'a>(p: *mut ibv_srq) -> Option<&'a SrqObj> {
+    // SAFETY: per the contract; ibv_srq is SrqObj's first field.
+    unsafe { (p as *const SrqObj).as_ref() }
+}
+
+/// Our QP behind an `ibv_qp` (or `ibv_qp_ex`).
+///
+/// # Safety
+/// `p` must be NULL or a live QP of this library.
+pub unsafe fn qp_from_raw<'a>(p: *mut ibv_qp) -> Option<&'a QpObj> {
+    // SAFETY: per the contract; ibv_qp_ex (prefix ibv_qp) is QpObj's first field.
+    unsafe { (p as *const QpObj).as_ref() }
+}
+
+/// An address handle for an exact datagram destination (rdma_cm UD:
+/// `event->param.ud.ah_attr` comes with the peer's UDP port known).
+///
+/// # Safety
+/// `pd` must be a live PD of this library.
+pub unsafe fn create_ah_to(pd: *mut ibv_pd, dest: DgramAddr) -> Result<*mut ibv_ah, i32> {
+    // SAFETY: per the contract.
+    let p = unsafe { pd_from_raw(pd) }.ok_or(libc::EINVAL)?;
+    Ok(Box::into_raw(Box::new(AhObj {
+        ah: ibv_ah {
+            context: p.pd.context,
+            pd,
+            handle: 0,
+        },
+        ip: dest.ip,
+        port: Some(dest.port),
+    })) as *mut ibv_ah)
+}
+
+/// The GID of an IP address: IPv4-mapped for IPv4 (design.md §3).
+pub fn gid_of(ip: IpAddr) -> ibv_gid {
+    ibv_gid {
+        raw: engine::ibconn::gid_of(ip),
+    }
+}
+
+/// The IP address in a GID: IPv4 for an IPv4-mapped GID; `None` for the
+/// zero GID.
+pub fn ip_of_gid(g: &ibv_gid) -> Option<IpAddr> {
+    if g.raw == [0; 16] {
+        return None;
+    }
+    let v6 = std::net::Ipv6Addr::from(g.raw);
+    Some(match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    })
+}
