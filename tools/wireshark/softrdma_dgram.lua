@@ -6,8 +6,16 @@
 -- followed by a CRC32C over everything before it, stored least-significant
 -- octet first.
 --
---   UDP payload = [RD shim, future] | DDP header [T-MSN T-MO]X [DQPN]Q
---                 | RDMAP part (untagged only) | payload | CRC32C (4)
+--   UD:  UDP payload = DDP header [T-MSN T-MO]X [DQPN]Q
+--                      | RDMAP part (untagged only) | payload | CRC32C (4)
+--   RD:  UDP payload = RD shim (26, octet 0 = 0x52) | [DDP segment as
+--                      above, present iff flag D] | CRC32C (4)
+--
+-- The CRC covers everything before it (the shim included). The RD shim
+-- (docs/datagram.md §9) is decoded field by field under "RD shim", its
+-- receive rules (§9.3) checked, and the DDP segment behind it decoded as a
+-- UD one; re-sent data datagrams (same flow, epoch and PSN as an earlier
+-- frame) are marked as RD retransmissions.
 --
 -- Protocol "srdma"; every field is srdma.* (see the field table below).
 --
@@ -15,8 +23,9 @@
 --   * on the UDP ports of the "Ports" preference (default 7174,18515), or the
 --     range given as a script argument: -X lua_script1:port=5000-5010;
 --   * anywhere else through the heuristic "srdma_udp", which claims a
---     datagram only if DV = 1, RV = 1, the reserved DDP bits are 0, X is not
---     set on an untagged segment and the CRC32C is right. Once it has claimed
+--     datagram only if the CRC32C is right and either DV = 1, RV = 1, the
+--     reserved DDP bits are 0 and X is not set on an untagged segment (UD),
+--     or octet 0 is 0x52 and the datagram holds a whole shim (RD). Once it has claimed
 --     a datagram, the rest of that UDP flow is dissected as on a configured
 --     port ("Follow flows" preference), so a later corrupted datagram of the
 --     flow is shown with a bad CRC instead of as plain data.
@@ -311,7 +320,30 @@ add_field("term_rdmap", ProtoField.bytes("srdma.term.rdmap", "Terminated RDMAP h
 read_request_fields("srdma.term.rdmap.", "term_rr_")
 add_field("payload", ProtoField.bytes("srdma.payload", "Payload"))
 add_field("payload_len", ProtoField.uint32("srdma.payload_len", "Payload length", base.DEC))
-add_field("shim", ProtoField.bytes("srdma.shim", "softrdma RD shim (not decoded yet)"))
+-- The RD shim (docs/datagram.md §9.2), names as there.
+local RD_FLAG_NAMES = { D = 0x80, S = 0x40, A = 0x20, N = 0x10, R = 0x08, P = 0x04 }
+add_field("rd", ProtoField.bytes("srdma.rd", "RD shim"))
+add_field("rd_magic", ProtoField.uint8("srdma.rd.magic", "Magic / shim version (0x52 = 'R', version 1)", base.HEX))
+add_field("rd_dqpn", ProtoField.uint24("srdma.rd.dqpn", "DQPN (destination QP number)", base.HEX_DEC))
+add_field("rd_flags", ProtoField.uint8("srdma.rd.flags", "Flags", base.HEX))
+add_field("rd_d", ProtoField.bool("srdma.rd.d", "D (a DDP segment follows; epoch and PSN valid)", 8, nil, 0x80))
+add_field("rd_s", ProtoField.bool("srdma.rd.s", "S (SYN: the session is not yet acknowledged)", 8, nil, 0x40))
+add_field("rd_a", ProtoField.bool("srdma.rd.a", "A (cumulative ACK)", 8, nil, 0x20))
+add_field("rd_n", ProtoField.bool("srdma.rd.n", "N (NAK: ack PSN is missing, resend from it)", 8, nil, 0x10))
+add_field("rd_r", ProtoField.bool("srdma.rd.r", "R (reset: no session ack epoch here; ack PSN = epoch floor)", 8, nil, 0x08))
+add_field("rd_p", ProtoField.bool("srdma.rd.p", "P (poll: answer with an ACK at once)", 8, nil, 0x04))
+add_field("rd_rsvd", ProtoField.uint8("srdma.rd.rsvd", "Reserved", base.HEX, nil, 0x03))
+add_field("rd_sqpn", ProtoField.uint24("srdma.rd.sqpn", "SQPN (source QP number)", base.HEX_DEC))
+add_field("rd_epoch", ProtoField.uint32("srdma.rd.epoch", "Epoch (sender's session)", base.HEX_DEC))
+add_field("rd_psn", ProtoField.uint32("srdma.rd.psn", "PSN", base.DEC))
+add_field("rd_ack_epoch", ProtoField.uint32("srdma.rd.ack_epoch", "Ack epoch", base.HEX_DEC))
+add_field("rd_ack_psn", ProtoField.uint32("srdma.rd.ack_psn", "Ack PSN (next PSN expected)", base.DEC))
+add_field("rd_floor", ProtoField.uint32("srdma.rd.floor", "Epoch floor (in the ack PSN field)", base.HEX_DEC))
+add_field("rd_window", ProtoField.uint16("srdma.rd.window", "Window (data datagrams the sender of this shim accepts)", base.DEC))
+add_field("rd_kind", ProtoField.string("srdma.rd.kind", "RD datagram kind"))
+add_field("rd_retransmission", ProtoField.bool("srdma.rd.retransmission", "Retransmission"))
+add_field("rd_first_frame", ProtoField.framenum("srdma.rd.first_frame", "First sent in frame"))
+add_field("shim", ProtoField.bytes("srdma.shim", "Unknown shim version (not decoded)"))
 add_field("undecoded", ProtoField.bytes("srdma.undecoded", "Undecoded octets"))
 add_field("crc", ProtoField.uint32("srdma.crc", "CRC32C", base.HEX))
 add_field("crc_computed", ProtoField.uint32("srdma.crc_computed", "Computed CRC32C", base.HEX))
@@ -339,9 +371,16 @@ local E = {
     crc_unverified = ProtoExpert.new("srdma.crc_unverified",
         "CRC32C not verified: the frame was captured only in part",
         expert.group.CHECKSUM, expert.severity.NOTE),
+    rd_retransmission = ProtoExpert.new("srdma.rd.retransmission.expert",
+        "RD retransmission", expert.group.SEQUENCE, expert.severity.NOTE),
+    rd_nak = ProtoExpert.new("srdma.rd.nak.expert", "RD NAK (a datagram was lost)",
+        expert.group.SEQUENCE, expert.severity.NOTE),
+    rd_reset = ProtoExpert.new("srdma.rd.reset.expert", "RD reset (no such session)",
+        expert.group.SEQUENCE, expert.severity.NOTE),
 }
 srdma.experts = { E.crc_bad, E.violation, E.violation_unchecked, E.protocol,
-                  E.undecoded, E.crc_unverified }
+                  E.undecoded, E.crc_unverified, E.rd_retransmission, E.rd_nak,
+                  E.rd_reset }
 
 local ddp_rdmap = Dissector.get("iwarp_ddp_rdmap")
 
@@ -377,31 +416,198 @@ end
 local function hex8(v) return string.format("0x%08x", v) end
 
 -- -------------------------------------------------------------------------
--- RD SHIM: DECODE HERE LATER
+-- The RD shim (docs/datagram.md §9)
 --
--- docs/datagram.md §9 reserves a reliable-datagram shim in front of the DDP
--- segment. Its first octet will be chosen so that it is not a valid DDP
--- control octet (DV ~= 1); that is how a datagram whose octet 0 has DV ~= 1
--- reaches this function. Until the shim is specified the whole payload
--- (minus the CRC) is shown as "softrdma RD shim (not decoded yet)" and the
--- CRC is checked over all of it.
+--  0        1                          4        5                          8
+-- +--------+--------------------------+--------+--------------------------+
+-- |  0x52  |        DQPN (24)         | flags  |        SQPN (24)         |
+-- +--------+--------------------------+--------+--------------------------+
+--  8        12       16          20          24       26
+-- | epoch  |  PSN   | ack epoch | ack PSN /  | window |
+-- |  (D)   |  (D)   |  (A or R) | floor (R)  |  (16)  |
 --
--- When the shim is defined:
---   1. decode its fields here, under a subtree, and return its length so
---      that dissect_segment() decodes the DDP segment that follows it;
---   2. if the CRC does not cover the shim, start the CRC after it in
---      classify() (today: octet 0 up to the last 4 octets);
---   3. recognise the shim's first octet (a magic/version) in classify() so
---      that a shim datagram with a bad CRC is claimed on a configured port
---      (today it is left alone, since it cannot be told from foreign
---      traffic) and so that the heuristic accepts RD datagrams too.
+-- flags D 0x80, S 0x40, A 0x20, N 0x10, R 0x08, P 0x04, reserved 0x03.
 -- -------------------------------------------------------------------------
-local function dissect_rd_shim(tvb, pinfo, tree, seg_end)
-    -- TODO(RD shim): not specified yet; nothing is decoded.
-    local item = tree:add(F.shim, tvb(0, seg_end))
-    item:add_proto_expert_info(E.undecoded,
-        "softrdma RD shim (not decoded yet): the RD shim layout is not specified")
-    return nil
+
+local RD_MAGIC = 0x52
+local RD_SHIM_LEN = 26
+
+-- First frame of every (flow, epoch, PSN) data datagram seen, to mark
+-- retransmissions. Filled on the first pass over the capture.
+local rd_first_seen = {}
+
+function srdma.init()
+    rd_first_seen = {}
+end
+
+local function rd_flag_string(flags)
+    local out = {}
+    for _, n in ipairs({ "D", "S", "A", "N", "R", "P" }) do
+        if band(flags, RD_FLAG_NAMES[n]) ~= 0 then out[#out + 1] = n end
+    end
+    return #out > 0 and table.concat(out, ",") or "none"
+end
+
+-- Decodes the shim at octet 0 (the caller saw octet 0 & 0x03 == 0b10).
+-- `seg_end` is where the CRC starts (or the capture ends), `real_end` where
+-- the CRC would start. Returns (ok, has_segment, info): ok = false when the
+-- receiver would drop the datagram at the shim (the segment is then not
+-- decoded); has_segment when a DDP segment follows.
+local function dissect_rd_shim(tvb, pinfo, tree, seg_end, real_end, crc_state)
+    local c0 = tvb(0, 1):uint()
+    local function report(text)
+        if crc_state ~= "good" then
+            tree:add_proto_expert_info(E.violation_unchecked, text)
+        else
+            tree:add_proto_expert_info(E.violation, text)
+        end
+    end
+    if c0 ~= RD_MAGIC then
+        tree:add(F.shim, tvb(0, seg_end))
+        report(string.format("octet 0 = 0x%02x: an RD shim version other than 0x52 (BadVersion)", c0))
+        return false, false, string.format("RD shim version 0x%02x", c0)
+    end
+    if seg_end < RD_SHIM_LEN then
+        tree:add(F.undecoded, tvb(0, seg_end))
+        if real_end < RD_SHIM_LEN then
+            report(string.format("shorter than the %d-octet RD shim (Truncated)", RD_SHIM_LEN))
+        end
+        return false, false, "RD [truncated]"
+    end
+    local flags = tvb(4, 1):uint()
+    local d = band(flags, 0x80) ~= 0
+    local syn = band(flags, 0x40) ~= 0
+    local a = band(flags, 0x20) ~= 0
+    local n = band(flags, 0x10) ~= 0
+    local r = band(flags, 0x08) ~= 0
+    local p = band(flags, 0x04) ~= 0
+    local rsvd = band(flags, 0x03)
+    local dqpn = tvb(1, 3):uint()
+    local sqpn = tvb(5, 3):uint()
+    local epoch = tvb(8, 4):uint()
+    local psn = tvb(12, 4):uint()
+    local ack_epoch = tvb(16, 4):uint()
+    local ack_psn = tvb(20, 4):uint()
+    local window = tvb(24, 2):uint()
+
+    local kind
+    if d then
+        kind = "data"
+    elseif r then
+        kind = "reset"
+    elseif n then
+        kind = "NAK"
+    elseif a then
+        kind = "ACK"
+    elseif p then
+        kind = "probe"
+    else
+        kind = "window update"
+    end
+
+    local st = tree:add(F.rd, tvb(0, RD_SHIM_LEN))
+    st:set_text(string.format("RD shim: %s, %s -> %s, flags %s", kind,
+        string.format("SQPN 0x%06x", sqpn), string.format("DQPN 0x%06x", dqpn),
+        rd_flag_string(flags)))
+    st:add(F.rd_magic, tvb(0, 1))
+    st:add(F.rd_dqpn, tvb(1, 3))
+    local ft = st:add(F.rd_flags, tvb(4, 1))
+    ft:append_text(" (" .. rd_flag_string(flags) .. ")")
+    ft:add(F.rd_d, tvb(4, 1))
+    ft:add(F.rd_s, tvb(4, 1))
+    ft:add(F.rd_a, tvb(4, 1))
+    ft:add(F.rd_n, tvb(4, 1))
+    ft:add(F.rd_r, tvb(4, 1))
+    ft:add(F.rd_p, tvb(4, 1))
+    ft:add(F.rd_rsvd, tvb(4, 1))
+    st:add(F.rd_sqpn, tvb(5, 3))
+    local ei = st:add(F.rd_epoch, tvb(8, 4))
+    local pi = st:add(F.rd_psn, tvb(12, 4))
+    if not d then
+        ei:append_text(" (not valid: D = 0)")
+        pi:append_text(" (not valid: D = 0)")
+    end
+    local ae = st:add(F.rd_ack_epoch, tvb(16, 4))
+    if not (a or r) then ae:append_text(" (not valid: neither A nor R)") end
+    if r then
+        st:add(F.rd_floor, tvb(20, 4))
+    else
+        local ap = st:add(F.rd_ack_psn, tvb(20, 4))
+        if not a then ap:append_text(" (not valid: A = 0)") end
+    end
+    st:add(F.rd_window, tvb(24, 2))
+    st:add(F.rd_kind, kind):set_generated()
+
+    -- Receive rules of §9.3 (after the CRC and octet 0).
+    local ok = true
+    if real_end < RD_SHIM_LEN then
+        report(string.format("shorter than the %d-octet RD shim (Truncated)", RD_SHIM_LEN))
+        ok = false
+    elseif rsvd ~= 0 then
+        report(string.format("reserved RD flag bits 0x%02x are set (Malformed)", rsvd))
+        ok = false
+    elseif a and r then
+        report("RD flags A and R together (Malformed)")
+        ok = false
+    elseif n and not a then
+        report("RD flag N without A (Malformed)")
+        ok = false
+    elseif syn and not d then
+        report("RD flag S without D (Malformed)")
+        ok = false
+    elseif d and real_end == RD_SHIM_LEN then
+        report("RD flag D but no DDP segment after the shim (Truncated)")
+        ok = false
+    elseif not d and real_end > RD_SHIM_LEN then
+        report(string.format("%d octets after a control shim (D = 0) (Malformed)",
+            real_end - RD_SHIM_LEN))
+        ok = false
+    end
+
+    local info = { "RD" }
+    if d then
+        if syn then info[#info + 1] = "SYN" end
+        info[#info + 1] = "PSN=" .. psn
+    elseif not a then
+        info[#info + 1] = kind
+    end
+    if a then
+        info[#info + 1] = (n and "NAK=" or "ACK=") .. ack_psn
+    elseif r then
+        info[#info + 1] = string.format("Epoch=0x%08x Floor=0x%08x", ack_epoch, ack_psn)
+    end
+    if p then info[#info + 1] = "Poll" end
+    info[#info + 1] = "Win=" .. window
+    if n and a then
+        st:add_proto_expert_info(E.rd_nak, string.format("RD NAK: PSN %d of epoch 0x%08x is missing",
+            ack_psn, ack_epoch))
+    end
+    if r and not a then
+        st:add_proto_expert_info(E.rd_reset, string.format(
+            "RD reset: no session with epoch 0x%08x here (floor 0x%08x)", ack_epoch, ack_psn))
+    end
+
+    -- Retransmissions: the same data datagram position (flow, epoch, PSN)
+    -- seen in an earlier frame.
+    if d and crc_state == "good" then
+        local key = string.format("%s:%d>%s:%d/%06x/%08x/%d", tostring(pinfo.src), pinfo.src_port,
+            tostring(pinfo.dst), pinfo.dst_port, sqpn, epoch, psn)
+        local first = rd_first_seen[key]
+        if first == nil and not pinfo.visited then
+            rd_first_seen[key] = pinfo.number
+            first = pinfo.number
+        end
+        if first ~= nil and first ~= pinfo.number then
+            st:add(F.rd_retransmission, true):set_generated()
+            st:add(F.rd_first_frame, first):set_generated()
+            st:add_proto_expert_info(E.rd_retransmission, string.format(
+                "RD retransmission of PSN %d (epoch 0x%08x), first sent in frame %d", psn, epoch, first))
+            info[#info + 1] = "[Retransmission]"
+        else
+            st:add(F.rd_retransmission, false):set_generated()
+        end
+    end
+    return ok, d and ok, table.concat(info, " ")
 end
 
 -- -------------------------------------------------------------------------
@@ -716,26 +922,33 @@ local function classify(tvb, how)
     local c1 = tvb(1, 1):uint()
     local h = header_flags(c0, c1)
     local looks_ddp = h.dv == 1 and h.rv == 1
+    -- An RD shim of the version we know, long enough for the shim and the
+    -- CRC (docs/datagram.md §9.1).
+    local looks_rd = c0 == RD_MAGIC and tvb:reported_len() >= RD_SHIM_LEN + 4
     if how == "heur" then
-        if not (looks_ddp and h.rsvd == 0 and (h.t or not h.x) and complete) then
+        local ud = looks_ddp and h.rsvd == 0 and (h.t or not h.x)
+        local rd = looks_rd and band(tvb(4, 1):uint(), 0x03) == 0
+        if not ((ud or rd) and complete) then
             return nil
         end
-    elseif not looks_ddp and not complete then
+    elseif not looks_ddp and not looks_rd and not complete then
         return nil
     end
+    -- Octet 0 with low bits 0b10 starts a shim (RD, or another version).
+    local shim = band(c0, 0x03) == 0x02
     if not complete then
-        return { verified = false, shim = false }
+        return { verified = false, shim = shim }
     end
     local crc = crc32c_tvb(tvb, 0, len - 4)
     local wire = tvb(len - 4, 4):le_uint()
     local good = crc == wire
     if how == "heur" and not good then return nil end
-    if not good and not looks_ddp then
-        -- DV ~= 1 (or RV ~= 1) and a wrong CRC: foreign traffic, or a
-        -- corrupted RD-shim datagram we cannot recognise yet.
+    if not good and not looks_ddp and not looks_rd then
+        -- Neither a DDP control octet nor our shim, and a wrong CRC:
+        -- foreign traffic.
         return nil
     end
-    return { crc = crc, wire = wire, good = good, verified = true, shim = h.dv ~= 1 }
+    return { crc = crc, wire = wire, good = good, verified = true, shim = shim }
 end
 
 local function dissect_datagram(tvb, pinfo, tree, how)
@@ -752,14 +965,42 @@ local function dissect_datagram(tvb, pinfo, tree, how)
 
     local info
     if c.shim then
-        -- Octet 0 is not a DDP control octet (DV ~= 1): an RD shim leads.
-        root:append_text(", RD shim (not decoded yet)")
-        local shim_len = dissect_rd_shim(tvb, pinfo, root, seg_end)
-        if shim_len ~= nil and shim_len + 2 <= seg_end then
-            info = "RD " .. dissect_segment(tvb, pinfo, root, tree, shim_len, seg_end,
-                real_end, crc_state)
-        else
-            info = "softrdma RD shim (not decoded yet)"
+        -- Octet 0 is not a DDP control octet (its low bits are 0b10): the
+        -- RD shim leads, and a DDP segment follows it when D is set.
+        root:append_text(", RD")
+        local ok, has_segment, shim_info = dissect_rd_shim(tvb, pinfo, root, seg_end,
+            real_end, crc_state)
+        info = shim_info
+        if has_segment and seg_end >= RD_SHIM_LEN + 2 then
+            info = info .. " | " .. dissect_segment(tvb, pinfo, root, tree, RD_SHIM_LEN,
+                seg_end, real_end, crc_state)
+            -- §9.3 rule 7: a Q word must name the shim's DQPN.
+            local h = header_flags(tvb(RD_SHIM_LEN, 1):uint(), tvb(RD_SHIM_LEN + 1, 1):uint())
+            local qat = RD_SHIM_LEN + ddp_header_len(h) - 4
+            if h.q and qat + 4 <= seg_end then
+                local q = band(tvb(qat, 4):uint(), 0x00FFFFFF)
+                local dq = tvb(1, 3):uint()
+                if q ~= dq then
+                    local text = string.format(
+                        "DDP DQPN 0x%06x differs from the RD shim's DQPN 0x%06x (Malformed)", q, dq)
+                    if crc_state ~= "good" then
+                        root:add_proto_expert_info(E.violation_unchecked, text)
+                    else
+                        root:add_proto_expert_info(E.violation, text)
+                    end
+                end
+            end
+        elseif has_segment then
+            root:add(F.undecoded, tvb(RD_SHIM_LEN, seg_end - RD_SHIM_LEN))
+            local text = "the DDP segment after the RD shim is shorter than 2 octets (Truncated)"
+            if crc_state ~= "good" then
+                root:add_proto_expert_info(E.violation_unchecked, text)
+            else
+                root:add_proto_expert_info(E.violation, text)
+            end
+        end
+        if not ok and seg_end > RD_SHIM_LEN and tvb(0, 1):uint() == RD_MAGIC then
+            root:add(F.undecoded, tvb(RD_SHIM_LEN, seg_end - RD_SHIM_LEN))
         end
     else
         info = dissect_segment(tvb, pinfo, root, tree, 0, seg_end, real_end, crc_state)

@@ -5,8 +5,12 @@
 //! with no expert errors and nothing malformed; one flipped bit must give
 //! exactly one expert error (the bad CRC); foreign UDP traffic on the same
 //! port must be left alone. The heuristic (any port), the `port=` and
-//! `follow=` script arguments, header violations under a good CRC and the
-//! RD-shim placeholder are checked as well.
+//! `follow=` script arguments and header violations under a good CRC are
+//! checked as well. RD datagrams (`docs/datagram.md` §9): every shim field
+//! of data, SYN, poll, ACK-only, NAK, reset and probe datagrams, the
+//! segment behind the shim, retransmissions marked, corrupted RD datagrams
+//! flagged (on the port and in a followed flow) and each §9.3 rule
+//! violation one error naming the error kind of `rd::parse`.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
@@ -16,6 +20,7 @@ use softrdma_sim::tshark::Tshark;
 use softrdma_wire::crc;
 use softrdma_wire::datagram;
 use softrdma_wire::ddp::{DdpHeader, Mode, TaggedExt};
+use softrdma_wire::rd::{self, DataSeq, Feedback, RdShimRepr};
 use softrdma_wire::rdmap::{
     AtomicOp, AtomicRequest, AtomicResponse, EchoedHeader, Opcode, RdmapBody, ReadRequest,
     SegmentRepr, TerminateCause, TerminateRepr,
@@ -879,59 +884,608 @@ fn port_argument_registers_the_port() {
     assert_clean(&with_port, &pcap);
 }
 
-#[test]
-fn rd_shim_is_shown_undecoded_and_its_crc_checked() {
-    let Some(ts) = tshark("rd_shim_is_shown_undecoded_and_its_crc_checked") else {
-        return;
+// ----------------------------------------------------------------------
+// RD: the shim (docs/datagram.md §9) and the segment behind it
+// ----------------------------------------------------------------------
+
+/// One RD datagram of the RD script and what the dissector must show.
+struct RdSent {
+    dir: Dir,
+    shim: RdShimRepr,
+    segment: Option<(SegmentRepr, Vec<u8>)>,
+    /// A re-send of an earlier datagram (same flow, epoch, PSN).
+    retransmission: bool,
+}
+
+impl RdSent {
+    fn bytes(&self) -> Vec<u8> {
+        let seg = self.segment.as_ref().map(|(r, p)| (r, &p[..]));
+        let mut out =
+            vec![0u8; rd::buffer_len(seg.map(|(r, _)| r), seg.map_or(0, |(_, p)| p.len()))];
+        let n = rd::emit_into(&self.shim, seg, &mut out);
+        assert_eq!(n, out.len());
+        // Our own receiver accepts what we send.
+        match rd::parse(&out).expect("our RD datagram parses") {
+            rd::Datagram::Rd { shim, segment } => {
+                assert_eq!(shim, self.shim);
+                assert_eq!(segment.map(|(r, p)| (r, p.to_vec())), self.segment.clone());
+            }
+            rd::Datagram::Ud { .. } => panic!("RD datagram taken for UD"),
+        }
+        out
+    }
+}
+
+const RD_E1: u32 = 0x6553_0001;
+const RD_E2: u32 = 0x6553_1001;
+
+/// An RD exchange between CLIENT_QP and SERVER_QP with every kind of shim:
+/// data with and without SYN, P on the last datagram before a stall, an
+/// ACK-only datagram, a NAK and the retransmission it causes, a data
+/// datagram carrying an ACK, a reset, a zero-window probe, and the
+/// segments UD carries plus Read/Atomic/Terminate.
+fn rd_script() -> Vec<RdSent> {
+    use Dir::{ClientToServer as C, ServerToClient as S};
+    let mut v = Vec::new();
+    let data = |epoch: u32, psn: u32, syn: bool, from: u32, to: u32| RdShimRepr {
+        data: Some(DataSeq { epoch, psn, syn }),
+        ..RdShimRepr::control(from, to, 64)
     };
-    // A stand-in for an RD datagram: 26 shim octets whose first, 0x52, has
-    // DV = 2 (not a DDP control octet), then a UD Send, then the CRC over
-    // shim and segment. When the dissector learns the shim, this test is
-    // the one to extend.
-    let send = Sent {
-        dir: Dir::ClientToServer,
-        repr: with_dqpn(
-            SegmentRepr::untagged(Opcode::Send, 0, 1, 0, true, RdmapBody::None),
+    // A 3000-octet Send as three segments, PSN 0..2 of session E1 (SYN),
+    // P on the last.
+    let msg = data_bytes(3000, 1);
+    let room = rd::max_payload(
+        1500,
+        &with_dqpn(
+            SegmentRepr::untagged(Opcode::Send, 0, 1, 0, false, RdmapBody::None),
             SERVER_QP,
         ),
-        payload: data(40, 9),
+    );
+    let mut psn = 0;
+    for (k, chunk) in msg.chunks(room).enumerate() {
+        let last = (k + 1) * room >= msg.len();
+        let mut r = with_dqpn(
+            SegmentRepr::untagged(Opcode::Send, 0, 1, (k * room) as u32, last, RdmapBody::None),
+            SERVER_QP,
+        );
+        r.ddp = match r.ddp {
+            DdpHeader::Untagged { qn, msn, mo, .. } => DdpHeader::Untagged {
+                rsvd_ulp: CLIENT_QP,
+                qn,
+                msn,
+                mo,
+            },
+            t => t,
+        };
+        let mut shim = data(RD_E1, psn, true, CLIENT_QP, SERVER_QP);
+        shim.poll = last;
+        v.push(RdSent {
+            dir: C,
+            shim,
+            segment: Some((r, chunk.to_vec())),
+            retransmission: false,
+        });
+        psn += 1;
+    }
+    // The server's ACK-only datagram: everything before PSN 3 of E1.
+    v.push(RdSent {
+        dir: S,
+        shim: RdShimRepr {
+            feedback: Feedback::Ack {
+                epoch: RD_E1,
+                psn: 3,
+                nak: false,
+            },
+            ..RdShimRepr::control(SERVER_QP, CLIENT_QP, 64)
+        },
+        segment: None,
+        retransmission: false,
+    });
+    // A Write-Record of two segments, PSN 3 and 4 (SYN no longer).
+    let wr = data_bytes(2000, 2);
+    let troom = rd::max_payload(
+        1500,
+        &with_dqpn(
+            with_ext(
+                SegmentRepr::tagged(Opcode::WriteRecord, 0x2a01, 0, false),
+                1,
+                0,
+            ),
+            SERVER_QP,
+        ),
+    );
+    let mut wr_datagrams = Vec::new();
+    for (k, chunk) in wr.chunks(troom).enumerate() {
+        let off = (k * troom) as u32;
+        let last = off as usize + chunk.len() == wr.len();
+        let r = with_dqpn(
+            with_ext(
+                SegmentRepr::tagged(
+                    Opcode::WriteRecord,
+                    0x2a01,
+                    0x7f00_0000_1000 + u64::from(off),
+                    last,
+                ),
+                1,
+                off,
+            ),
+            SERVER_QP,
+        );
+        let d = RdSent {
+            dir: C,
+            shim: data(RD_E1, psn, false, CLIENT_QP, SERVER_QP),
+            segment: Some((r, chunk.to_vec())),
+            retransmission: false,
+        };
+        wr_datagrams.push(RdSent {
+            retransmission: true,
+            shim: d.shim,
+            segment: d.segment.clone(),
+            dir: C,
+        });
+        v.push(d);
+        psn += 1;
+    }
+    // PSN 3 was lost: NAK for it, and go-back-N re-sends 3 and 4.
+    v.push(RdSent {
+        dir: S,
+        shim: RdShimRepr {
+            feedback: Feedback::Ack {
+                epoch: RD_E1,
+                psn: 3,
+                nak: true,
+            },
+            ..RdShimRepr::control(SERVER_QP, CLIENT_QP, 64)
+        },
+        segment: None,
+        retransmission: false,
+    });
+    v.extend(wr_datagrams);
+    // A Read Request (PSN 5, P) and its response from the server's own
+    // session E2 (SYN), carrying the ACK of E1.
+    let read = ReadRequest {
+        sink_stag: 0x4c02,
+        sink_to: 0x7f00_0000_2000,
+        size: 100,
+        src_stag: 0x2a01,
+        src_to: 0x7f00_0000_1000,
     };
-    let seg = send.bytes();
-    let mut good = vec![0u8; 26];
-    good[0] = 0x52;
-    good.extend_from_slice(&seg[..seg.len() - 4]);
-    good.extend_from_slice(&crc::to_wire(crc::crc32c(&good)));
-    let mut bad = good.clone();
-    bad[20] ^= 0x01;
+    let mut shim = data(RD_E1, psn, false, CLIENT_QP, SERVER_QP);
+    shim.poll = true;
+    v.push(RdSent {
+        dir: C,
+        shim,
+        segment: Some((
+            with_dqpn(
+                SegmentRepr::untagged(
+                    Opcode::ReadRequest,
+                    1,
+                    1,
+                    0,
+                    true,
+                    RdmapBody::ReadRequest(read),
+                ),
+                SERVER_QP,
+            ),
+            Vec::new(),
+        )),
+        retransmission: false,
+    });
+    psn += 1;
+    v.push(RdSent {
+        dir: S,
+        shim: RdShimRepr {
+            feedback: Feedback::Ack {
+                epoch: RD_E1,
+                psn,
+                nak: false,
+            },
+            ..data(RD_E2, 0, true, SERVER_QP, CLIENT_QP)
+        },
+        segment: Some((
+            with_dqpn(
+                with_ext(
+                    SegmentRepr::tagged(Opcode::ReadResponse, 0x4c02, 0x7f00_0000_2000, true),
+                    1,
+                    0,
+                ),
+                CLIENT_QP,
+            ),
+            data_bytes(100, 3),
+        )),
+        retransmission: false,
+    });
+    // An Atomic Request and a Terminate about it.
+    let atomic = AtomicRequest {
+        op: AtomicOp::FetchAdd,
+        req_id: 2,
+        stag: 0x2a01,
+        to: 0x7f00_0000_1000,
+        add_swap: 1,
+        add_swap_mask: 0,
+        compare: 0,
+        compare_mask: 0,
+    };
+    v.push(RdSent {
+        dir: C,
+        shim: RdShimRepr {
+            feedback: Feedback::Ack {
+                epoch: RD_E2,
+                psn: 1,
+                nak: false,
+            },
+            ..data(RD_E1, psn, false, CLIENT_QP, SERVER_QP)
+        },
+        segment: Some((
+            with_dqpn(
+                SegmentRepr::untagged(
+                    Opcode::AtomicRequest,
+                    1,
+                    2,
+                    0,
+                    true,
+                    RdmapBody::AtomicRequest(atomic),
+                ),
+                SERVER_QP,
+            ),
+            Vec::new(),
+        )),
+        retransmission: false,
+    });
+    psn += 1;
+    let term = TerminateRepr {
+        cause: TerminateCause::RdmapAccessRights,
+        segment_len: None,
+        ddp_header: None,
+        rdmap_header: None,
+    };
+    v.push(RdSent {
+        dir: S,
+        shim: RdShimRepr {
+            feedback: Feedback::Ack {
+                epoch: RD_E1,
+                psn,
+                nak: false,
+            },
+            ..data(RD_E2, 1, false, SERVER_QP, CLIENT_QP)
+        },
+        segment: Some((
+            with_dqpn(
+                SegmentRepr::untagged(Opcode::Terminate, 2, 1, 0, true, RdmapBody::Terminate(term)),
+                CLIENT_QP,
+            ),
+            Vec::new(),
+        )),
+        retransmission: false,
+    });
+    // The server refuses an older session of the client (reset, floor E1),
+    // and the client, stalled by a window of 0, probes.
+    v.push(RdSent {
+        dir: S,
+        shim: RdShimRepr {
+            feedback: Feedback::Reset {
+                epoch: RD_E1 - 5,
+                floor: RD_E1,
+            },
+            ..RdShimRepr::control(SERVER_QP, CLIENT_QP, 0)
+        },
+        segment: None,
+        retransmission: false,
+    });
+    v.push(RdSent {
+        dir: C,
+        shim: RdShimRepr {
+            poll: true,
+            ..RdShimRepr::control(CLIENT_QP, SERVER_QP, 64)
+        },
+        segment: None,
+        retransmission: false,
+    });
+    v
+}
 
+fn data_bytes(n: usize, seed: u8) -> Vec<u8> {
+    data(n, seed)
+}
+
+fn rd_capture(
+    name: &str,
+    port: u16,
+    sent: &[RdSent],
+    mut mangle: impl FnMut(usize, &mut Vec<u8>),
+) -> Vec<u8> {
+    let client = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 40000);
+    let server = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), port);
+    let mut flow = UdpFlow::new(PcapWriter::new(Vec::new()).unwrap(), client, server);
+    for (i, s) in sent.iter().enumerate() {
+        let mut b = s.bytes();
+        mangle(i, &mut b);
+        flow.send(s.dir, &b).unwrap();
+    }
+    let pcap = flow.into_writer().into_inner();
+    if let Ok(dir) = std::env::var("SOFTRDMA_PCAP_DIR") {
+        std::fs::write(Path::new(&dir).join(format!("{name}.pcap")), &pcap).unwrap();
+    }
+    pcap
+}
+
+const RD_FIELDS: [&str; 20] = [
+    "srdma.rd.magic",
+    "srdma.rd.dqpn",
+    "srdma.rd.d",
+    "srdma.rd.s",
+    "srdma.rd.a",
+    "srdma.rd.n",
+    "srdma.rd.r",
+    "srdma.rd.p",
+    "srdma.rd.rsvd",
+    "srdma.rd.sqpn",
+    "srdma.rd.epoch",
+    "srdma.rd.psn",
+    "srdma.rd.ack_epoch",
+    "srdma.rd.ack_psn",
+    "srdma.rd.floor",
+    "srdma.rd.window",
+    "srdma.rd.retransmission",
+    "srdma.opcode",
+    "srdma.payload_len",
+    "srdma.crc_status",
+];
+
+fn check_rd_row(row: &[String], s: &RdSent, what: &str) {
+    let ctx = || format!("{what}: {:?} -> {row:?}", s.shim);
+    assert!(is_srdma(row), "not recognised as srdma: {}", ctx());
+    let num = |i: usize| hex_or_dec(&row[i]);
+    let flag = |v: bool| if v { "1" } else { "0" };
+    let sh = &s.shim;
+    assert_eq!(num(0), 0x52, "magic of {}", ctx());
+    assert_eq!(num(1), u64::from(sh.dst_qpn), "DQPN of {}", ctx());
+    assert_eq!(row[2], flag(sh.data.is_some()), "D of {}", ctx());
+    assert_eq!(
+        row[3],
+        flag(sh.data.is_some_and(|d| d.syn)),
+        "S of {}",
+        ctx()
+    );
+    let (a, n, r) = match sh.feedback {
+        Feedback::None => (false, false, false),
+        Feedback::Ack { nak, .. } => (true, nak, false),
+        Feedback::Reset { .. } => (false, false, true),
+    };
+    assert_eq!(row[4], flag(a), "A of {}", ctx());
+    assert_eq!(row[5], flag(n), "N of {}", ctx());
+    assert_eq!(row[6], flag(r), "R of {}", ctx());
+    assert_eq!(row[7], flag(sh.poll), "P of {}", ctx());
+    assert_eq!(num(8), 0, "reserved flags of {}", ctx());
+    assert_eq!(num(9), u64::from(sh.src_qpn), "SQPN of {}", ctx());
+    let (epoch, psn) = sh.data.map_or((0, 0), |d| (d.epoch, d.psn));
+    assert_eq!(num(10), u64::from(epoch), "epoch of {}", ctx());
+    assert_eq!(num(11), u64::from(psn), "PSN of {}", ctx());
+    match sh.feedback {
+        Feedback::None => {
+            assert_eq!((num(12), num(13)), (0, 0), "no ACK in {}", ctx());
+            assert_eq!(row[14], "", "no floor in {}", ctx());
+        }
+        Feedback::Ack { epoch, psn, .. } => {
+            assert_eq!(num(12), u64::from(epoch), "ack epoch of {}", ctx());
+            assert_eq!(num(13), u64::from(psn), "ack PSN of {}", ctx());
+            assert_eq!(row[14], "", "no floor in {}", ctx());
+        }
+        Feedback::Reset { epoch, floor } => {
+            assert_eq!(num(12), u64::from(epoch), "reset epoch of {}", ctx());
+            assert_eq!(row[13], "", "no ack PSN in a reset: {}", ctx());
+            assert_eq!(num(14), u64::from(floor), "floor of {}", ctx());
+        }
+    }
+    assert_eq!(num(15), u64::from(sh.window), "window of {}", ctx());
+    match &s.segment {
+        Some((r, p)) => {
+            assert_eq!(
+                row[16],
+                flag(s.retransmission),
+                "retransmission mark of {}",
+                ctx()
+            );
+            assert_eq!(
+                num(17),
+                u64::from(u8::from(r.opcode)),
+                "opcode of {}",
+                ctx()
+            );
+            assert_eq!(num(18), p.len() as u64, "payload length of {}", ctx());
+        }
+        None => {
+            assert_eq!(row[16], "", "no retransmission mark on control: {}", ctx());
+            assert_eq!(row[17], "", "no segment in a control datagram: {}", ctx());
+        }
+    }
+    assert_eq!(row[19], "1", "CRC status of {}", ctx());
+}
+
+fn hex_or_dec(s: &str) -> u64 {
+    let s = s.split_whitespace().next().unwrap_or("");
+    match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16).unwrap_or_else(|_| panic!("hex {s:?}")),
+        None => s.parse().unwrap_or_else(|_| panic!("number {s:?}")),
+    }
+}
+
+#[test]
+fn rd_datagrams_decode_shim_and_segment_with_good_crcs() {
+    let Some(ts) = tshark("rd_datagrams_decode_shim_and_segment_with_good_crcs") else {
+        return;
+    };
+    let sent = rd_script();
+    for (port, how) in [(DEFAULT_PORT, "default port"), (OTHER_PORT, "heuristic")] {
+        let pcap = rd_capture(&format!("rd-{port}"), port, &sent, |_, _| {});
+        let rows = rows(&ts, &pcap, &RD_FIELDS);
+        assert_eq!(rows.len(), sent.len(), "one row per frame");
+        for (row, s) in rows.iter().zip(&sent) {
+            check_rd_row(row, s, how);
+        }
+        assert_clean(&ts, &pcap);
+        // The segment fields behind the shim are the UD ones.
+        let one = |filter: &str, field: &str| -> Vec<String> {
+            ts.field_values(&pcap[..], filter, field).unwrap()
+        };
+        assert_eq!(one("srdma.opcode == 0x1", "srdma.rr.size"), ["100"]);
+        assert_eq!(one("srdma.opcode == 0x2", "srdma.tmsn"), ["1"]);
+        assert_eq!(
+            one("srdma.opcode == 0xc", "srdma.base_to"),
+            ["0x00007f0000001000"; 4]
+        );
+        assert_eq!(one("srdma.opcode == 0x7", "srdma.term.code"), ["0x02"]);
+        assert_eq!(
+            one("srdma.rd.kind", "srdma.rd.kind")
+                .iter()
+                .filter(|k| *k != "data")
+                .cloned()
+                .collect::<Vec<_>>(),
+            ["ACK", "NAK", "reset", "probe"]
+        );
+        let summary = ts.summary(&pcap[..]).unwrap();
+        assert!(summary.contains("RD SYN PSN=0"), "{summary}");
+        assert!(summary.contains("[Retransmission]"), "{summary}");
+        assert!(summary.contains("Write-Record"), "{summary}");
+    }
+}
+
+#[test]
+fn rd_corrupted_datagrams_and_rule_violations_are_flagged() {
+    let Some(ts) = tshark("rd_corrupted_datagrams_and_rule_violations_are_flagged") else {
+        return;
+    };
+    let sent = rd_script();
+    // A flipped payload bit in the first Write-Record segment, and one in
+    // the shim of the ACK-only datagram: each is one bad-CRC error, on the
+    // default port and in a flow the heuristic follows.
+    let wr = sent
+        .iter()
+        .position(|s| {
+            s.segment
+                .as_ref()
+                .is_some_and(|(r, _)| r.opcode == Opcode::WriteRecord)
+        })
+        .unwrap();
+    let ack = sent.iter().position(|s| s.segment.is_none()).unwrap();
+    let mangle = |i: usize, b: &mut Vec<u8>| {
+        if i == wr {
+            b[rd::SHIM_LEN + 26 + 10] ^= 0x04;
+        }
+        if i == ack {
+            b[21] ^= 0x80;
+        }
+    };
+    for port in [DEFAULT_PORT, OTHER_PORT] {
+        let pcap = rd_capture(&format!("rd-bad-{port}"), port, &sent, mangle);
+        let report = ts.expert_error_report(&pcap[..]).unwrap();
+        assert_eq!(ts.expert_errors(&pcap[..]).unwrap(), 2, "{report}");
+        assert!(report.contains("Bad CRC32C"), "{report}");
+        assert_eq!(ts.malformed_count(&pcap[..]).unwrap(), 0);
+        let rows = rows(&ts, &pcap, &["srdma.crc_status", "srdma.rd.kind"]);
+        for (i, row) in rows.iter().enumerate() {
+            assert!(is_srdma(row), "frame {i}: {row:?}");
+            let want = if i == wr || i == ack { "0" } else { "1" };
+            assert_eq!(row[0], want, "frame {i}: {row:?}");
+        }
+    }
+
+    // §9.3 rule violations under a good CRC: one error each, naming the
+    // error kind our receiver gives.
+    let send = with_dqpn(
+        SegmentRepr::untagged(Opcode::Send, 0, 1, 0, true, RdmapBody::None),
+        SERVER_QP,
+    );
+    let good = RdSent {
+        dir: Dir::ClientToServer,
+        shim: RdShimRepr {
+            data: Some(DataSeq {
+                epoch: RD_E1,
+                psn: 0,
+                syn: true,
+            }),
+            ..RdShimRepr::control(CLIENT_QP, SERVER_QP, 64)
+        },
+        segment: Some((send, data_bytes(40, 5))),
+        retransmission: false,
+    }
+    .bytes();
+    let control = RdSent {
+        dir: Dir::ClientToServer,
+        shim: RdShimRepr::control(CLIENT_QP, SERVER_QP, 64),
+        segment: None,
+        retransmission: false,
+    }
+    .bytes();
+    let body = |d: &[u8]| d[..d.len() - 4].to_vec();
+    let mut cases: Vec<(Vec<u8>, &str)> = Vec::new();
+    let mut b = body(&good);
+    b[4] |= 0x01;
+    cases.push((b, "reserved RD flag bits"));
+    let mut b = body(&control);
+    b[4] |= 0x28;
+    cases.push((b, "A and R together"));
+    let mut b = body(&control);
+    b[4] |= 0x10;
+    cases.push((b, "N without A"));
+    let mut b = body(&control);
+    b[4] |= 0x40;
+    cases.push((b, "S without D"));
+    let mut b = body(&control);
+    b[4] |= 0x80;
+    cases.push((b, "no DDP segment after the shim"));
+    let mut b = body(&control);
+    b.extend_from_slice(b"xyz");
+    cases.push((b, "after a control shim"));
+    let mut b = body(&good);
+    b[rd::SHIM_LEN + 18 + 3] ^= 0x01;
+    cases.push((b, "differs from the RD shim's DQPN"));
+    let mut b = body(&good);
+    b[0] = 0x56;
+    cases.push((b, "RD shim version other than 0x52"));
+    let mut b = body(&good);
+    b[rd::SHIM_LEN] |= 0x20;
+    cases.push((b, "X is set on an untagged segment"));
     let client = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 40000);
     let server = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), DEFAULT_PORT);
     let mut flow = UdpFlow::new(PcapWriter::new(Vec::new()).unwrap(), client, server);
-    flow.send(Dir::ClientToServer, &good).unwrap();
-    flow.send(Dir::ClientToServer, &bad).unwrap();
+    let mut kinds = Vec::new();
+    for (b, what) in &cases {
+        let d = with_crc(b);
+        let err = rd::parse(&d)
+            .err()
+            .unwrap_or_else(|| panic!("{what} parses"));
+        kinds.push(format!("({err:?})"));
+        flow.send(Dir::ClientToServer, &d).unwrap();
+    }
     let pcap = flow.into_writer().into_inner();
-
     let rows = rows(
         &ts,
         &pcap,
-        &["srdma.shim", "srdma.crc_status", "srdma.opcode"],
+        &[
+            "srdma.crc_status",
+            "_ws.expert.message",
+            "_ws.expert.severity",
+        ],
     );
-    assert_eq!(rows.len(), 2);
-    assert!(is_srdma(&rows[0]), "{:?}", rows[0]);
-    assert_eq!(
-        rows[0][0].len(),
-        2 * (good.len() - 4),
-        "shim covers all: {:?}",
-        rows[0]
-    );
-    assert_eq!(rows[0][1], "1", "CRC over shim and segment is good");
-    assert_eq!(rows[0][2], "", "nothing after the shim is decoded yet");
-    // With a bad CRC a shim datagram cannot be told from foreign traffic
-    // yet: it is left to other dissectors, without errors.
-    assert!(!is_srdma(&rows[1]), "{:?}", rows[1]);
-    assert_clean(&ts, &pcap);
-    let v = ts.verbose(&pcap[..]).unwrap();
-    assert!(v.contains("softrdma RD shim (not decoded yet)"), "{v}");
+    assert_eq!(rows.len(), cases.len());
+    let error = softrdma_sim::tshark::SEVERITY_ERROR.to_string();
+    for ((row, (_, what)), kind) in rows.iter().zip(&cases).zip(&kinds) {
+        assert!(is_srdma(row), "{what}: {row:?}");
+        assert_eq!(row[0], "1", "{what}: CRC is good: {row:?}");
+        let errors: Vec<&str> = row[1]
+            .split('|')
+            .zip(row[2].split('|'))
+            .filter(|(_, s)| *s == error)
+            .map(|(m, _)| m)
+            .collect();
+        assert_eq!(errors.len(), 1, "{what}: one error: {row:?}");
+        assert!(errors[0].contains(what), "{what}: {errors:?}");
+        assert!(
+            errors[0].ends_with(kind.as_str()),
+            "{what}: {kind} {errors:?}"
+        );
+    }
 }
 
 /// A datagram made of `segment` and a correct CRC.
