@@ -7,7 +7,9 @@
 //! (not -1) and `*bad_wr` names the first request not posted; requests
 //! before it were posted.
 //!
-//! An RC QP moved to RTS before its IB-style connection is up (the
+//! Sends on RC QPs are accepted in RTR as well as RTS (iWARP has no
+//! receive-only state once connected; perftest's iWARP send-credit flow
+//! relies on it). An RC QP moved to RTR/RTS before its IB-style connection is up (the
 //! `ibv_rc_pingpong` server does RTR and RTS before it even tells the
 //! client its QPN) accepts sends once the connection is established: a
 //! send that finds it still coming up waits for it (up to
@@ -176,12 +178,15 @@ pub fn post_one(qp: &QpObj, wr: SendWr, ud: Option<(&AhObj, u32)>) -> Result<(),
     let st = qp.state();
     match &qp.kind {
         QpKind::Rc(q) => {
-            if st != IBV_QPS_RTS && st != IBV_QPS_ERR && st != IBV_QPS_SQD {
+            // RTR is accepted too: an iWARP connection carries both
+            // directions once up, and perftest's iWARP send-credit flow has
+            // its server write credits from a QP it left in RTR.
+            if !matches!(st, IBV_QPS_RTR | IBV_QPS_RTS | IBV_QPS_SQD | IBV_QPS_ERR) {
                 return Err(libc::EINVAL);
             }
             match q.post_send(wr) {
                 Ok(()) => Ok(()),
-                Err(QpError::NotConnected) if st == IBV_QPS_RTS => {
+                Err(QpError::NotConnected) if matches!(st, IBV_QPS_RTR | IBV_QPS_RTS) => {
                     wait_connected(qp, q)?;
                     q.post_send(wr).map_err(qp_error_errno)
                 }
@@ -237,6 +242,14 @@ pub unsafe extern "C" fn post_send(
                 post_one(q, sw, ud)
             });
             if let Err(e) = r {
+                crate::export::debug!(
+                    "post_send on QP {:#x} (state {}): opcode {} flags {:#x} sge {}: errno {e}",
+                    q.qpn(),
+                    q.state(),
+                    w.opcode,
+                    w.send_flags,
+                    w.num_sge
+                );
                 if !bad.is_null() {
                     // SAFETY: the application's out-pointer.
                     unsafe { *bad = cur };

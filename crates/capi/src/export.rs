@@ -46,6 +46,23 @@ macro_rules! export_as {
 }
 pub(crate) use export_as;
 
+/// True when `SOFTRDMA_CAPI_DEBUG` is set: failing calls say why on
+/// stderr.
+pub fn debug_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SOFTRDMA_CAPI_DEBUG").is_some())
+}
+
+/// Prints to stderr when [`debug_enabled`].
+macro_rules! debug {
+    ($($t:tt)*) => {
+        if $crate::export::debug_enabled() {
+            eprintln!("softrdma-capi: {}", format_args!($($t)*));
+        }
+    };
+}
+pub(crate) use debug;
+
 /// Sets the calling thread's `errno`.
 pub fn set_errno(e: i32) {
     // SAFETY: __errno_location returns the calling thread's errno slot, always valid.

@@ -27,6 +27,7 @@ pub mod abi_cm;
 pub mod datapath;
 pub mod device;
 pub mod export;
+pub mod kern;
 pub mod ext;
 pub mod objects;
 pub mod qp_ex;
