@@ -81,6 +81,21 @@
 //! the file, so is the exchange. The probe connections are cut out of the
 //! capture before it is judged.
 //!
+//! # Datagrams
+//!
+//! `live_capture_datagrams` captures softrdma's iWARP over UDP on `lo`
+//! between two engine contexts and judges it with the project's dissector
+//! (`tools/wireshark/softrdma_dgram.lua`): UD Sends (multi-segment, with
+//! immediate) and a UD Write-Record; RD Sends (with immediate), an RDMA
+//! Write, a Write-Record, an RDMA Read and a fetch-and-add, through a
+//! relay that drops the first copy of two data datagrams so the capture
+//! holds RD retransmissions (and the NAKs they cause), besides ACK-only
+//! datagrams. Every UDP datagram captured must be `srdma` with a good
+//! CRC32C, no expert error and nothing malformed; every opcode sent shows
+//! up; a copy of the capture with one flipped payload bit gives exactly
+//! one bad-CRC error. GSO is off in these contexts so that each captured
+//! frame is one datagram.
+//!
 //! Needs tshark and the right to capture on `lo` (root or CAP_NET_RAW).
 //! `SOFTRDMA_PCAP_DIR=dir` keeps the captures for a look by hand.
 
@@ -94,12 +109,13 @@ use std::time::{Duration, Instant};
 
 use softrdma_engine::cm::{self, ConnParams, Listener};
 use softrdma_engine::config::Config;
-use softrdma_engine::{Completion, Context, Cq, Qp, QpCaps};
+use softrdma_engine::{Completion, Context, Cq, DgramQpHandle, Qp, QpCaps, RdOptions, UdOptions};
 use softrdma_proto::memory::Access;
 use softrdma_proto::wr::{
-    Payload, RecvWr, SendFlags, SendOp, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion,
+    DgramAddr, Payload, RecvWr, SendFlags, SendOp, SendWr, SgList, WcOpcode, WcStatus,
+    WorkCompletion,
 };
-use softrdma_sim::pcap::{decode_frame, PcapFile, TcpFlags, Transport};
+use softrdma_sim::pcap::{decode_frame, PcapFile, PcapWriter, TcpFlags, Transport};
 use softrdma_sim::tshark::Tshark;
 
 // The message sizes decide where each FPDU starts relative to the markers;
@@ -158,10 +174,17 @@ impl LiveCapture {
     /// Starts capturing `tcp port port` (and the probe port) into `path`,
     /// and returns once a probe connection has been seen in the file.
     fn start(ts: &Tshark, port: u16, path: PathBuf) -> LiveCapture {
+        LiveCapture::start_filter(ts, &format!("tcp port {port}"), path)
+    }
+
+    /// Starts capturing what the capture filter `filter` takes (and the
+    /// probe port) into `path`, and returns once a probe connection has
+    /// been seen in the file.
+    fn start_filter(ts: &Tshark, filter: &str, path: PathBuf) -> LiveCapture {
         let _ = std::fs::remove_file(&path);
         let probe = TcpListener::bind("127.0.0.1:0").expect("bind probe listener");
         let probe_port = probe.local_addr().unwrap().port();
-        let filter = format!("tcp port {port} or tcp port {probe_port}");
+        let filter = format!("({filter}) or tcp port {probe_port}");
         let duration = format!("duration:{CAPTURE_SECONDS}");
         let mut child = Command::new(ts.program())
             .args([
@@ -826,4 +849,451 @@ fn live_capture_crc() {
 #[test]
 fn live_capture_crc_and_markers() {
     live_session("live_capture_crc_and_markers", true);
+}
+
+// ---------------------------------------------------------------------------
+// Datagrams: UD, RD and Write-Record, judged by the Lua dissector
+// ---------------------------------------------------------------------------
+
+/// The repository's dissector.
+fn dgram_dissector() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("..")
+        .join("tools")
+        .join("wireshark")
+        .join("softrdma_dgram.lua");
+    assert!(p.is_file(), "dissector missing: {}", p.display());
+    p
+}
+
+/// Registered heap memory of a datagram end.
+struct DBuf {
+    mem: Vec<u8>,
+    stag: u32,
+}
+
+impl DBuf {
+    fn new(ctx: &Context, pd: u32, len: usize) -> DBuf {
+        let mut mem: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+        let access = Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC;
+        // SAFETY: `mem`'s heap block does not move when the Vec does; the
+        // DBuf outlives the contexts' use of it (dropped after them at the
+        // end of the test).
+        let stag = unsafe {
+            ctx.registry()
+                .register(mem.as_mut_ptr(), len, mem.as_ptr() as u64, access, pd)
+        }
+        .unwrap();
+        DBuf { mem, stag }
+    }
+    fn addr(&self, off: usize) -> u64 {
+        self.mem.as_ptr() as u64 + off as u64
+    }
+    fn sgl(&self, off: usize, len: usize) -> Payload {
+        Payload::Sgl(SgList::single(self.addr(off), len as u32, self.stag))
+    }
+}
+
+fn signaled(wr_id: u64, op: SendOp, payload: Payload) -> SendWr {
+    SendWr {
+        wr_id,
+        op,
+        payload,
+        flags: SendFlags {
+            signaled: true,
+            ..Default::default()
+        },
+    }
+}
+
+/// Collects `n` completions of `cq`, all successful.
+fn successes(cq: &Cq, n: usize, what: &str) -> Vec<Completion> {
+    (0..n)
+        .map(|_| {
+            let c = wait_one(cq);
+            assert_eq!(c.wc.status, WcStatus::Success, "{what}: {c:?}");
+            c
+        })
+        .collect()
+}
+
+/// A UDP relay between an RD QP (`near`) and its peer (`far`): datagrams
+/// from `near` to the relay's first socket go to `far` from the second,
+/// and back. The first copy of each RD data datagram whose PSN is in
+/// `drop_psns` (towards `far`) is dropped, so the sender retransmits it.
+struct Relay {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<thread::JoinHandle<usize>>,
+    ports: [u16; 2],
+}
+
+impl Relay {
+    fn start(near: SocketAddr, far: SocketAddr, drop_psns: &'static [u32]) -> Relay {
+        use std::net::UdpSocket;
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+        a.set_read_timeout(Some(Duration::from_millis(2))).unwrap();
+        b.set_read_timeout(Some(Duration::from_millis(2))).unwrap();
+        let ports = [
+            a.local_addr().unwrap().port(),
+            b.local_addr().unwrap().port(),
+        ];
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (sa, sb, st) = (a, b, stop.clone());
+        let thread = thread::spawn(move || {
+            let mut buf = vec![0u8; 65536];
+            let mut dropped = std::collections::HashSet::new();
+            while !st.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok((n, from)) = sa.recv_from(&mut buf) {
+                    let d = &buf[..n];
+                    let data = n > 16 && d[0] == 0x52 && d[4] & 0x80 != 0;
+                    if from == near && data {
+                        let epoch = u32::from_be_bytes(d[8..12].try_into().unwrap());
+                        let psn = u32::from_be_bytes(d[12..16].try_into().unwrap());
+                        if drop_psns.contains(&psn) && dropped.insert((epoch, psn)) {
+                            continue;
+                        }
+                    }
+                    if from == near {
+                        let _ = sb.send_to(d, far);
+                    }
+                }
+                if let Ok((n, from)) = sb.recv_from(&mut buf) {
+                    if from == far {
+                        let _ = sa.send_to(&buf[..n], near);
+                    }
+                }
+            }
+            dropped.len()
+        });
+        Relay {
+            stop,
+            thread: Some(thread),
+            ports,
+        }
+    }
+
+    /// Stops it; returns how many datagrams it dropped.
+    fn stop(mut self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct DEnd {
+    ctx: Context,
+    pd: u32,
+    cq: Arc<Cq>,
+}
+
+fn dgram_end() -> DEnd {
+    let ctx = Context::with_config(Config {
+        dgram_offload: false,
+        ..Config::default()
+    })
+    .unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(256, None);
+    DEnd { ctx, pd, cq }
+}
+
+fn lo_any() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+fn ud_qp(e: &DEnd) -> DgramQpHandle {
+    e.ctx
+        .create_ud_qp(
+            e.pd,
+            QpCaps::default(),
+            e.cq.clone(),
+            e.cq.clone(),
+            UdOptions {
+                mtu: Some(1500),
+                bind: lo_any(),
+                ..UdOptions::default()
+            },
+        )
+        .unwrap()
+}
+
+fn rd_qp(e: &DEnd, cq: Arc<Cq>) -> DgramQpHandle {
+    e.ctx
+        .create_rd_qp(
+            e.pd,
+            QpCaps::default(),
+            cq.clone(),
+            cq,
+            RdOptions {
+                mtu: Some(1500),
+                bind: lo_any(),
+                ..RdOptions::default()
+            },
+        )
+        .unwrap()
+}
+
+fn sock(a: DgramAddr) -> SocketAddr {
+    SocketAddr::from((a.ip, a.port))
+}
+
+/// The UDP frames of a classic pcap file (the probe connections cut out),
+/// as a new pcap file.
+fn udp_only(bytes: &[u8]) -> (Vec<u8>, usize) {
+    let file = PcapFile::parse(bytes).unwrap();
+    assert_eq!(file.linktype, 1, "Ethernet link type on lo");
+    let mut w = PcapWriter::new(Vec::new()).unwrap();
+    let mut n = 0;
+    for r in &file.records {
+        if matches!(
+            decode_frame(&r.data).map(|p| p.transport),
+            Some(Transport::Udp { .. })
+        ) {
+            assert_eq!(r.data.len() as u32, r.orig_len, "frame captured whole");
+            w.write_frame_at(r.timestamp, &r.data).unwrap();
+            n += 1;
+        }
+    }
+    (w.into_inner(), n)
+}
+
+#[test]
+fn live_capture_datagrams() {
+    let test = "live_capture_datagrams";
+    let Some(ts) = Tshark::for_test(test) else {
+        return;
+    };
+    // An installed copy of the dissector would be loaded instead of the
+    // repository's (Wireshark loads plugin folders first).
+    let folders = ts.run_raw(&["-G", "folders"]).unwrap();
+    for line in folders.lines() {
+        if let Some((kind, dir)) = line.split_once(':') {
+            if kind.contains("Lua Plugins") {
+                let copy = Path::new(dir.trim()).join("softrdma_dgram.lua");
+                assert!(!copy.exists(), "{test}: installed copy {}", copy.display());
+            }
+        }
+    }
+    let (a, b) = (dgram_end(), dgram_end());
+    let (ua, ub) = (ud_qp(&a), ud_qp(&b));
+    let (rcq_a, rcq_b) = (a.ctx.create_cq(256, None), b.ctx.create_cq(256, None));
+    let (ra, rb) = (rd_qp(&a, rcq_a.clone()), rd_qp(&b, rcq_b.clone()));
+    let (ma, mb) = (
+        DBuf::new(&a.ctx, a.pd, 1 << 16),
+        DBuf::new(&b.ctx, b.pd, 1 << 16),
+    );
+    // RD from ra to rb through the relay: PSN 2 and 7 are lost once.
+    let relay = Relay::start(sock(ra.local_addr()), sock(rb.local_addr()), &[2, 7]);
+    let rb_via_relay = DgramAddr {
+        ip: ra.local_addr().ip,
+        port: relay.ports[0],
+        qpn: rb.qpn(),
+    };
+    let mut ports: Vec<u16> = [&ua, &ub, &ra, &rb]
+        .iter()
+        .map(|q| q.local_addr().port)
+        .chain(relay.ports)
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    let filter = ports
+        .iter()
+        .map(|p| format!("udp port {p}"))
+        .collect::<Vec<_>>()
+        .join(" or ");
+    let path =
+        std::env::temp_dir().join(format!("softrdma-live-dgram-{}.pcap", std::process::id()));
+    let cap = LiveCapture::start_filter(&ts, &filter, path);
+
+    // UD: a 5000-octet Send (4 segments), a Send with immediate, a
+    // 6000-octet Write-Record into b's region.
+    for k in 0..2 {
+        ub.post_recv(RecvWr {
+            wr_id: 100 + k,
+            sgl: SgList::single(mb.addr(k as usize * 8192), 8192, mb.stag),
+        })
+        .unwrap();
+    }
+    let to_ub = ub.local_addr();
+    ua.post_send(signaled(1, SEND, ma.sgl(0, 5000)), to_ub)
+        .unwrap();
+    let imm = SendOp::Send {
+        imm: Some(0xC0FFEE),
+        invalidate: None,
+    };
+    ua.post_send(signaled(2, imm, ma.sgl(0, 300)), to_ub)
+        .unwrap();
+    let ud_record = SendOp::WriteRecord {
+        remote_addr: mb.addr(20_000),
+        rkey: mb.stag,
+    };
+    ua.post_send(signaled(3, ud_record, ma.sgl(0, 6000)), to_ub)
+        .unwrap();
+    successes(&a.cq, 3, "UD sends");
+    let got = successes(&b.cq, 2, "UD receives");
+    assert_eq!(got[1].wc.imm, Some(0xC0FFEE));
+
+    // RD: Send, Send with immediate, Write, Write-Record, Read, atomic.
+    for k in 0..2 {
+        rb.post_recv(RecvWr {
+            wr_id: 200 + k,
+            sgl: SgList::single(mb.addr(40_000 + k as usize * 8192), 8192, mb.stag),
+        })
+        .unwrap();
+    }
+    let ops: Vec<(SendOp, Payload)> = vec![
+        (SEND, ma.sgl(0, 3000)),
+        (imm, ma.sgl(0, 100)),
+        (
+            SendOp::Write {
+                remote_addr: mb.addr(10_000),
+                rkey: mb.stag,
+                imm: None,
+            },
+            ma.sgl(0, 4000),
+        ),
+        (
+            SendOp::WriteRecord {
+                remote_addr: mb.addr(30_000),
+                rkey: mb.stag,
+            },
+            ma.sgl(0, 5000),
+        ),
+        (
+            SendOp::Read {
+                remote_addr: mb.addr(0),
+                rkey: mb.stag,
+            },
+            ma.sgl(30_000, 3000),
+        ),
+        (
+            SendOp::FetchAdd {
+                remote_addr: mb.addr(60_000),
+                rkey: mb.stag,
+                add: 1,
+            },
+            ma.sgl(60_000, 8),
+        ),
+    ];
+    let n_rd = ops.len();
+    for (k, (op, payload)) in ops.into_iter().enumerate() {
+        ra.post_send(signaled(10 + k as u64, op, payload), rb_via_relay)
+            .unwrap();
+    }
+    let done = successes(&rcq_a, n_rd, "RD requests");
+    let ids: Vec<u64> = done.iter().map(|c| c.wc.wr_id).collect();
+    assert_eq!(
+        ids,
+        (10..10 + n_rd as u64).collect::<Vec<_>>(),
+        "posting order"
+    );
+    let got = successes(&rcq_b, 2, "RD receives");
+    assert_eq!(got[1].wc.imm, Some(0xC0FFEE));
+    // Let the last ACK-only datagrams go out (delayed ACKs).
+    thread::sleep(Duration::from_millis(100));
+    let path = cap.stop();
+    let dropped = relay.stop();
+    assert_eq!(dropped, 2, "the relay dropped PSN 2 and 7 once each");
+
+    let bytes = std::fs::read(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let (pcap, frames) = udp_only(&bytes);
+    if let Ok(dir) = std::env::var("SOFTRDMA_PCAP_DIR") {
+        let _ = std::fs::write(Path::new(&dir).join("live_capture_datagrams.pcap"), &pcap);
+    }
+    let ts = ts.with_lua(dgram_dissector());
+    let rows = ts
+        .fields(
+            &pcap[..],
+            "",
+            &[
+                "frame.protocols",
+                "srdma.crc_status",
+                "srdma.rd.kind",
+                "srdma.opcode",
+                "srdma.rd.retransmission",
+            ],
+        )
+        .unwrap();
+    assert_eq!(rows.len(), frames, "one row per captured datagram");
+    let mut ud_ops = std::collections::BTreeSet::new();
+    let mut rd_ops = std::collections::BTreeSet::new();
+    let (mut acks, mut retrans, mut naks) = (0, 0, 0);
+    for (i, row) in rows.iter().enumerate() {
+        assert!(
+            row[0].split(':').any(|p| p == "srdma"),
+            "datagram {} not recognised: {row:?}",
+            i + 1
+        );
+        assert_eq!(row[1], "1", "CRC of datagram {}: {row:?}", i + 1);
+        match row[2].as_str() {
+            "" => {
+                ud_ops.insert(row[3].clone());
+            }
+            "data" => {
+                rd_ops.insert(row[3].clone());
+                retrans += usize::from(row[4] == "1");
+            }
+            "ACK" => acks += 1,
+            "NAK" => naks += 1,
+            other => panic!("datagram {}: unexpected RD kind {other}: {row:?}", i + 1),
+        }
+    }
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+    assert_eq!(ud_ops, set(&["0x03", "0x08", "0x0c"]), "UD opcodes");
+    assert_eq!(
+        rd_ops,
+        set(&["0x00", "0x01", "0x02", "0x03", "0x08", "0x0a", "0x0b", "0x0c"]),
+        "RD opcodes"
+    );
+    assert!(acks > 0, "no RD ACK-only datagram captured");
+    assert!(retrans >= 2, "RD retransmissions marked: {retrans}");
+    assert_eq!(ts.malformed_count(&pcap[..]).unwrap(), 0);
+    assert_eq!(
+        ts.expert_errors(&pcap[..]).unwrap(),
+        0,
+        "{}",
+        ts.expert_error_report(&pcap[..]).unwrap()
+    );
+    eprintln!(
+        "{test}: {frames} datagrams, UD opcodes {ud_ops:?}, RD opcodes {rd_ops:?}, \
+         {acks} ACK-only, {naks} NAK, {retrans} retransmissions"
+    );
+
+    // One flipped payload bit in the last RD data datagram of the capture:
+    // exactly one bad-CRC error.
+    let file = PcapFile::parse(&pcap).unwrap();
+    let target = rows
+        .iter()
+        .rposition(|r| r[2] == "data")
+        .expect("an RD data datagram");
+    let mut w = PcapWriter::new(Vec::new()).unwrap();
+    for (i, r) in file.records.iter().enumerate() {
+        let mut d = r.data.clone();
+        if i == target {
+            // Ethernet 14 + IPv4 20 + UDP 8 + the RD shim 26 + 10.
+            d[14 + 20 + 8 + 26 + 10] ^= 0x01;
+        }
+        w.write_frame_at(r.timestamp, &d).unwrap();
+    }
+    let bad = w.into_inner();
+    let report = ts.expert_error_report(&bad[..]).unwrap();
+    assert_eq!(ts.expert_errors(&bad[..]).unwrap(), 1, "{report}");
+    assert!(report.contains("Bad CRC32C"), "{report}");
+    drop((ua, ub, ra, rb));
+    drop((a, b));
+    drop((ma, mb));
 }
