@@ -30,7 +30,11 @@ fn main() {
     // exports.txt is the verbs side's; src/rdmacm and src/rsocket keep
     // their own lists (owned by whoever owns those modules).
     let mut list = String::new();
-    for f in ["exports.txt", "src/rdmacm/exports.txt", "src/rsocket/exports.txt"] {
+    for f in [
+        "exports.txt",
+        "src/rdmacm/exports.txt",
+        "src/rsocket/exports.txt",
+    ] {
         println!("cargo:rerun-if-changed={f}");
         if let Ok(s) = std::fs::read_to_string(format!("{dir}/{f}")) {
             list.push_str(&s);
@@ -47,7 +51,10 @@ fn main() {
         let (Some(node), Some(sym)) = (it.next(), it.next()) else {
             panic!("exports.txt: bad line {line:?}");
         };
-        nodes.entry(node.to_string()).or_default().push(sym.to_string());
+        nodes
+            .entry(node.to_string())
+            .or_default()
+            .push(sym.to_string());
     }
     let mut map = String::new();
     let mut prev: Option<&str> = None;

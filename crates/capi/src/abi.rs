@@ -131,7 +131,8 @@ pub struct ibv_context {
 /// `verbs_get_ctx()` to find the [`verbs_context`].
 pub const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
 
-pub type QueryPortFn = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
+pub type QueryPortFn =
+    unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
 pub type CreateCqExFn =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
 pub type QueryDeviceExFn = unsafe extern "C" fn(
@@ -862,6 +863,8 @@ pub const IBV_ATOMIC_HCA: c_int = 1;
 
 pub const IBV_GID_TYPE_IB: c_int = 0;
 pub const IBV_GID_TYPE_ROCE_V2: c_int = 2;
+/// `IBV_GID_TYPE_SYSFS_ROCE_V2` of rdma-core's private `driver.h`.
+pub const IBV_GID_TYPE_SYSFS_ROCE_V2: c_int = 1;
 
 pub const IBV_QP_INIT_ATTR_PD: u32 = 1 << 0;
 pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;

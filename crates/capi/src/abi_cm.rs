@@ -133,7 +133,7 @@ pub struct rdma_cm_join_mc_attr_ex {
 pub(crate) fn layout_rows(out: &mut Layout) {
     layout! { out;
         rdma_ib_addr { sgid, dgid, pkey }
-        rdma_addr { src_addr, dst_addr, addr }
+        rdma_addr { src_addr => "src_storage", dst_addr => "dst_storage", addr }
         rdma_route { addr, path_rec, num_paths }
         rdma_event_channel { fd }
         rdma_cm_id { verbs, channel, context, qp, route, ps, port_num, event, send_cq_channel,

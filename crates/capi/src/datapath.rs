@@ -143,9 +143,7 @@ pub unsafe fn send_wr_from_c(qp: &QpObj, wr: &ibv_send_wr) -> Result<SendWr, c_i
             rkey: atomic.rkey,
             add: atomic.compare_add,
         },
-        IBV_WR_LOCAL_INV => SendOp::LocalInvalidate {
-            stag: wr.imm_data,
-        },
+        IBV_WR_LOCAL_INV => SendOp::LocalInvalidate { stag: wr.imm_data },
         IBV_WR_SOFTRDMA_WRITE_RECORD => SendOp::WriteRecord {
             remote_addr: rdma.remote_addr,
             rkey: rdma.rkey,
@@ -355,10 +353,8 @@ pub fn wc_to_c(c: &Completion) -> ibv_wc {
     let mut src_qp = 0;
     if let Some(src) = wc.src {
         src_qp = src.qpn;
-        if matches!(
-            wc.opcode,
-            WcOpcode::Recv | WcOpcode::RecvRdmaWithImm
-        ) && wc.status == WcStatus::Success
+        if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+            && wc.status == WcStatus::Success
         {
             // Every datagram QP of this library is created with a GRH in
             // front of received payloads (as UD verbs has it).

@@ -91,7 +91,10 @@ fn make(index: usize, ifname: &str, ip: Ipv4Addr) -> DevObj {
         &mut dev.dev_path,
         &format!("/sys/class/infiniband_verbs/softrdma{index}"),
     );
-    copy_str(&mut dev.ibdev_path, &format!("/sys/class/infiniband/{name}"));
+    copy_str(
+        &mut dev.ibdev_path,
+        &format!("/sys/class/infiniband/{name}"),
+    );
     let o = ip.octets();
     // "sr" + 0x0000 + IPv4: stable per address, never zero.
     let guid = 0x7372_0000_0000_0000 | u64::from(u32::from_be_bytes(o));

@@ -316,7 +316,9 @@ impl QpObj {
     pub fn set_state(&self, s: i32) {
         self.state.store(s, Ordering::Release);
         // SAFETY: `state` is a plain int inside the cell of our live QP object that only this library writes; applications only read it (verbs contract), racing reads see an old or new value.
-        unsafe { std::ptr::write_volatile(std::ptr::addr_of_mut!((*self.ex.get()).qp_base.state), s) };
+        unsafe {
+            std::ptr::write_volatile(std::ptr::addr_of_mut!((*self.ex.get()).qp_base.state), s)
+        };
     }
 }
 

@@ -256,9 +256,7 @@ unsafe extern "C" fn query_device_ex(
         ex.phys_port_cnt_ex = 1;
         let n = size.min(std::mem::size_of::<ibv_device_attr_ex>());
         // SAFETY: the application's buffer has `size` octets; we write n <= size.
-        unsafe {
-            std::ptr::copy_nonoverlapping(&ex as *const _ as *const u8, attr as *mut u8, n)
-        };
+        unsafe { std::ptr::copy_nonoverlapping(&ex as *const _ as *const u8, attr as *mut u8, n) };
         0
     })
 }
@@ -320,7 +318,9 @@ pub unsafe extern "C" fn ibv_query_gid(
 
 use crate::export::guard_neg;
 
-/// `ibv_query_gid_type@IBVERBS_PRIVATE_34`.
+/// `ibv_query_gid_type@IBVERBS_PRIVATE_34`. Its type is rdma-core's
+/// private `enum ibv_gid_type_sysfs` (`driver.h`: 0 IB/RoCE v1, 1 RoCE v2),
+/// not the public `enum ibv_gid_type` of `_ibv_query_gid_ex`.
 pub unsafe extern "C" fn ibv_query_gid_type(
     ctx: *mut ibv_context,
     port: u8,
@@ -333,7 +333,7 @@ pub unsafe extern "C" fn ibv_query_gid_type(
             return Err(libc::EINVAL);
         }
         // SAFETY: the application's out-int.
-        unsafe { *ty = IBV_GID_TYPE_ROCE_V2 };
+        unsafe { *ty = IBV_GID_TYPE_SYSFS_ROCE_V2 };
         Ok(0)
     })
 }
@@ -617,7 +617,8 @@ unsafe extern "C" fn dealloc_mw(_mw: *mut ibv_mw) -> c_int {
 pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
     guard_ptr(|| {
         ctx_of(ctx)?;
-        let ch = engine::CompChannel::new().map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))?;
+        let ch =
+            engine::CompChannel::new().map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))?;
         Ok(Box::into_raw(Box::new(ChannelObj {
             ch: ibv_comp_channel {
                 context: ctx,
@@ -656,7 +657,7 @@ pub unsafe fn create_cq_internal(
     channel: *mut ibv_comp_channel,
 ) -> Result<*mut CqObj, c_int> {
     ctx_of(ctx)?;
-    if cqe < 1 || cqe > 1 << 20 {
+    if !(1..=1 << 20).contains(&cqe) {
         return Err(libc::EINVAL);
     }
     // SAFETY: per the contract.
@@ -686,7 +687,9 @@ pub unsafe extern "C" fn ibv_create_cq(
     _comp_vector: c_int,
 ) -> *mut ibv_cq {
     // SAFETY: the application's objects.
-    guard_ptr(|| unsafe { create_cq_internal(ctx, cqe, cq_context, channel) }.map(|p| p as *mut ibv_cq))
+    guard_ptr(|| {
+        unsafe { create_cq_internal(ctx, cqe, cq_context, channel) }.map(|p| p as *mut ibv_cq)
+    })
 }
 
 /// `ibv_resize_cq`: growing is accepted when the CQ already holds that
@@ -717,16 +720,19 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         let ch = c.cq.get_mut().channel;
         if !ch.is_null() {
             // SAFETY: the channel outlives its CQs (EBUSY otherwise).
-            unsafe { AtomicI32::from_ptr(&mut (*ch).refcnt) }
-                .fetch_sub(1, Ordering::AcqRel);
+            unsafe { AtomicI32::from_ptr(&mut (*ch).refcnt) }.fetch_sub(1, Ordering::AcqRel);
         }
         0
     })
 }
 
-/// `ibv_get_cq_event`: blocks until an armed CQ of `channel` fires
-/// (returns -1 with EAGAIN at once if the fd is non-blocking and none
-/// has).
+/// `ibv_get_cq_event`: blocks until an armed CQ of `channel` fires.
+///
+/// The channel's fd is the engine's eventfd, which the engine keeps in
+/// non-blocking mode for itself, so an application's `O_NONBLOCK` cannot be
+/// told apart and this call always blocks. Applications that set
+/// `O_NONBLOCK` poll(2) the fd first and call this once it is readable,
+/// which then returns at once.
 pub unsafe extern "C" fn ibv_get_cq_event(
     channel: *mut ibv_comp_channel,
     cq: *mut *mut ibv_cq,
@@ -735,17 +741,9 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     guard_neg(|| {
         // SAFETY: a channel of ours.
         let ch = unsafe { channel_from_raw(channel) }.ok_or(libc::EINVAL)?;
-        // SAFETY: fcntl on the channel's own fd.
-        let fl = unsafe { libc::fcntl(ch.ch.fd, libc::F_GETFL) };
-        let nonblock = fl >= 0 && fl & libc::O_NONBLOCK != 0;
         loop {
-            let id = if nonblock {
-                ch.engine.try_get_event().ok_or(libc::EAGAIN)?
-            } else {
-                match ch.engine.get_event(None) {
-                    Some(id) => id,
-                    None => continue,
-                }
+            let Some(id) = ch.engine.get_event(None) else {
+                continue;
             };
             // A CQ destroyed since it fired is skipped.
             let Some(c) = cq_by_id(id) else { continue };
@@ -939,12 +937,10 @@ pub unsafe fn create_qp_internal(pd: *mut ibv_pd, init: &mut QpInit) -> Result<*
                     ib.bind(qpn, &q).map_err(|_| libc::ENOMEM)?;
                     q
                 }
-                None => e
-                    .create_rc_qp(p.num, caps, s, r)
-                    .map_err(|err| {
-                        eprintln!("softrdma: create QP: {err}");
-                        libc::ENOMEM
-                    })?,
+                None => e.create_rc_qp(p.num, caps, s, r).map_err(|err| {
+                    eprintln!("softrdma: create QP: {err}");
+                    libc::ENOMEM
+                })?,
             };
             QpKind::Rc(q)
         }
@@ -957,7 +953,17 @@ pub unsafe fn create_qp_internal(pd: *mut ibv_pd, init: &mut QpInit) -> Result<*
                 ..Default::default()
             };
             let h = e
-                .create_ud_qp(p.num, caps, s, r, engine::UdOptions { proto, mtu: None, bind })
+                .create_ud_qp(
+                    p.num,
+                    caps,
+                    s,
+                    r,
+                    engine::UdOptions {
+                        proto,
+                        mtu: None,
+                        bind,
+                    },
+                )
                 .map_err(|err| {
                     eprintln!("softrdma: create UD QP: {err}");
                     libc::ENOMEM
@@ -973,7 +979,17 @@ pub unsafe fn create_qp_internal(pd: *mut ibv_pd, init: &mut QpInit) -> Result<*
                 ..Default::default()
             };
             let h = e
-                .create_rd_qp(p.num, caps, s, r, engine::RdOptions { proto, mtu: None, bind })
+                .create_rd_qp(
+                    p.num,
+                    caps,
+                    s,
+                    r,
+                    engine::RdOptions {
+                        proto,
+                        mtu: None,
+                        bind,
+                    },
+                )
                 .map_err(|err| {
                     eprintln!("softrdma: create RD QP: {err}");
                     libc::ENOMEM
@@ -983,7 +999,11 @@ pub unsafe fn create_qp_internal(pd: *mut ibv_pd, init: &mut QpInit) -> Result<*
         _ => return Err(libc::EOPNOTSUPP),
     };
     cap.max_send_wr = caps.max_send_wr as u32;
-    cap.max_recv_wr = if srq.is_some() { 0 } else { caps.max_recv_wr as u32 };
+    cap.max_recv_wr = if srq.is_some() {
+        0
+    } else {
+        caps.max_recv_wr as u32
+    };
     cap.max_send_sge = MAX_SGE as u32;
     cap.max_recv_sge = MAX_SGE as u32;
     cap.max_inline_data = MAX_INLINE as u32;
@@ -1125,7 +1145,14 @@ pub fn modify_qp_internal(q: &QpObj, a: &ibv_qp_attr, mask: c_int) -> Result<(),
                     };
                     let e = engine()?;
                     e.ib_conn()
-                        .start(rc, q.qpn(), peer, a.dest_qp_num, ird, device::MAX_RD_ATOM as u16)
+                        .start(
+                            rc,
+                            q.qpn(),
+                            peer,
+                            a.dest_qp_num,
+                            ird,
+                            device::MAX_RD_ATOM as u16,
+                        )
                         .map_err(|err| {
                             eprintln!("softrdma: QP {:#x} to RTR: {err}", q.qpn());
                             libc::EINVAL
@@ -1294,7 +1321,9 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         ctx_of(ctx)?;
         // SAFETY: the application's completion, GRH and out-struct.
         let (Some(w), Some(g), Some(out)) =
-            (unsafe { wc.as_ref() }, unsafe { grh.as_ref() }, unsafe { ah_attr.as_mut() })
+            (unsafe { wc.as_ref() }, unsafe { grh.as_ref() }, unsafe {
+                ah_attr.as_mut()
+            })
         else {
             return Err(libc::EINVAL);
         };
@@ -1358,12 +1387,20 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
 }
 
 /// `ibv_attach_mcast`: UD QPs join the IPv4 group of the GID.
-pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, _lid: u16) -> c_int {
+pub unsafe extern "C" fn ibv_attach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
     guard_errno(|| mcast(qp, gid, true))
 }
 
 /// `ibv_detach_mcast`.
-pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, _lid: u16) -> c_int {
+pub unsafe extern "C" fn ibv_detach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
     guard_errno(|| mcast(qp, gid, false))
 }
 
@@ -1396,42 +1433,38 @@ fn mcast(qp: *mut ibv_qp, gid: *const ibv_gid, attach: bool) -> c_int {
 // Async events
 // ---------------------------------------------------------------------
 
-/// `ibv_get_async_event`: blocks for the next event (EAGAIN at once on a
-/// non-blocking `async_fd`). Datagram-only events without a verbs
+/// `ibv_get_async_event`: blocks for the next event (like
+/// [`ibv_get_cq_event`], whatever `O_NONBLOCK` says: the fd is the engine's
+/// non-blocking eventfd). Datagram-only events without a verbs
 /// equivalent are not reported here.
 pub unsafe extern "C" fn ibv_get_async_event(
     ctx: *mut ibv_context,
     ev: *mut ibv_async_event,
 ) -> c_int {
     guard_neg(|| {
-        let c = ctx_of(ctx)?;
+        ctx_of(ctx)?;
         if ev.is_null() {
             return Err(libc::EINVAL);
         }
         let e = engine()?;
-        let fd = c.vctx.context.async_fd;
-        // SAFETY: fcntl on our own fd.
-        let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        let nonblock = fl >= 0 && fl & libc::O_NONBLOCK != 0;
         loop {
-            let a = if nonblock {
-                e.async_events().try_get().ok_or(libc::EAGAIN)?
-            } else {
-                match e.async_events().get(None) {
-                    Some(a) => a,
-                    None => continue,
-                }
+            let Some(a) = e.async_events().get(None) else {
+                continue;
             };
             let out = match a {
                 AsyncEvent::CqError { cq } => cq_by_id(cq).map(|p| ibv_async_event {
-                    element: ibv_async_element { cq: p as *mut ibv_cq },
+                    element: ibv_async_element {
+                        cq: p as *mut ibv_cq,
+                    },
                     event_type: IBV_EVENT_CQ_ERR,
                 }),
                 AsyncEvent::QpFatal { qpn } => qp_ev(qpn, IBV_EVENT_QP_FATAL),
                 AsyncEvent::QpAccessError { qpn } => qp_ev(qpn, IBV_EVENT_QP_ACCESS_ERR),
                 AsyncEvent::CommEstablished { qpn } => qp_ev(qpn, IBV_EVENT_COMM_EST),
                 AsyncEvent::SrqLimitReached { id } => srq_by_id(id).map(|p| ibv_async_event {
-                    element: ibv_async_element { srq: p as *mut ibv_srq },
+                    element: ibv_async_element {
+                        srq: p as *mut ibv_srq,
+                    },
                     event_type: IBV_EVENT_SRQ_LIMIT_REACHED,
                 }),
                 _ => None,
@@ -1447,7 +1480,9 @@ pub unsafe extern "C" fn ibv_get_async_event(
 
 fn qp_ev(qpn: u32, ty: c_int) -> Option<ibv_async_event> {
     qp_by_num(qpn).map(|p| ibv_async_event {
-        element: ibv_async_element { qp: p as *mut ibv_qp },
+        element: ibv_async_element {
+            qp: p as *mut ibv_qp,
+        },
         event_type: ty,
     })
 }

@@ -1,0 +1,165 @@
+//! Debian's unmodified rdma-core and perftest binaries over softrdma's
+//! libibverbs.so.1, through `softrdma run`, server and client as separate
+//! processes on loopback (device `softrdma_lo`). Each must exit 0 with the
+//! output it prints on success. Requires `scripts/install-test-deps.sh`
+//! (ibverbs-utils, perftest).
+
+mod common;
+
+use common::{free_port, pair, run};
+
+const DEV: &str = "softrdma_lo";
+
+#[test]
+fn ibv_devices_lists_softrdma_devices() {
+    let d = run("ibv_devices", &[]);
+    d.assert_ok(
+        "ibv_devices",
+        &["device", "node GUID", "softrdma_lo", "737200007f000001"],
+    );
+}
+
+#[test]
+fn ibv_devinfo_verbose_describes_the_device() {
+    let d = run("ibv_devinfo", &["-v", "-d", DEV]);
+    d.assert_ok(
+        "ibv_devinfo -v",
+        &[
+            "hca_id:\tsoftrdma_lo",
+            "transport:\t\t\tiWARP (1)",
+            "vendor_id:\t\t\t0x736f66",
+            "state:\t\t\tPORT_ACTIVE (4)",
+            "link_layer:\t\tEthernet",
+            "GID[  0]:\t\t::ffff:127.0.0.1, RoCE v2",
+        ],
+    );
+}
+
+/// The IB-style pingpongs: `-g 0` puts the IPv4-mapped GID in the
+/// exchange.
+fn pingpong(prog: &str, extra: &[&str]) {
+    let port = free_port().to_string();
+    let mut s = vec!["-d", DEV, "-g", "0", "-p", &port];
+    s.extend_from_slice(extra);
+    let mut c = s.clone();
+    c.push("127.0.0.1");
+    let (sd, cd) = pair(prog, &s, &c, port.parse().unwrap());
+    for (who, d) in [("server", &sd), ("client", &cd)] {
+        d.assert_ok(
+            &format!("{prog} {who}"),
+            &["local address:", "remote address:", "1000 iters in"],
+        );
+    }
+}
+
+#[test]
+fn ibv_rc_pingpong() {
+    pingpong("ibv_rc_pingpong", &[]);
+}
+
+#[test]
+fn ibv_rc_pingpong_new_send_api() {
+    // `-N`: ibv_qp_to_qp_ex + ibv_wr_start/ibv_wr_send/ibv_wr_set_sge/ibv_wr_complete.
+    pingpong("ibv_rc_pingpong", &["-N"]);
+}
+
+#[test]
+fn ibv_rc_pingpong_ts_cq_ex_is_refused_cleanly() {
+    // `-t`: completion timestamps, which softrdma does not offer
+    // (`completion_timestamp_mask` 0 in ibv_query_device_ex, and
+    // ibv_create_cq_ex refuses IBV_WC_EX_WITH_COMPLETION_TIMESTAMP): the
+    // program must stop with its own message, not hang or crash.
+    let d = run(
+        "ibv_rc_pingpong",
+        &["-d", DEV, "-g", "0", "-t", "-p", &free_port().to_string()],
+    );
+    assert_ne!(d.code, Some(0), "{d:?}");
+    assert!(!d.timed_out, "{d:?}");
+    assert!(
+        d.stderr.contains("isn't completion timestamp capable"),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn ibv_uc_pingpong() {
+    // UC runs as RC on softrdma (ARCHITECTURE.md).
+    pingpong("ibv_uc_pingpong", &[]);
+}
+
+#[test]
+fn ibv_srq_pingpong() {
+    pingpong("ibv_srq_pingpong", &[]);
+}
+
+#[test]
+fn ibv_ud_pingpong() {
+    pingpong("ibv_ud_pingpong", &[]);
+}
+
+/// perftest without `-R` (its own TCP exchange, IB-style QP connect);
+/// success is exit 0 on both sides and a result row under the header
+/// (on both sides, except the passive server of read/atomic latency tests,
+/// which prints none).
+fn perftest(prog: &str, extra: &[&str]) {
+    let server_reports = !matches!(prog, "ib_read_lat" | "ib_atomic_lat");
+    let port = free_port().to_string();
+    let mut s = vec!["-d", DEV, "-p", &port];
+    s.extend_from_slice(extra);
+    let mut c = s.clone();
+    c.push("127.0.0.1");
+    let (sd, cd) = pair(prog, &s, &c, port.parse().unwrap());
+    for (who, d) in [("server", &sd), ("client", &cd)] {
+        d.assert_ok(
+            &format!("{prog} {who}"),
+            &["Transport type : IW", "Link type       : Ethernet"],
+        );
+        if who == "server" && !server_reports {
+            continue;
+        }
+        // The row after the header starts with the message size.
+        let mut lines = d.stdout.lines().skip_while(|l| !l.contains("#bytes"));
+        let row = lines.nth(1).unwrap_or_default();
+        let first = row.split_whitespace().next().unwrap_or_default();
+        assert!(
+            first.parse::<u64>().is_ok(),
+            "{prog} {who}: no result row after the header:\n{}",
+            d.stdout
+        );
+    }
+}
+
+#[test]
+fn ib_send_lat() {
+    perftest("ib_send_lat", &[]);
+}
+
+#[test]
+fn ib_send_bw() {
+    perftest("ib_send_bw", &[]);
+}
+
+#[test]
+fn ib_write_lat() {
+    perftest("ib_write_lat", &[]);
+}
+
+#[test]
+fn ib_write_bw() {
+    perftest("ib_write_bw", &[]);
+}
+
+#[test]
+fn ib_read_lat() {
+    perftest("ib_read_lat", &[]);
+}
+
+#[test]
+fn ib_read_bw() {
+    perftest("ib_read_bw", &[]);
+}
+
+#[test]
+fn ib_atomic_lat() {
+    perftest("ib_atomic_lat", &[]);
+}
