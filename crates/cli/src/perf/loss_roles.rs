@@ -23,7 +23,8 @@
 //! end of what it counts (`bad=` in the result; the parent fails the point
 //! if any differ).
 
-use std::net::{IpAddr, SocketAddr};
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use softrdma_verbs::cm::{self, ConnParams};
@@ -47,6 +48,9 @@ pub enum Kind {
     RdWrite,
     /// RC RDMA Write over TCP.
     RcWrite,
+    /// The baseline: a raw TCP stream between the same two namespaces
+    /// (what the link gives TCP, and so RC).
+    RawTcp,
 }
 
 impl Kind {
@@ -57,6 +61,7 @@ impl Kind {
             Kind::UdWriteRecord => "ud_write_record",
             Kind::RdWrite => "rd_write",
             Kind::RcWrite => "rc_write",
+            Kind::RawTcp => "raw_tcp",
         }
     }
 
@@ -67,13 +72,20 @@ impl Kind {
             Kind::UdWriteRecord,
             Kind::RdWrite,
             Kind::RcWrite,
+            Kind::RawTcp,
         ]
         .into_iter()
         .find(|k| k.key() == s)
     }
 
-    /// True if the receiver measures (UD); false if the sender does.
+    /// True if the receiver measures (UD, raw TCP); false if the sender
+    /// does (RD, RC).
     pub fn receiver_measures(self) -> bool {
+        matches!(self, Kind::UdSend | Kind::UdWriteRecord | Kind::RawTcp)
+    }
+
+    /// True if the sender is paced (no flow control of its own).
+    pub fn paced(self) -> bool {
         matches!(self, Kind::UdSend | Kind::UdWriteRecord)
     }
 }
@@ -298,9 +310,9 @@ fn recv(kv: &Kv) -> Result<(), String> {
             })?;
             let s = qp.stats().record;
             say(&format!(
-                "result bytes={bytes} secs={} msgs={msgs} bad={bad} record_stats={}",
-                c.dur,
-                format!("{s:?}").replace(' ', "")
+                "result bytes={bytes} secs={} msgs={msgs} bad={bad} partial={} \
+                 not_recorded={} validity_overflow={}",
+                c.dur, s.partial_delivered, s.overflow, s.validity_overflow
             ));
         }
         Kind::RdWrite => {
@@ -341,6 +353,60 @@ fn recv(kv: &Kv) -> Result<(), String> {
                 u8::from(check(&mr, 0, c.size, 0))
             ));
             drop(qp);
+        }
+        Kind::RawTcp => {
+            let listener = TcpListener::bind((c.ip, 0)).map_err(|e| e.to_string())?;
+            let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+            say(&format!("ready port={port} qpn=0 stag=0 base=0"));
+            let (mut sock, _) = listener.accept().map_err(|e| e.to_string())?;
+            sock.set_read_timeout(Some(Duration::from_millis(20)))
+                .map_err(|e| e.to_string())?;
+            let mut buf = vec![0u8; 1 << 20];
+            let mut window: Option<(Instant, Instant)> = None;
+            let (mut bytes, mut at, mut bad) = (0u64, 0usize, 0u64);
+            loop {
+                if window.is_none() {
+                    if let Ok(cmd) = cmds.try_recv() {
+                        if cmd == "go" {
+                            let t0 = Instant::now() + Duration::from_secs_f64(c.warm);
+                            window = Some((t0, t0 + Duration::from_secs_f64(c.dur)));
+                        }
+                    }
+                }
+                let n = match sock.read(&mut buf) {
+                    Ok(0) => return Err("the sender closed the stream early".into()),
+                    Ok(n) => n,
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        0
+                    }
+                    Err(e) => return Err(e.to_string()),
+                };
+                // The stream repeats the message pattern.
+                bad += u64::from(
+                    buf[..n.min(CHECK)]
+                        .iter()
+                        .enumerate()
+                        .any(|(k, &b)| b != pattern((at + k) % c.size)),
+                );
+                at = (at + n) % c.size;
+                let now = Instant::now();
+                if window.is_some_and(|(a, b)| now >= a && now < b) {
+                    bytes += n as u64;
+                }
+                if window.is_some_and(|(_, b)| now >= b) {
+                    break;
+                }
+            }
+            say(&format!(
+                "result bytes={bytes} secs={} msgs={} bad={bad}",
+                c.dur,
+                bytes / c.size as u64
+            ));
         }
     }
     Ok(())
@@ -524,6 +590,26 @@ fn send(kv: &Kv) -> Result<(), String> {
             say(&r);
             qp.disconnect();
         }
+        Kind::RawTcp => {
+            let mut sock = TcpStream::connect((to, port)).map_err(|e| e.to_string())?;
+            let data: Vec<u8> = (0..c.size).map(pattern).collect();
+            let start = Instant::now();
+            let give_up = Duration::from_secs_f64(c.warm + c.dur + 120.0);
+            let mut i = 0u64;
+            while !stopped(&cmds) && start.elapsed() < give_up {
+                if sock.write_all(&data).is_err() {
+                    break; // the receiver is done and closed
+                }
+                if i == 0 {
+                    say("started");
+                }
+                i += 1;
+            }
+            say(&format!(
+                "sent msgs={i} rate={} errors=0",
+                i as f64 * c.size as f64 / start.elapsed().as_secs_f64()
+            ));
+        }
     }
     Ok(())
 }
@@ -550,6 +636,8 @@ fn pace(start: Instant, sent: f64, rate: f64) {
 }
 
 const READ0: u64 = u64::MAX - 1;
+/// Writes the RD/RC window should hold for a figure worth the name.
+const MIN_MSGS: u64 = 8;
 const READ1: u64 = u64::MAX;
 
 /// The RD/RC writer: Writes with a bounded number outstanding; an 8-octet
@@ -576,7 +664,7 @@ fn writer(
     };
     let mut buf = [blank(); 64];
     let start = Instant::now();
-    let give_up = Duration::from_secs_f64(c.warm + c.dur + 90.0);
+    let give_up = Duration::from_secs_f64(c.warm + 5.0 * c.dur + 90.0);
     let (mut i, mut out, mut bytes) = (0u64, 0u64, 0u64);
     // 0: warming up; 1: between the Reads' posts; 2: draining.
     let mut phase = 0;
@@ -606,7 +694,15 @@ fn writer(
             post(read(READ0))?;
             posted0 = Some(now);
             phase = 1;
-        } else if phase == 1 && posted0.is_some_and(|p| now - p >= Duration::from_secs_f64(c.dur)) {
+        } else if phase == 1
+            && posted0.is_some_and(|p| {
+                // At least MIN_MSGS in the window, unless that takes more
+                // than five windows (a link that nearly stopped).
+                let d = now - p;
+                let w = Duration::from_secs_f64(c.dur);
+                d >= w && (bytes >= MIN_MSGS * c.size as u64 || d >= 5 * w)
+            })
+        {
             post(read(READ1))?;
             phase = 2;
         }

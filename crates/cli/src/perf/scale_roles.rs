@@ -239,13 +239,12 @@ fn server(kv: &Kv) -> Result<(), String> {
                     let _ = req.reject(b"");
                     continue;
                 }
-                qps2.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(qp.qpn(), (qp.clone(), false));
-                if req.accept(&qp, &conn_params()).is_err() {
+                // Into the table once accepted (RTS): a request that
+                // arrives before is kept pending by the main loop.
+                if req.accept(&qp, &conn_params()).is_ok() {
                     qps2.lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .remove(&qp.qpn());
+                        .insert(qp.qpn(), (qp, false));
                 }
             });
             (port, 0, None, Some(qps))
@@ -263,12 +262,32 @@ fn server(kv: &Kv) -> Result<(), String> {
     let mut last_seen = Instant::now();
     let mut errors = 0u64;
     let mut setup_said = false;
+    let mut pending: Vec<u32> = Vec::new();
     loop {
         if stopped(&cmds) {
             return Ok(());
         }
         if Instant::now() > give_up {
             return Err(format!("only {count} of {n} peers served in 900 s"));
+        }
+        if let (Some(qps), false) = (&rc, pending.is_empty()) {
+            // RC: reply on every connection whose request arrived, once
+            // the accepting thread has put it in the table (accepted).
+            let mut map = qps.lock().unwrap_or_else(|p| p.into_inner());
+            let mut left = Vec::new();
+            for qpn in pending.drain(..) {
+                match map.get_mut(&qpn) {
+                    Some((qp, served)) if !*served => {
+                        qp.post_send(send_wr(0, &tx, 0))
+                            .map_err(|e| e.to_string())?;
+                        *served = true;
+                        count += 1;
+                    }
+                    Some(_) => {}
+                    None => left.push(qpn),
+                }
+            }
+            pending = left;
         }
         let k = cq.poll(&mut buf);
         if k == 0 {
@@ -340,21 +359,9 @@ fn server(kv: &Kv) -> Result<(), String> {
                         }
                     }
                 }
-                (None, Some(qps)) => {
-                    let qp = {
-                        let mut map = qps.lock().unwrap_or_else(|p| p.into_inner());
-                        match map.get_mut(&comp.qp_num) {
-                            Some((qp, served)) if !*served && wc.status == WcStatus::Success => {
-                                *served = true;
-                                count += 1;
-                                Some(qp.clone())
-                            }
-                            _ => None,
-                        }
-                    };
-                    if let Some(qp) = qp {
-                        qp.post_send(send_wr(0, &tx, 0))
-                            .map_err(|e| e.to_string())?;
+                (None, Some(_)) => {
+                    if wc.status == WcStatus::Success {
+                        pending.push(comp.qp_num);
                     }
                 }
                 _ => unreachable!("one of the two"),
