@@ -242,6 +242,9 @@ pub(crate) trait InlineProgress: Send + Sync {
     /// Identifies what `progress_inline` drains: of several entries with
     /// the same key, one poll progresses only the first.
     fn progress_key(&self) -> usize;
+    /// The CQ was armed ([`Cq::req_notify`]): its poller may block next,
+    /// so a source parked for a busy poller must be watched again now.
+    fn notify_armed(&self) {}
 }
 
 impl InlineProgress for QpShared {
@@ -250,6 +253,9 @@ impl InlineProgress for QpShared {
     }
     fn progress_key(&self) -> usize {
         self as *const QpShared as usize
+    }
+    fn notify_armed(&self) {
+        QpShared::notify_armed(self)
     }
 }
 
@@ -387,8 +393,16 @@ impl Cq {
     /// Arms the CQ: the next completion (or, with `solicited_only`, the next
     /// solicited or error completion) fires the channel once.
     pub fn req_notify(&self, solicited_only: bool) {
-        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        c.armed = Some(solicited_only);
+        {
+            let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            c.armed = Some(solicited_only);
+        }
+        // The progress thread must take over sockets parked for a busy
+        // poller before this CQ's user blocks (progress module docs).
+        let v = self.qps.lock().unwrap_or_else(|p| p.into_inner());
+        for q in v.iter().filter_map(|w| w.upgrade()) {
+            q.notify_armed();
+        }
     }
 
     /// Completions currently queued.

@@ -17,12 +17,29 @@
 //! deadline is disarmed first; the source re-arms what it still needs).
 //! Arming a deadline earlier than the one the thread sleeps until wakes it
 //! (one eventfd write); any other arming costs no syscall.
+//!
+//! Busy-poll parking ([`Parking`]): while an application busy-polls a CQ
+//! (inline progress, [`crate::Cq::poll`]), the thread would still wake for
+//! every inbound message and fight the poller for the socket and, on a
+//! small machine, for the CPU. A source that sees a poller spinning
+//! ([`BusyPoll::spinning`]: at least [`SPIN_STREAK`] empty inline polls
+//! since the last [`crate::Cq::req_notify`], the latest less than
+//! [`SPIN_WINDOW`] ago) when it is woken readable *parks* its descriptor
+//! instead of reading it: read interest is dropped (write interest stays)
+//! and a timer re-checks every [`PARK_RECHECK`]. The descriptor is armed
+//! again when the poller has gone quiet (timer) or as soon as anyone arms
+//! a CQ the source completes into (`req_notify`, i.e. before blocking on
+//! a completion channel). Epoll is level-triggered, so whatever arrived
+//! while parked is reported at once on re-arming: nothing is lost, and
+//! the longest extra delay for a poller that stops without arming a CQ
+//! is about two re-check periods.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -38,13 +55,202 @@ const IDLE_WAIT: Duration = Duration::from_secs(1);
 pub(crate) trait Source: Send + Sync {
     /// Its descriptor is readable (or hung up) and/or writable.
     fn on_ready(&self, readable: bool, writable: bool);
+    /// As reported by epoll: `hangup` (HUP, ERR, RDHUP) apart from
+    /// `readable`. By default a hang-up counts as readable.
+    fn on_event(&self, readable: bool, writable: bool, hangup: bool) {
+        self.on_ready(readable || hangup, writable)
+    }
     /// Its timer is due (`now` is at or after the deadline armed).
     fn on_timer(&self, _now: Instant) {}
 }
 
 impl Source for QpShared {
     fn on_ready(&self, readable: bool, writable: bool) {
-        QpShared::on_ready(self, readable, writable)
+        QpShared::on_ready(self, readable, writable, false)
+    }
+    fn on_event(&self, readable: bool, writable: bool, hangup: bool) {
+        QpShared::on_ready(self, readable || hangup, writable, hangup)
+    }
+    fn on_timer(&self, _now: Instant) {
+        QpShared::recheck_parked(self)
+    }
+}
+
+/// Empty inline polls in a row (since the last `req_notify`) from which a
+/// poller counts as busy-polling.
+pub(crate) const SPIN_STREAK: u32 = 4;
+/// A busy poller polled at most this long ago.
+pub(crate) const SPIN_WINDOW: Duration = Duration::from_millis(1);
+/// An inline poll stamps the clock once per this many polls.
+const STAMP_EVERY: u32 = 4;
+/// How often a parked descriptor's poller is looked at again.
+pub(crate) const PARK_RECHECK: Duration = Duration::from_millis(1);
+
+/// Nanoseconds since the first call (a cheap monotonic stamp for atomics).
+fn now_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Tells whether some thread is busy-polling a source inline (see the
+/// module docs). Lock-free; updated by every empty inline poll.
+#[derive(Debug, Default)]
+pub(crate) struct BusyPoll {
+    streak: AtomicU32,
+    last_ns: AtomicU64,
+}
+
+impl BusyPoll {
+    /// An inline poll of the source is about to run (its CQ was empty).
+    /// Reads the clock only every [`STAMP_EVERY`] polls (a stamp is at
+    /// most that many polls old, far below [`SPIN_WINDOW`]).
+    #[inline]
+    pub(crate) fn polled(&self) {
+        let s = self.streak.load(Ordering::Relaxed);
+        self.streak.store(s.wrapping_add(1), Ordering::Relaxed);
+        if s % STAMP_EVERY == 0 || s < SPIN_STREAK {
+            self.last_ns.store(now_ns(), Ordering::Relaxed);
+        }
+    }
+
+    /// A CQ of the source was armed: whoever polls may block next.
+    pub(crate) fn reset(&self) {
+        self.streak.store(0, Ordering::Relaxed);
+    }
+
+    /// True while a poller spins (enough empty polls, the latest recent).
+    pub(crate) fn spinning(&self) -> bool {
+        self.streak.load(Ordering::Relaxed) >= SPIN_STREAK
+            && now_ns().saturating_sub(self.last_ns.load(Ordering::Relaxed))
+                < SPIN_WINDOW.as_nanos() as u64
+    }
+}
+
+#[derive(Debug, Default)]
+struct ParkState {
+    /// The descriptor and token while registered.
+    fd: Option<(RawFd, u64)>,
+    parked: bool,
+    write: bool,
+}
+
+/// The epoll interest of one source's descriptor, with busy-poll parking
+/// (module docs). Its lock is a leaf: held only around `epoll_ctl`.
+#[derive(Debug, Default)]
+pub(crate) struct Parking {
+    /// Inline pollers' activity.
+    pub(crate) busy: BusyPoll,
+    st: Mutex<ParkState>,
+}
+
+impl Parking {
+    fn state(&self) -> std::sync::MutexGuard<'_, ParkState> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn apply(p: &Progress, st: &ParkState) -> io::Result<()> {
+        match st.fd {
+            Some((fd, token)) => p.epoll.modify(
+                fd,
+                token,
+                Interest {
+                    read: !st.parked,
+                    write: st.write,
+                },
+            ),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts watching `fd` (readable) under `token` for `src`.
+    pub(crate) fn register<S: Source + 'static>(
+        &self,
+        p: &Progress,
+        fd: RawFd,
+        token: u64,
+        src: Weak<S>,
+    ) -> io::Result<()> {
+        let mut st = self.state();
+        st.parked = false;
+        st.write = false;
+        p.register(fd, token, src)?;
+        st.fd = Some((fd, token));
+        Ok(())
+    }
+
+    /// Stops watching (the descriptor is about to be shut down).
+    pub(crate) fn unregister(&self, p: &Progress) {
+        let mut st = self.state();
+        if let Some((fd, token)) = st.fd.take() {
+            p.unregister(fd, token);
+        }
+    }
+
+    /// Adds or removes interest in writability.
+    pub(crate) fn watch_write(&self, p: &Progress, write: bool) -> io::Result<()> {
+        let mut st = self.state();
+        if st.write == write {
+            return Ok(());
+        }
+        st.write = write;
+        Self::apply(p, &st)
+    }
+
+    /// From the progress thread, woken readable: if a poller spins, drops
+    /// read interest and arms the re-check timer; true if parked (the
+    /// caller then leaves the descriptor to the poller).
+    pub(crate) fn park_if_spinning(&self, p: &Progress) -> bool {
+        if !self.busy.spinning() {
+            return false;
+        }
+        let mut st = self.state();
+        let Some((_, token)) = st.fd else {
+            return false;
+        };
+        if !st.parked {
+            st.parked = true;
+            if Self::apply(p, &st).is_err() {
+                st.parked = false;
+                return false;
+            }
+        }
+        p.set_timer(token, Instant::now() + PARK_RECHECK);
+        true
+    }
+
+    /// From the progress thread's timer: re-arms read interest unless the
+    /// poller still spins (then looks again later).
+    pub(crate) fn recheck(&self, p: &Progress) {
+        let mut st = self.state();
+        let Some((_, token)) = st.fd else { return };
+        if !st.parked {
+            return;
+        }
+        if self.busy.spinning() {
+            p.set_timer(token, Instant::now() + PARK_RECHECK);
+            return;
+        }
+        st.parked = false;
+        let _ = Self::apply(p, &st);
+    }
+
+    /// A CQ of the source was armed (someone may block on it): counts the
+    /// poller as idle and re-arms read interest at once.
+    pub(crate) fn notify_armed<'p>(&self, progress: impl FnOnce() -> io::Result<&'p Progress>) {
+        self.busy.reset();
+        let mut st = self.state();
+        let Some((_, token)) = st.fd else { return };
+        if !st.parked {
+            return;
+        }
+        // Registered, so the thread exists: this does not start one.
+        let Ok(p) = progress() else { return };
+        st.parked = false;
+        if Self::apply(p, &st).is_err() {
+            st.parked = true;
+            return;
+        }
+        p.cancel_timer(token);
     }
 }
 
@@ -236,7 +442,7 @@ fn run(epoll: &Epoll, wake: &EventFd, sources: &Sources, timers: &Mutex<Timers>)
                 continue;
             }
             if let Some(src) = lookup(sources, token) {
-                src.on_ready(r || hup, w);
+                src.on_event(r, w, hup);
             }
         }
         let now = Instant::now();

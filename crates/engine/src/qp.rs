@@ -34,6 +34,7 @@ use softrdma_proto::wr::{RecvWr, SendWr};
 use softrdma_wire::rdmap::Layer;
 
 use crate::cq::{AsyncEvent, Completion, Cq};
+use crate::progress::Parking;
 use crate::srq::Srq;
 use crate::{Context, Shared};
 
@@ -93,8 +94,6 @@ pub enum QpLinkState {
 struct Link {
     rc: RcQp,
     sock: TcpStream,
-    /// Epoll token, while registered with the progress thread.
-    token: u64,
     /// Watching for writability (the socket pushed back).
     want_write: bool,
     /// No transmit before this instant (siw reply race, wire.md §9.11).
@@ -124,6 +123,8 @@ pub struct QpShared {
     recv_cq: Arc<Cq>,
     /// The shared receive queue every receive comes from, if any.
     srq: Option<Arc<Srq>>,
+    /// The socket's epoll interest and busy-poll parking.
+    park: Parking,
     core: Mutex<QpCore>,
 }
 
@@ -178,6 +179,7 @@ impl Qp {
             send_cq: send_cq.clone(),
             recv_cq: recv_cq.clone(),
             srq,
+            park: Parking::default(),
             core: Mutex::new(QpCore {
                 link: None,
                 early_rq: RecvQueue::new(caps.max_recv_wr),
@@ -285,7 +287,6 @@ impl Qp {
             c.link = Some(Link {
                 rc,
                 sock,
-                token,
                 want_write: false,
                 hold_until,
                 closed: false,
@@ -298,10 +299,12 @@ impl Qp {
             .as_ref()
             .map(|l| l.sock.as_raw_fd())
             .expect("just attached");
-        self.inner
-            .shared
-            .progress()?
-            .register(fd, token, Arc::downgrade(&self.inner))?;
+        self.inner.park.register(
+            self.inner.shared.progress()?,
+            fd,
+            token,
+            Arc::downgrade(&self.inner),
+        )?;
         self.inner.shared.events.raise(AsyncEvent::CommEstablished {
             qpn: self.inner.qpn,
         });
@@ -378,7 +381,7 @@ impl QpShared {
                     let _ = self
                         .shared
                         .progress()
-                        .and_then(|p| p.watch_write(link.sock.as_raw_fd(), link.token, true));
+                        .and_then(|p| self.park.watch_write(p, true));
                 }
                 return;
             }
@@ -400,7 +403,7 @@ impl QpShared {
             let _ = self
                 .shared
                 .progress()
-                .and_then(|p| p.watch_write(link.sock.as_raw_fd(), link.token, want));
+                .and_then(|p| self.park.watch_write(p, want));
         }
     }
 
@@ -498,7 +501,7 @@ impl QpShared {
                     link.closed = true;
                     let _ = link.sock.shutdown(std::net::Shutdown::Both);
                     if let Ok(p) = self.shared.progress() {
-                        p.unregister(link.sock.as_raw_fd(), link.token);
+                        self.park.unregister(p);
                     }
                 }
             }
@@ -518,8 +521,19 @@ impl QpShared {
         }
     }
 
-    /// Progress from the progress thread: readable and/or writable.
-    pub(crate) fn on_ready(&self, readable: bool, writable: bool) {
+    /// Progress from the progress thread: readable and/or writable. A
+    /// readable socket that an application busy-polls is parked instead
+    /// (left to the poller; `progress` module docs), unless it hung up.
+    pub(crate) fn on_ready(&self, readable: bool, writable: bool, hangup: bool) {
+        let readable = readable
+            && (hangup
+                || !self
+                    .shared
+                    .progress()
+                    .is_ok_and(|p| self.park.park_if_spinning(p)));
+        if !readable && !writable {
+            return;
+        }
         let mut c = self.lock();
         if readable {
             self.receive(&mut c);
@@ -533,12 +547,30 @@ impl QpShared {
     /// Progress from `poll_cq` on an empty CQ: skipped if another thread
     /// holds the QP (it is making progress already).
     pub(crate) fn progress_inline(&self) {
+        self.park.busy.polled();
         let Ok(mut c) = self.core.try_lock() else {
             return;
         };
         self.receive(&mut c);
-        self.transmit(&mut c);
+        // An empty poll stays cheap: no registry lock, no framing.
+        if c.link.as_ref().is_some_and(|l| l.rc.wants_transmit()) {
+            self.transmit(&mut c);
+        }
         self.flush(c);
+    }
+}
+
+impl QpShared {
+    /// The parked-socket re-check timer (progress thread).
+    pub(crate) fn recheck_parked(&self) {
+        if let Ok(p) = self.shared.progress() {
+            self.park.recheck(p);
+        }
+    }
+
+    /// A CQ this QP completes into was armed.
+    pub(crate) fn notify_armed(&self) {
+        self.park.notify_armed(|| self.shared.progress());
     }
 }
 
