@@ -144,9 +144,13 @@ pub unsafe fn send_wr_from_c(qp: &QpObj, wr: &ibv_send_wr) -> Result<SendWr, c_i
             add: atomic.compare_add,
         },
         IBV_WR_LOCAL_INV => SendOp::LocalInvalidate { stag: wr.imm_data },
+        // The destination is in `wr.ud` (datagram QPs), so the target
+        // address travels in the otherwise unused `bind_mw` member:
+        // `mw` holds the remote address, `rkey` the rkey
+        // (`softrdma_wr_set_record()` in softrdma/verbs.h).
         IBV_WR_SOFTRDMA_WRITE_RECORD => SendOp::WriteRecord {
-            remote_addr: rdma.remote_addr,
-            rkey: rdma.rkey,
+            remote_addr: wr.bind_mw.mw as u64,
+            rkey: wr.bind_mw.rkey,
         },
         _ => return Err(libc::EOPNOTSUPP),
     };
@@ -196,7 +200,9 @@ pub fn post_one(qp: &QpObj, wr: SendWr, ud: Option<(&AhObj, u32)>) -> Result<(),
                 return Err(libc::EINVAL);
             }
             let (ah, qpn) = ud.ok_or(libc::EINVAL)?;
-            d.post_send(wr, ah.dest(qpn)?).map_err(qp_error_errno)
+            let dest = ah.dest(qpn)?;
+            crate::export::debug!("QP {:#x}: {:?} to {dest:?}", qp.qpn(), wr.op);
+            d.post_send(wr, dest).map_err(qp_error_errno)
         }
     }
 }

@@ -256,6 +256,19 @@ unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ibv_qp_ex, rkey: u32, addr: u6
     )
 }
 
+/// `softrdma_wr_write_record` (softrdma/verbs.h): adds an RDMA
+/// Write-Record to the `ibv_wr_*` batch; complete it with
+/// `ibv_wr_set_ud_addr` and `ibv_wr_set_sge`/`_list`/`ibv_wr_set_inline_data`.
+pub unsafe extern "C" fn softrdma_wr_write_record(qp: *mut ibv_qp_ex, rkey: u32, addr: u64) {
+    add(
+        qp,
+        SendOp::WriteRecord {
+            remote_addr: addr,
+            rkey,
+        },
+    )
+}
+
 unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, rkey: u32) {
     add(qp, SendOp::LocalInvalidate { stag: rkey })
 }
@@ -526,4 +539,4 @@ unsafe extern "C" fn read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
     cur(cq).dlid_path_bits
 }
 
-export!(ibv_qp_to_qp_ex);
+export!(ibv_qp_to_qp_ex, softrdma_wr_write_record);
