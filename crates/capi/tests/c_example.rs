@@ -1,25 +1,33 @@
-//! The C example of `include/softrdma/verbs.h` (`examples/c/write_record.c`)
-//! compiles against the header and softrdma's libibverbs.so, and runs
-//! through `softrdma run`: a Write-Record over a UD and an RD QP, the target
-//! completion and the validity map.
+//! C programs compiled against the installed headers (and softrdma's
+//! `include/`) and softrdma's libibverbs.so, run through `softrdma run`:
+//!
+//! * `examples/c/write_record.c`, the example of `softrdma/verbs.h`: a
+//!   Write-Record over a UD and an RD QP, the target completion and the
+//!   validity map;
+//! * `tests/c/verbs_ex.c`: the extended verbs through the header inlines
+//!   (`ibv_query_device_ex`, `ibv_create_cq_ex` + `ibv_start_poll`,
+//!   `ibv_create_qp_ex` + `ibv_wr_*`, a completion channel fd that poll(2)
+//!   reports readable, `ibv_query_qp`).
 
 mod common;
 
 use std::path::Path;
 use std::process::Command;
 
-#[test]
-fn write_record_example_compiles_and_runs() {
+fn compile_and_run(src: &str, needles: &[&str]) {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = common::target_dir();
     common::softrdma();
-    let out = std::env::temp_dir().join(format!("softrdma-write-record-{}", std::process::id()));
+    let stem = Path::new(src)
+        .file_stem()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let out = std::env::temp_dir().join(format!("softrdma-{stem}-{}", std::process::id()));
     let cc = Command::new("cc")
-        .arg("-Wall")
-        .arg("-Werror")
-        .arg("-o")
+        .args(["-Wall", "-Werror", "-o"])
         .arg(&out)
-        .arg(manifest.join("examples/c/write_record.c"))
+        .arg(manifest.join(src))
         .arg("-I")
         .arg(manifest.join("include"))
         .arg("-L")
@@ -29,13 +37,18 @@ fn write_record_example_compiles_and_runs() {
         .expect("cc (scripts/install-test-deps.sh installs libibverbs-dev)");
     assert!(
         cc.status.success(),
-        "compiling the example failed:\n{}",
+        "compiling {src} failed:\n{}",
         String::from_utf8_lossy(&cc.stderr)
     );
     let d = common::run(out.to_str().expect("utf-8 path"), &[]);
     let _ = std::fs::remove_file(&out);
-    d.assert_ok(
-        "write_record example",
+    d.assert_ok(src, needles);
+}
+
+#[test]
+fn write_record_example_compiles_and_runs() {
+    compile_and_run(
+        "examples/c/write_record.c",
         &[
             "write_record: UD QP",
             "write_record: RD QP",
@@ -43,4 +56,9 @@ fn write_record_example_compiles_and_runs() {
             "write_record: OK",
         ],
     );
+}
+
+#[test]
+fn extended_verbs_through_the_header_inlines() {
+    compile_and_run("tests/c/verbs_ex.c", &["verbs_ex: OK"]);
 }
