@@ -1,7 +1,8 @@
 //! Running unmodified rdma-core programs through `softrdma run`.
 //!
 //! * The `softrdma` binary comes from the same target directory as this
-//!   test (built with `cargo build -p softrdma-cli` if it is missing), and
+//!   test (`cargo build -p softrdma-cli -p softrdma-capi` first, so both it
+//!   and the library beside it are current), and
 //!   `softrdma run` finds this crate's `libibverbs.so` beside it.
 //! * Each program runs as a child with a deadline: past it the child is
 //!   killed and the test fails (a hang never blocks CI).
@@ -44,7 +45,9 @@ pub fn softrdma() -> PathBuf {
         // would test old code.
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-q", "-p", "softrdma-cli", "--bin", "softrdma"]);
+        // softrdma-capi too: `cargo test` builds its cdylib only in deps/,
+        // and a stale libibverbs.so beside the CLI would be tested instead.
+        cmd.args(["build", "-q", "-p", "softrdma-cli", "-p", "softrdma-capi"]);
         if profile_release {
             cmd.arg("--release");
         }
