@@ -686,8 +686,8 @@ pub unsafe extern "C" fn ibv_create_cq(
     channel: *mut ibv_comp_channel,
     _comp_vector: c_int,
 ) -> *mut ibv_cq {
-    // SAFETY: the application's objects.
     guard_ptr(|| {
+        // SAFETY: the application's objects.
         unsafe { create_cq_internal(ctx, cqe, cq_context, channel) }.map(|p| p as *mut ibv_cq)
     })
 }
@@ -1319,12 +1319,13 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
 ) -> c_int {
     guard_neg(|| {
         ctx_of(ctx)?;
-        // SAFETY: the application's completion, GRH and out-struct.
-        let (Some(w), Some(g), Some(out)) =
-            (unsafe { wc.as_ref() }, unsafe { grh.as_ref() }, unsafe {
-                ah_attr.as_mut()
-            })
-        else {
+        // SAFETY: the application's completion (or NULL).
+        let w = unsafe { wc.as_ref() };
+        // SAFETY: the application's GRH buffer (or NULL).
+        let g = unsafe { grh.as_ref() };
+        // SAFETY: the application's out-struct (or NULL).
+        let out = unsafe { ah_attr.as_mut() };
+        let (Some(w), Some(g), Some(out)) = (w, g, out) else {
             return Err(libc::EINVAL);
         };
         if w.wc_flags & IBV_WC_GRH == 0 {
