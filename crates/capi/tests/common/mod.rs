@@ -16,7 +16,7 @@
 
 use std::io::Read;
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -48,6 +48,12 @@ pub fn softrdma() -> PathBuf {
         // softrdma-capi too: `cargo test` builds its cdylib only in deps/,
         // and a stale libibverbs.so beside the CLI would be tested instead.
         cmd.args(["build", "-q", "-p", "softrdma-cli", "-p", "softrdma-capi"]);
+        // librdmacm.so.1 too, once its crate exists (programs that load
+        // it would otherwise get the system one or a stale build).
+        let rdmacm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../capi-rdmacm/Cargo.toml");
+        if rdmacm.is_file() {
+            cmd.args(["-p", "softrdma-capi-rdmacm"]);
+        }
         if profile_release {
             cmd.arg("--release");
         }
