@@ -184,3 +184,17 @@ impl Context {
         Arc::new(Srq::new(depth))
     }
 }
+
+/// Octets of socket buffer (each way) the engine gives its UDP sockets.
+pub const DGRAM_SOCKET_BUFFER: usize = 4 << 20;
+
+/// Gives a plain UDP socket the send and receive buffers the engine's
+/// datagram sockets get ([`DGRAM_SOCKET_BUFFER`], capped by the kernel's
+/// `rmem_max`/`wmem_max`), so that a raw-UDP baseline (`softrdma perf`)
+/// is measured like for like. Errors are `setsockopt`'s.
+pub fn tune_udp_socket(sock: &std::net::UdpSocket) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let v = DGRAM_SOCKET_BUFFER as libc::c_int;
+    udp::set_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, v)?;
+    udp::set_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, v)
+}

@@ -307,7 +307,7 @@ impl Spec {
         if self.iters > 0 {
             done < self.iters
         } else {
-            t0.elapsed().as_secs_f64() < self.duration
+            done < MIN_SAMPLES || t0.elapsed().as_secs_f64() < self.duration
         }
     }
 
@@ -323,6 +323,9 @@ impl Spec {
         r
     }
 }
+
+/// A run for a duration measures at least this many iterations.
+pub(crate) const MIN_SAMPLES: u64 = 100;
 
 /// Largest message size a cell takes (16 MiB, the datagram limit).
 pub(crate) const MAX_SIZE: usize = 16 << 20;
@@ -463,6 +466,8 @@ pub(crate) struct Measured {
     pub lost: u64,
     /// How it was counted.
     pub note: String,
+    /// MPA CRC in effect (RC).
+    pub crc: Option<bool>,
 }
 
 impl Measured {
@@ -470,11 +475,16 @@ impl Measured {
     pub(crate) fn into_result(self, spec: &Spec) -> PerfResult {
         let mut r = spec.result();
         match &self.hist {
+            Some(h) if h.count() == 0 => r.error = Some("no round trip was measured".into()),
             Some(h) => r.set_latency(h),
+            None if self.msgs == 0 || self.secs <= 0.0 => {
+                r.error = Some("nothing was measured (no message, or no time)".into())
+            }
             None => r.set_bandwidth(self.octets, self.msgs, self.secs),
         }
         r.lost = self.lost;
         r.note = self.note;
+        r.crc = self.crc;
         r
     }
 }

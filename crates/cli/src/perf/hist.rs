@@ -90,20 +90,6 @@ impl Histogram {
         }
     }
 
-    /// Smallest value recorded (0 when empty).
-    pub(crate) fn min(&self) -> u64 {
-        if self.n == 0 {
-            0
-        } else {
-            self.min
-        }
-    }
-
-    /// Largest value recorded.
-    pub(crate) fn max(&self) -> u64 {
-        self.max
-    }
-
     /// The value at quantile `q` (0..=1): the middle of the bucket holding
     /// the sample of that rank, clamped to the observed min/max. 0 when
     /// empty.
@@ -122,17 +108,6 @@ impl Histogram {
             }
         }
         self.max as f64
-    }
-
-    /// Adds every value of `other`.
-    pub(crate) fn merge(&mut self, other: &Histogram) {
-        for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
-            *a += b;
-        }
-        self.n += other.n;
-        self.sum += other.sum;
-        self.min = self.min.min(other.min);
-        self.max = self.max.max(other.max);
     }
 }
 
@@ -168,10 +143,6 @@ mod tests {
         assert_eq!(h.quantile(1.0), 1_000_000.0);
         assert_eq!(h.quantile(0.0), 100.0);
         assert!((h.mean() - 500_050.0).abs() < 1.0);
-        let mut g = Histogram::new();
-        g.record(7);
-        g.merge(&h);
-        assert_eq!((g.count(), g.min(), g.max()), (10_001, 7, 1_000_000));
         assert_eq!(Histogram::new().quantile(0.5), 0.0);
     }
 }

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use cell::{
     baseline_for, dgram_mtu, dgram_payload, test_by_name, transport_by_name, Kind, Op, Spec,
-    TestDef, WaitMode, BASELINES, TESTS, TRANSPORTS,
+    TestDef, WaitMode, BASELINES, TRANSPORTS,
 };
 use ctrl::{Ctrl, Msg};
 use report::PerfResult;
@@ -389,7 +389,8 @@ fn test_main(test: &str, args: &[String]) -> ExitCode {
     let mut rows = rows;
     if o.peers {
         let sizes = o.sizes.clone();
-        let (found, prs) = peers::run_all(&sizes, o.test.kind, o.wait, &mut |l| eprintln!("{l}"));
+        let (found, prs) =
+            peers::run_all(&sizes, Some(o.test.kind), o.wait, &mut |l| eprintln!("{l}"));
         eprintln!("{found}");
         for r in &prs {
             if o.json {
@@ -560,6 +561,5 @@ mod tests {
         );
         assert_eq!(parse_size("64Ki"), Some(65536));
         assert_eq!(parse_size("x"), None);
-        let _ = TESTS;
     }
 }

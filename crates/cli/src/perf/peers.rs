@@ -1,16 +1,269 @@
-//! Peer benchmarks run side by side with softrdma (filled in below).
+//! Peer benchmarks side by side with softrdma (`--peers`), when installed
+//! (`scripts/install-perf-peers.sh`: Debian's libfabric-bin and
+//! ucx-utils), on loopback with the same sizes:
+//!
+//! * libfabric `fi_pingpong` with providers `tcp` (msg endpoints),
+//!   `tcp;ofi_rxm` and `udp;ofi_rxd` (rdm endpoints): its `usec/xfer`
+//!   (one way, mean over the run) as latency, its `MB/sec` (10^6 octets)
+//!   as a ping-pong throughput;
+//! * `ucx_perftest` with `UCX_TLS=tcp`: `tag_lat` (one-way latency, its
+//!   50th percentile) and `tag_bw` (stream bandwidth, MB/s of 2^20
+//!   octets), final numbers (`-f`).
+//!
+//! Each runs as a server process and a client process; a peer that fails
+//! or overruns its deadline is a failed row with the reason. The peers
+//! wait the way they wait (they busy-poll their completion queues by
+//! default); the report says so.
+
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use super::cell::{Kind, WaitMode};
 use super::report::PerfResult;
+use super::spawn::run_command;
 
-/// Runs every installed peer at `sizes`; returns which were found and
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn installed(bin: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+        .unwrap_or(false)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(47592)
+}
+
+fn iters_for(size: usize) -> usize {
+    match size {
+        0..=4096 => 2000,
+        4097..=65536 => 500,
+        _ => 100,
+    }
+}
+
+/// Runs a server/client pair; returns the client's stdout.
+fn pair(server: Command, client: Command) -> Result<String, String> {
+    let mut server = server;
+    let mut srv = server
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start the server: {e}"))?;
+    std::thread::sleep(Duration::from_millis(300));
+    let out = run_command(client, DEADLINE, &mut |_| {});
+    // The server ends with its client; make sure.
+    let mut waited = 0;
+    while matches!(srv.try_wait(), Ok(None)) && waited < 100 {
+        std::thread::sleep(Duration::from_millis(20));
+        waited += 1;
+    }
+    let _ = srv.kill();
+    let _ = srv.wait();
+    let out = out.map_err(|e| format!("cannot start the client: {e}"))?;
+    match out.status {
+        Some(s) if s.success() => Ok(out.stdout),
+        Some(s) => Err(format!(
+            "client exit {s}: {}",
+            out.stderr.lines().last().unwrap_or("").trim()
+        )),
+        None => Err("client overran its deadline; killed".into()),
+    }
+}
+
+/// Parses fi_pingpong's result row: (usec/xfer, MB/sec).
+fn parse_fi(out: &str) -> Option<(f64, f64)> {
+    let mut lines = out
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("bytes"));
+    lines.next()?;
+    let row = lines.find(|l| !l.trim().is_empty())?;
+    let f: Vec<&str> = row.split_whitespace().collect();
+    if f.len() < 8 {
+        return None;
+    }
+    Some((f[6].parse().ok()?, f[5].parse().ok()?))
+}
+
+/// Parses ucx_perftest `-f` output: (latency p50 µs, bandwidth MB/s avg).
+fn parse_ucx(out: &str) -> Option<(f64, f64)> {
+    let row = out.lines().rev().find(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() == 8 && f.iter().all(|x| x.parse::<f64>().is_ok())
+    })?;
+    let f: Vec<f64> = row
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    Some((f[1], f[4]))
+}
+
+const FI_PROVIDERS: [(&str, &str); 3] = [
+    ("tcp", "msg"),
+    ("tcp;ofi_rxm", "rdm"),
+    ("udp;ofi_rxd", "rdm"),
+];
+
+/// Runs every installed peer at `sizes` (latency and/or bandwidth per
+/// `kind`, `None`: both); returns a line saying which peers were found and
 /// their results.
 pub(crate) fn run_all(
     sizes: &[usize],
-    kind: Kind,
+    kind: Option<Kind>,
     wait: WaitMode,
     progress: &mut dyn FnMut(&str),
 ) -> (String, Vec<PerfResult>) {
-    let _ = (sizes, kind, wait, progress);
-    ("peers: not implemented yet".into(), Vec::new())
+    let lat = kind != Some(Kind::Bw);
+    let bw = kind != Some(Kind::Lat);
+    let w = "peer's own (busy-poll)";
+    let _ = wait;
+    let mut rows = Vec::new();
+    let fi = installed("fi_pingpong");
+    let ucx = installed("ucx_perftest");
+    if fi {
+        for (prov, ep) in FI_PROVIDERS {
+            for &size in sizes {
+                progress(&format!("  peer fi_pingpong {prov} {size} ..."));
+                let port = free_port();
+                let it = iters_for(size).to_string();
+                let s = size.to_string();
+                let mut srv = Command::new("fi_pingpong");
+                srv.args([
+                    "-p",
+                    prov,
+                    "-e",
+                    ep,
+                    "-I",
+                    &it,
+                    "-S",
+                    &s,
+                    "-B",
+                    &port.to_string(),
+                ]);
+                let mut cli = Command::new("fi_pingpong");
+                cli.args([
+                    "-p",
+                    prov,
+                    "-e",
+                    ep,
+                    "-I",
+                    &it,
+                    "-S",
+                    &s,
+                    "-P",
+                    &port.to_string(),
+                    "127.0.0.1",
+                ]);
+                match pair(srv, cli)
+                    .and_then(|o| parse_fi(&o).ok_or_else(|| format!("unreadable output: {o:?}")))
+                {
+                    Ok((usec, mbs)) => {
+                        if lat {
+                            let mut r = PerfResult::new("fi_pingpong_lat", prov, size as u64, w);
+                            r.iters = iters_for(size) as u64;
+                            r.lat_us_p50 = Some(usec);
+                            r.lat_us_mean = Some(usec);
+                            r.msg_rate_mps = Some(1.0 / usec);
+                            r.note = "mean usec/xfer (no percentiles)".into();
+                            rows.push(r);
+                        }
+                        if bw {
+                            let mut r = PerfResult::new("fi_pingpong_bw", prov, size as u64, w);
+                            r.iters = iters_for(size) as u64;
+                            r.bw_gbps = Some(mbs * 8.0 / 1000.0);
+                            r.msg_rate_mps = Some(mbs * 1e6 / size as f64 / 1e6);
+                            r.note = "ping-pong throughput".into();
+                            rows.push(r);
+                        }
+                    }
+                    Err(e) => {
+                        rows.push(PerfResult::failed("fi_pingpong", prov, size as u64, w, &e))
+                    }
+                }
+            }
+        }
+    }
+    if ucx {
+        let tests: Vec<&str> = [("tag_lat", lat), ("tag_bw", bw)]
+            .iter()
+            .filter(|t| t.1)
+            .map(|t| t.0)
+            .collect();
+        for t in tests {
+            for &size in sizes {
+                progress(&format!("  peer ucx_perftest {t} {size} ..."));
+                let port = free_port().to_string();
+                let n = (iters_for(size) * if t == "tag_bw" { 2 } else { 1 }).to_string();
+                let s = size.to_string();
+                let mut srv = Command::new("ucx_perftest");
+                srv.env("UCX_TLS", "tcp")
+                    .args(["-t", t, "-s", &s, "-n", &n, "-w", "50", "-p", &port]);
+                let mut cli = Command::new("ucx_perftest");
+                cli.env("UCX_TLS", "tcp").args([
+                    "127.0.0.1",
+                    "-t",
+                    t,
+                    "-s",
+                    &s,
+                    "-n",
+                    &n,
+                    "-w",
+                    "50",
+                    "-p",
+                    &port,
+                    "-f",
+                ]);
+                let name = format!("ucx_{t}");
+                match pair(srv, cli)
+                    .and_then(|o| parse_ucx(&o).ok_or_else(|| format!("unreadable output: {o:?}")))
+                {
+                    Ok((lat_us, mbs)) => {
+                        let mut r = PerfResult::new(&name, "ucx tcp", size as u64, w);
+                        r.iters = n.parse().unwrap_or(0);
+                        if t == "tag_lat" {
+                            r.lat_us_p50 = Some(lat_us);
+                        } else {
+                            r.bw_gbps = Some(mbs * 1048576.0 * 8.0 / 1e9);
+                            r.msg_rate_mps = Some(mbs * 1048576.0 / size as f64 / 1e6);
+                        }
+                        rows.push(r);
+                    }
+                    Err(e) => rows.push(PerfResult::failed(&name, "ucx tcp", size as u64, w, &e)),
+                }
+            }
+        }
+    }
+    let yn = |b: bool| if b { "found" } else { "not installed" };
+    let found = format!(
+        "peers: fi_pingpong (libfabric) {}, ucx_perftest (UCX) {}{}",
+        yn(fi),
+        yn(ucx),
+        if fi && ucx {
+            ""
+        } else {
+            " (scripts/install-perf-peers.sh installs them)"
+        }
+    );
+    (found, rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_peer_output() {
+        let fi = "bytes   #sent   #ack     total       time     MB/sec    usec/xfer   Mxfers/sec\n\
+                  64      200     =200     25k         0.78s      0.03    1947.53       0.00\n";
+        assert_eq!(parse_fi(fi), Some((1947.53, 0.03)));
+        assert_eq!(parse_fi("garbage"), None);
+        let ucx = "+---+\n|  Test |\n+----+\n                        2000      5.596   671.009  1736.494        0.09       0.04        1490         576\n";
+        assert_eq!(parse_ucx(ucx), Some((5.596, 0.09)));
+        assert_eq!(parse_ucx("nothing"), None);
+    }
 }

@@ -91,7 +91,8 @@ struct End {
     qp: Qp,
     ah: Option<AddressHandle>,
     mr: MemoryRegion,
-    wait: WaitMode,
+    /// Delivery is reliable (the transport table's word).
+    reliable: bool,
     size: usize,
     stride: usize,
     slot_base: usize,
@@ -181,7 +182,7 @@ impl End {
             qp,
             ah: None,
             mr,
-            wait: spec.wait,
+            reliable: tr.reliable,
             size,
             stride,
             slot_base,
@@ -204,10 +205,6 @@ impl End {
 
     fn remote_slot(&self, k: usize) -> u64 {
         self.raddr + self.slot(k) as u64
-    }
-
-    fn remote_ctl(&self, i: usize) -> u64 {
-        self.raddr + self.ctl(i) as u64
     }
 
     /// What the peer needs: our address (datagram QPs), buffer, rkey.
@@ -389,7 +386,9 @@ pub(crate) fn serve(spec: &Spec, ctrl: &mut Ctrl) -> io::Result<()> {
         }
         _ => {}
     }
-    let ready = e.advert(Msg::new("READY"));
+    let ready = e
+        .advert(Msg::new("READY"))
+        .with("crc", super::env_crc() as u8);
     if let Qp::Rc(qp) = &e.qp {
         let l = cm::Listener::bind(&e.ctx, SocketAddr::new(ip, 0))?;
         ctrl.send(&ready.with("rport", l.local_addr()?.port()))?;
@@ -451,7 +450,12 @@ pub(crate) fn run(spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> {
         _ => Err(err("no such cell".into())),
     };
     e.disconnect();
-    r
+    let crc = match e.qp {
+        // CRC is used when either side asks for it (MPA).
+        Qp::Rc(_) => Some(super::env_crc() || ready.num::<u8>("crc").unwrap_or(1) != 0),
+        _ => None,
+    };
+    r.map(|m| Measured { crc, ..m })
 }
 
 // ---------------------------------------------------------------------------
@@ -466,17 +470,20 @@ fn ping_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> {
                 .into(),
         ));
     }
-    let ud = matches!(e.qp, Qp::Ud(_));
+    let ud = !e.reliable;
     let size = spec.size;
     let mut w = Watch::new(HANG);
     let mut h = Histogram::new();
     let (mut lost, mut seq, mut warm) = (0u64, 0u64, 0u64);
-    let t0 = Instant::now();
+    let mut t0 = Instant::now();
     while warm < spec.warmup || spec.more(h.count(), t0) {
         seq += 1;
         let signaled = seq % SIGNAL_EVERY == 0;
-        if spec.verify || spec.test.op == Op::Write {
+        if spec.verify {
             e.fill_at(0, size, seq, b'A');
+        } else if size >= 8 {
+            // The seq tells a fresh answer from a late one (UD).
+            e.mr.write_at(0, &seq.to_le_bytes()).expect("in the region");
         }
         if spec.test.op == Op::Write {
             e.mr.write_at(size - 1, &[tag(seq)]).expect("in the region");
@@ -556,6 +563,8 @@ fn ping_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> {
         }
         if warm < spec.warmup {
             warm += 1;
+            // The measured part (and its duration) starts after warm-up.
+            t0 = Instant::now();
         } else {
             h.record(a.elapsed().as_nanos() as u64 / 2);
         }
@@ -632,7 +641,11 @@ fn write_lat_b(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<()> {
                 let off = e.slot(0);
                 e.check_at(off, size, seq, b'A', true)?;
             }
-            e.fill_at(0, size, seq, b'B');
+            if spec.verify {
+                e.fill_at(0, size, seq, b'B');
+            } else if size >= 8 {
+                e.mr.write_at(0, &seq.to_le_bytes()).expect("in the region");
+            }
             e.mr.write_at(size - 1, &[b]).expect("in the region");
             let op = SendOp::Write {
                 remote_addr: e.remote_slot(0),
@@ -691,7 +704,7 @@ fn request_lat_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measur
     let mut h = Histogram::new();
     let (mut seq, mut warm) = (0u64, 0u64);
     let zeros = vec![0u8; size];
-    let t0 = Instant::now();
+    let mut t0 = Instant::now();
     while warm < spec.warmup || spec.more(h.count(), t0) {
         let (op, local) = if spec.test.op == Op::Read {
             if spec.verify {
@@ -741,6 +754,8 @@ fn request_lat_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measur
         seq += 1;
         if warm < spec.warmup {
             warm += 1;
+            // The measured part (and its duration) starts after warm-up.
+            t0 = Instant::now();
         } else {
             h.record(dt.as_nanos() as u64 / 2);
         }
@@ -784,7 +799,7 @@ fn window(e: &End, spec: &Spec) -> usize {
 }
 
 fn send_bw_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> {
-    let ud = matches!(e.qp, Qp::Ud(_));
+    let ud = !e.reliable;
     let size = spec.size;
     let win = window(e, spec);
     let mut w = Watch::new(HANG);
@@ -847,7 +862,10 @@ fn send_bw_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> 
         return Ok(Measured {
             octets: counted * size as u64,
             msgs: counted,
-            secs: rsecs,
+            // The longer of the sender's run and the receiver's first to
+            // last arrival: a receiver draining a full buffer late must not
+            // look faster than the sender was.
+            secs: rsecs.max(send_secs),
             lost: sent - got.min(sent),
             note: "counted at the receiver".into(),
             ..Default::default()
@@ -856,7 +874,6 @@ fn send_bw_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> 
     if got != sent {
         return Err(err(format!("the receiver got {got} of {sent} messages")));
     }
-    let _ = send_secs;
     Ok(Measured {
         octets: sent * size as u64,
         msgs: sent,
@@ -867,7 +884,7 @@ fn send_bw_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> 
 }
 
 fn send_bw_b(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<()> {
-    let ud = matches!(e.qp, Qp::Ud(_));
+    let ud = !e.reliable;
     let size = spec.size;
     let every = (e.nslots as u64 / 4).max(1);
     let (mut count, mut idle, mut last_credit) = (0u64, 0u32, 0u64);
@@ -953,7 +970,7 @@ fn send_bw_b(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<()> {
 }
 
 fn write_bw_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> {
-    let ud = matches!(e.qp, Qp::Ud(_));
+    let ud = !e.reliable;
     let record = spec.test.op == Op::WriteRecord;
     let size = spec.size;
     let win = window(e, spec);
@@ -1017,7 +1034,7 @@ fn write_bw_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured>
         return Ok(Measured {
             octets,
             msgs: octets / size as u64,
-            secs: rsecs,
+            secs: rsecs.max(sender_secs),
             lost: sent.saturating_sub(msgs),
             note: "record octets counted at the receiver".into(),
             ..Default::default()
@@ -1042,7 +1059,7 @@ fn write_bw_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured>
 }
 
 fn write_bw_b(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<()> {
-    let ud = matches!(e.qp, Qp::Ud(_));
+    let ud = !e.reliable;
     let record = spec.test.op == Op::WriteRecord;
     let size = spec.size;
     let (mut records, mut octets, mut idle) = (0u64, 0u64, 0u32);

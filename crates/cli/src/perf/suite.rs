@@ -1,10 +1,718 @@
-//! `softrdma perf suite` (filled in below).
+//! `softrdma perf suite`: the loopback matrix (test × transport × size),
+//! each softrdma cell next to its raw-socket baseline measured just before
+//! it in the same child process, one table on stdout, `report.md` and PNG
+//! plots in `--out DIR` (default `perf-report/`), progress on stderr.
+//!
+//! Every (test, transport) group runs as its own `softrdma perf TEST
+//! --json` child (which runs its own two ends), under a deadline: a group
+//! that fails, crashes or overruns shows as failed cells with the reason,
+//! and the exit code is 1. The whole matrix has a time budget (60 s,
+//! `--quick` 15 s); groups that would start after it are reported as
+//! skipped rather than run.
 
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::cell::{Kind, WaitMode, TESTS, TRANSPORTS};
+use super::plot::{write_png, Chart, Series};
+use super::report::{format_table, PerfResult};
+use super::{peers, spawn, usage_error};
+
+/// One child run of the suite.
+#[derive(Clone, Debug)]
+struct Group {
+    test: &'static str,
+    transport: &'static str,
+    sizes: Vec<usize>,
+    no_crc: bool,
+}
+
+struct SuiteOpts {
+    quick: bool,
+    out: PathBuf,
+    json: bool,
+    peers: bool,
+    wait: WaitMode,
+}
+
+fn parse(args: &[String]) -> Result<SuiteOpts, String> {
+    let mut o = SuiteOpts {
+        quick: false,
+        out: PathBuf::from("perf-report"),
+        json: false,
+        peers: false,
+        wait: WaitMode::Poll,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--quick" => o.quick = true,
+            "--json" => o.json = true,
+            "--peers" => o.peers = true,
+            "--out" => {
+                o.out = PathBuf::from(it.next().ok_or("--out needs a directory")?);
+            }
+            "--wait" => {
+                let v = it.next().ok_or("--wait needs poll or event")?;
+                o.wait = WaitMode::parse(v).ok_or(format!("bad --wait {v:?}"))?;
+            }
+            other => return Err(format!("suite: unknown option {other:?}")),
+        }
+    }
+    Ok(o)
+}
+
+fn groups(o: &SuiteOpts) -> Vec<Group> {
+    let sizes: Vec<usize> = if o.quick {
+        vec![64, 64 << 10]
+    } else {
+        vec![64, 4 << 10, 64 << 10, 1 << 20]
+    };
+    let quick_tests = [
+        "send_lat",
+        "write_lat",
+        "send_bw",
+        "write_bw",
+        "write_record_bw",
+    ];
+    let mut g = Vec::new();
+    for tr in TRANSPORTS {
+        for t in TESTS {
+            if (tr.refuses)(t.op).is_some() {
+                continue;
+            }
+            if o.quick && !quick_tests.contains(&t.name) {
+                continue;
+            }
+            if t.name == "write_lat" && o.wait == WaitMode::Event {
+                continue;
+            }
+            let sizes = match t.fixed_size {
+                Some(f) => vec![f],
+                None => sizes.clone(),
+            };
+            g.push(Group {
+                test: t.name,
+                transport: tr.name,
+                sizes,
+                no_crc: false,
+            });
+        }
+    }
+    // RC Write bandwidth without MPA CRC (issue 5 target).
+    g.push(Group {
+        test: "write_bw",
+        transport: "rc",
+        sizes: if o.quick {
+            vec![64 << 10]
+        } else {
+            vec![64 << 10, 1 << 20]
+        },
+        no_crc: true,
+    });
+    g
+}
 
 /// Entry point of `softrdma perf suite ARGS`.
 pub(crate) fn main(args: &[String]) -> ExitCode {
-    let _ = args;
-    eprintln!("softrdma perf suite: not implemented yet");
-    ExitCode::from(2)
+    let o = match parse(args) {
+        Ok(o) => o,
+        Err(e) => return usage_error(&e),
+    };
+    if let Err(e) = std::fs::create_dir_all(&o.out) {
+        eprintln!(
+            "softrdma perf suite: cannot create {}: {e}",
+            o.out.display()
+        );
+        return ExitCode::from(1);
+    }
+    let started = Instant::now();
+    let budget = Duration::from_secs(if o.quick { 14 } else { 57 });
+    let (lat_d, bw_d) = if o.quick { (0.04, 0.06) } else { (0.08, 0.12) };
+    let gs = groups(&o);
+    let mut rows: Vec<PerfResult> = Vec::new();
+    let mut failed = false;
+    eprintln!(
+        "softrdma perf suite: {} groups, {} cells, wait {}, budget {} s",
+        gs.len(),
+        gs.iter().map(|g| g.sizes.len()).sum::<usize>(),
+        o.wait.name(),
+        budget.as_secs()
+    );
+    for (i, g) in gs.iter().enumerate() {
+        let left = budget.saturating_sub(started.elapsed());
+        let label = format!(
+            "{} {}{}",
+            g.test,
+            g.transport,
+            if g.no_crc { " no-crc" } else { "" }
+        );
+        let bar = progress_bar(i, gs.len());
+        if left < Duration::from_millis(300) {
+            eprintln!("{bar} {label}: skipped (time budget used up)");
+            for &s in &g.sizes {
+                rows.push(PerfResult::failed(
+                    g.test,
+                    g.transport,
+                    s as u64,
+                    o.wait.name(),
+                    "skipped: the suite's time budget was used up",
+                ));
+            }
+            failed = true;
+            continue;
+        }
+        let kind = super::cell::test_by_name(g.test).map(|t| t.kind);
+        let d = if kind == Some(Kind::Lat) { lat_d } else { bw_d };
+        let sizes: Vec<String> = g.sizes.iter().map(|s| s.to_string()).collect();
+        let mut args: Vec<String> = vec![
+            "perf".into(),
+            g.test.into(),
+            "--transport".into(),
+            g.transport.into(),
+            "--sizes".into(),
+            sizes.join(","),
+            "--duration".into(),
+            d.to_string(),
+            "--warmup".into(),
+            "20".into(),
+            "--wait".into(),
+            o.wait.name().into(),
+            "--json".into(),
+        ];
+        if g.no_crc {
+            args.push("--no-crc".into());
+        }
+        let t0 = Instant::now();
+        // Generous per group, but never past the end of the budget by much.
+        let deadline = left.min(Duration::from_secs(20)) + Duration::from_secs(2);
+        let out = spawn::run_self(&args, &[], deadline, &mut |_| {});
+        let mut got: Vec<PerfResult> = Vec::new();
+        let mut why = String::new();
+        match out {
+            Ok(out) => {
+                got = out
+                    .stdout
+                    .lines()
+                    .filter_map(PerfResult::from_json)
+                    .collect();
+                match out.status {
+                    Some(st) if st.success() => {}
+                    Some(st) => {
+                        why = last_line(&out.stderr).unwrap_or_else(|| format!("exit {st}"));
+                    }
+                    None => {
+                        why = format!("killed after {:.0} s (deadline)", deadline.as_secs_f64())
+                    }
+                }
+            }
+            Err(e) => why = format!("cannot run: {e}"),
+        }
+        // Every size must have a softrdma row.
+        for &s in &g.sizes {
+            if !got.iter().any(|r| r.test == g.test && r.size == s as u64) {
+                let reason = if why.is_empty() {
+                    "no result".to_string()
+                } else {
+                    why.clone()
+                };
+                got.push(PerfResult::failed(
+                    g.test,
+                    g.transport,
+                    s as u64,
+                    o.wait.name(),
+                    &reason,
+                ));
+            }
+        }
+        let bad = got.iter().filter(|r| r.error.is_some()).count();
+        failed |= bad > 0;
+        eprintln!(
+            "{bar} {label}: {} ({:.1} s)",
+            if bad == 0 {
+                "ok".to_string()
+            } else {
+                format!("{bad} failed")
+            },
+            t0.elapsed().as_secs_f64()
+        );
+        if o.json {
+            for r in &got {
+                println!("{}", r.to_json());
+            }
+        }
+        rows.extend(got);
+    }
+    let mut peer_rows = Vec::new();
+    let mut peers_found = String::from("peers: not asked for (--peers)");
+    if o.peers {
+        let (found, pr) =
+            peers::run_all(&[64, 4 << 10, 64 << 10, 1 << 20], None, o.wait, &mut |l| {
+                eprintln!("{l}")
+            });
+        peers_found = found;
+        eprintln!("{peers_found}");
+        if o.json {
+            for r in &pr {
+                println!("{}", r.to_json());
+            }
+        }
+        peer_rows = pr;
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let soft: Vec<PerfResult> = rows
+        .iter()
+        .filter(|r| !matches!(r.transport.as_str(), "tcp" | "udp"))
+        .cloned()
+        .collect();
+    let targets = targets(&rows, &peer_rows);
+    if !o.json {
+        println!(
+            "softrdma perf suite: loopback, two processes per cell, wait mode {} on both ends, {:.1} s",
+            o.wait.name(),
+            wall
+        );
+        print!("{}", format_table(&soft));
+        if !peer_rows.is_empty() {
+            println!();
+            print!("{}", format_table(&peer_rows));
+        }
+        println!("{peers_found}");
+        println!();
+        println!("issue-5 targets (same-run ratios):");
+        print!("{targets}");
+        println!(
+            "latency: one way (round trip / 2), p50; ratio = softrdma / raw sockets of this run \
+             (latency: lower is better; bandwidth: higher is better)"
+        );
+    }
+    let plots = match write_plots(&o.out, &rows, &peer_rows) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("softrdma perf suite: plots: {e}");
+            failed = true;
+            Vec::new()
+        }
+    };
+    let md = report_md(&o, &rows, &peer_rows, &peers_found, &targets, &plots, wall);
+    let path = o.out.join("report.md");
+    if let Err(e) = std::fs::write(&path, md) {
+        eprintln!("softrdma perf suite: cannot write {}: {e}", path.display());
+        failed = true;
+    } else {
+        eprintln!(
+            "softrdma perf suite: wrote {} and {} plots in {:.1} s{}",
+            path.display(),
+            plots.len(),
+            wall,
+            if failed { " (some cells FAILED)" } else { "" }
+        );
+    }
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn progress_bar(i: usize, n: usize) -> String {
+    let w = 20;
+    let done = (i + 1) * w / n.max(1);
+    format!(
+        "[{}{}] {:>2}/{n}",
+        "#".repeat(done),
+        ".".repeat(w - done),
+        i + 1
+    )
+}
+
+fn last_line(s: &str) -> Option<String> {
+    s.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map(|l| l.trim().to_string())
+}
+
+fn find<'a>(
+    rows: &'a [PerfResult],
+    test: &str,
+    tr: &str,
+    size: u64,
+    crc: Option<bool>,
+) -> Option<&'a PerfResult> {
+    rows.iter().find(|r| {
+        r.test == test
+            && r.transport == tr
+            && r.size == size
+            && r.error.is_none()
+            && (crc.is_none() || r.crc == crc)
+    })
+}
+
+/// The issue-5 targets as lines `name: ratio (target)`.
+fn targets(rows: &[PerfResult], peers: &[PerfResult]) -> String {
+    let mut s = String::new();
+    let mut line = |name: &str, v: Option<f64>, target: &str| {
+        let v = v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "n/a".into());
+        let _ = writeln!(s, "  {name:<52} {v:>6}   (target {target})");
+    };
+    let ratio = |t: &str, tr: &str, size: u64, crc: Option<bool>| {
+        find(rows, t, tr, size, crc).and_then(|r| r.ratio)
+    };
+    line(
+        "RC 64 B send_lat / raw TCP ping-pong",
+        ratio("send_lat", "rc", 64, None),
+        "<= 1.10",
+    );
+    line(
+        "RC 64 B write_lat / raw TCP ping-pong",
+        ratio("write_lat", "rc", 64, None),
+        "<= 1.10",
+    );
+    line(
+        "UD 64 B send_lat / raw UDP ping-pong",
+        ratio("send_lat", "ud", 64, None),
+        "<= 1.10",
+    );
+    let ud_rc = match (
+        find(rows, "send_lat", "ud", 64, None).and_then(|r| r.lat_us_p50),
+        find(rows, "send_lat", "rc", 64, None).and_then(|r| r.lat_us_p50),
+    ) {
+        (Some(u), Some(r)) if r > 0.0 => Some(u / r),
+        _ => None,
+    };
+    line("UD 64 B send_lat / RC 64 B send_lat", ud_rc, "<= 0.85");
+    line(
+        "RC write_bw 1 MiB, CRC on / raw TCP stream",
+        ratio("write_bw", "rc", 1 << 20, Some(true)),
+        ">= 0.90",
+    );
+    line(
+        "RC write_bw 1 MiB, CRC off / raw TCP stream",
+        ratio("write_bw", "rc", 1 << 20, Some(false)),
+        ">= 0.95",
+    );
+    line(
+        "UD write_record_bw 64 KiB / raw UDP blast",
+        ratio("write_record_bw", "ud", 64 << 10, None),
+        ">= 0.90",
+    );
+    // Peers: best TCP-based peer and libfabric udp;ofi_rxd.
+    let best = |kind_lat: bool, size: u64, tcp: bool| -> Option<f64> {
+        let vals = peers.iter().filter(|r| {
+            r.error.is_none()
+                && r.size == size
+                && r.is_lat() == kind_lat
+                && (r.transport.contains("tcp") == tcp)
+                && (tcp || r.transport.contains("rxd"))
+        });
+        if kind_lat {
+            vals.filter_map(|r| r.lat_us_p50)
+                .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.min(v))))
+        } else {
+            vals.filter_map(|r| r.bw_gbps)
+                .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v))))
+        }
+    };
+    let rel = |mine: Option<f64>, theirs: Option<f64>| match (mine, theirs) {
+        (Some(m), Some(t)) if t > 0.0 => Some(m / t),
+        _ => None,
+    };
+    if !peers.is_empty() {
+        let lat =
+            |t: &str, tr: &str, size: u64| find(rows, t, tr, size, None).and_then(|r| r.lat_us_p50);
+        let bw = |t: &str, tr: &str, size: u64| {
+            find(rows, t, tr, size, Some(true))
+                .or_else(|| find(rows, t, tr, size, None))
+                .and_then(|r| r.bw_gbps)
+        };
+        line(
+            "RC 64 B send_lat / best TCP peer latency",
+            rel(lat("send_lat", "rc", 64), best(true, 64, true)),
+            "<= 1.05",
+        );
+        line(
+            "RC write_bw 64 KiB / best TCP peer bandwidth",
+            rel(bw("write_bw", "rc", 64 << 10), best(false, 64 << 10, true)),
+            ">= 1.0",
+        );
+        line(
+            "RC write_bw 1 MiB / best TCP peer bandwidth",
+            rel(bw("write_bw", "rc", 1 << 20), best(false, 1 << 20, true)),
+            ">= 1.0",
+        );
+        line(
+            "RD write_bw 64 KiB / libfabric udp;ofi_rxd bandwidth",
+            rel(bw("write_bw", "rd", 64 << 10), best(false, 64 << 10, false)),
+            ">= 3",
+        );
+        line(
+            "RD 64 B send_lat / libfabric udp;ofi_rxd latency",
+            rel(lat("send_lat", "rd", 64), best(true, 64, false)),
+            "<= 0.8",
+        );
+    }
+    s
+}
+
+/// Latency and bandwidth vs size, one chart each per transport.
+fn write_plots(
+    out: &Path,
+    rows: &[PerfResult],
+    peers: &[PerfResult],
+) -> std::io::Result<Vec<String>> {
+    let mut files = Vec::new();
+    for tr in TRANSPORTS {
+        for lat in [true, false] {
+            let mut series: Vec<Series> = Vec::new();
+            let base = if tr.stream {
+                if lat {
+                    "tcp_lat"
+                } else {
+                    "tcp_bw"
+                }
+            } else if lat {
+                "udp_lat"
+            } else {
+                "udp_bw"
+            };
+            let mut names: Vec<(String, bool)> = Vec::new();
+            for r in rows
+                .iter()
+                .filter(|r| r.transport == tr.name && r.is_lat() == lat)
+            {
+                let key = (r.test.clone(), r.crc == Some(false));
+                if !names.contains(&key) {
+                    names.push(key);
+                }
+            }
+            for (test, nocrc) in &names {
+                let pts: Vec<(f64, f64)> = rows
+                    .iter()
+                    .filter(|r| {
+                        &r.test == test
+                            && r.transport == tr.name
+                            && (r.crc == Some(false)) == *nocrc
+                            && r.error.is_none()
+                    })
+                    .filter_map(|r| {
+                        Some((r.size as f64, if lat { r.lat_us_p50? } else { r.bw_gbps? }))
+                    })
+                    .collect();
+                series.push(Series {
+                    name: format!("{test}{}", if *nocrc { " nocrc" } else { "" }),
+                    points: pts,
+                });
+            }
+            // The baseline: median over the groups' same-run measurements.
+            let mut sizes: Vec<u64> = rows
+                .iter()
+                .filter(|r| r.test == base && r.error.is_none())
+                .map(|r| r.size)
+                .collect();
+            sizes.sort_unstable();
+            sizes.dedup();
+            let pts: Vec<(f64, f64)> = sizes
+                .iter()
+                .filter_map(|&s| {
+                    let mut v: Vec<f64> = rows
+                        .iter()
+                        .filter(|r| r.test == base && r.size == s && r.error.is_none())
+                        .filter_map(|r| if lat { r.lat_us_p50 } else { r.bw_gbps })
+                        .collect();
+                    v.sort_by(f64::total_cmp);
+                    v.get(v.len() / 2).map(|m| (s as f64, *m))
+                })
+                .collect();
+            if !pts.is_empty() {
+                series.push(Series {
+                    name: format!("raw {base}"),
+                    points: pts,
+                });
+            }
+            for p in peers
+                .iter()
+                .filter(|p| p.is_lat() == lat && p.error.is_none())
+            {
+                let name = format!("{} {}", p.test, p.transport);
+                if series.iter().any(|s| s.name == name) {
+                    continue;
+                }
+                let pts: Vec<(f64, f64)> = peers
+                    .iter()
+                    .filter(|q| q.test == p.test && q.transport == p.transport && q.error.is_none())
+                    .filter_map(|q| {
+                        Some((q.size as f64, if lat { q.lat_us_p50? } else { q.bw_gbps? }))
+                    })
+                    .collect();
+                series.push(Series { name, points: pts });
+            }
+            let file = format!(
+                "{}_{}.png",
+                if lat { "latency" } else { "bandwidth" },
+                tr.name
+            );
+            let title = format!(
+                "{} {} vs message size (loopback)",
+                tr.name.to_uppercase(),
+                if lat {
+                    "one-way latency p50"
+                } else {
+                    "bandwidth"
+                }
+            );
+            let chart = Chart {
+                title: &title,
+                x_label: "message size (octets)",
+                y_label: if lat { "latency (us)" } else { "Gbit/s" },
+                log_x: true,
+                log_y: true,
+                series: &series,
+            };
+            write_png(&chart, &out.join(&file))?;
+            files.push(file);
+        }
+    }
+    Ok(files)
+}
+
+fn read_trim(p: &str) -> String {
+    std::fs::read_to_string(p)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// The machine the suite ran on: (nproc, kernel, CPU model, load).
+pub(crate) fn machine() -> (usize, String, String, String) {
+    let nproc = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let kernel = read_trim("/proc/sys/kernel/osrelease");
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "?".into());
+    (nproc, kernel, cpu, read_trim("/proc/loadavg"))
+}
+
+/// Now, UTC, as `YYYY-MM-DD HH:MM:SS UTC`.
+pub(crate) fn utc_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn report_md(
+    o: &SuiteOpts,
+    rows: &[PerfResult],
+    peers: &[PerfResult],
+    peers_found: &str,
+    targets: &str,
+    plots: &[String],
+    wall: f64,
+) -> String {
+    let (nproc, kernel, cpu, load) = machine();
+    let soft: Vec<PerfResult> = rows
+        .iter()
+        .filter(|r| !matches!(r.transport.as_str(), "tcp" | "udp"))
+        .cloned()
+        .collect();
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# softrdma perf suite{}\n",
+        if o.quick { " (quick)" } else { "" }
+    );
+    let _ = writeln!(s, "| | |\n|---|---|");
+    let _ = writeln!(s, "| date | {} |", utc_now());
+    let _ = writeln!(s, "| nproc | {nproc} |");
+    let _ = writeln!(s, "| kernel | {kernel} |");
+    let _ = writeln!(s, "| CPU | {cpu} |");
+    let _ = writeln!(s, "| load average (end) | {load} |");
+    let _ = writeln!(
+        s,
+        "| wait mode | {} on both ends, softrdma and baselines alike |",
+        o.wait.name()
+    );
+    let _ = writeln!(s, "| wall time | {wall:.1} s |");
+    let _ = writeln!(
+        s,
+        "| MPA CRC (RC) | on, except rows marked no-crc |\n| datagram MTU | {} |\n",
+        super::cell::dgram_mtu()
+    );
+    let _ = writeln!(s, "## Results\n\n```text\n{}```\n", format_table(&soft));
+    if !peers.is_empty() {
+        let _ = writeln!(s, "## Peers\n\n```text\n{}```\n", format_table(peers));
+    }
+    let _ = writeln!(s, "{peers_found}\n");
+    let _ = writeln!(
+        s,
+        "## Issue-5 targets (ratios of this run)\n\n```text\n{targets}```\n"
+    );
+    let _ = writeln!(s, "## Plots\n");
+    for p in plots {
+        let _ = writeln!(s, "![{p}]({p})\n");
+    }
+    let _ = writeln!(
+        s,
+        "## How to read it\n\n\
+* Every row is one cell: a test (`send_lat`, `write_bw`, …) over a transport \
+(`rc` = iWARP over TCP, `ud`/`rd` = datagram iWARP over UDP) at one message size, \
+measured on loopback with the two ends in two processes.\n\
+* `*_lat` rows: one-way latency = round trip / 2, p50 and p99 from a log-linear \
+histogram of every round trip. `*_bw` rows: goodput in Gbit/s of message octets and \
+the message rate.\n\
+* `baseline` / `ratio`: the raw-socket test of the same size and wait mode measured \
+just before the cell in the same process pair (RC against raw TCP, UD and RD against \
+raw UDP cut into datagrams of softrdma's payload size). Latency ratio = softrdma / \
+baseline (below 1 is faster than raw sockets); bandwidth ratio = softrdma / baseline \
+(above 1 is faster). Only these same-run ratios are meaningful: absolute figures on a \
+shared 2-core VM swing by several times between runs.\n\
+* Reliable transports (RC, RD) are timed up to proof that the receiver has everything; \
+UD and the raw UDP blast are counted at the receiver (what arrived), `lost` says how \
+many messages did not. A UD Write raises nothing at its target, so UD `write_bw` is the \
+sender's rate (noted in the row).\n\
+* `ERROR:` rows are cells that failed, with the reason; the suite's exit code is then 1.\n"
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_and_bars() {
+        let d = utc_now();
+        assert!(
+            d.len() == 23 && d.ends_with(" UTC") && d.starts_with("20"),
+            "{d}"
+        );
+        assert_eq!(progress_bar(0, 2), "[##########..........]  1/2");
+    }
 }
