@@ -392,6 +392,79 @@ pub fn empty_completion() -> Completion {
     }
 }
 
+/// Takes up to `out.len()` completions of `c`: first those handed back by
+/// [`QpObj::release_deferred`], then the engine's, holding back receive
+/// flushes of IB-style QPs the application has not moved to ERR.
+///
+/// Why: a peer that destroys its QP closes the TCP connection under an
+/// IB-style RC QP, and the engine then flushes the posted receives
+/// (iWARP semantics). In IB the peer's QP is simply gone: our receives
+/// stay posted, and only flush when the application moves the QP to ERR
+/// (or never, if it destroys it). `ibv_rc_pingpong` polls its last good
+/// completion in the same batch as such flushes and fails on them.
+pub fn poll_filtered(c: &CqObj, out: &mut [Completion]) -> usize {
+    let mut got = 0;
+    if c.has_pending.load(std::sync::atomic::Ordering::Acquire) {
+        let mut p = c.pending.lock().unwrap_or_else(|e| e.into_inner());
+        while got < out.len() {
+            match p.pop_front() {
+                Some(x) => {
+                    out[got] = x;
+                    got += 1;
+                }
+                None => break,
+            }
+        }
+        if p.is_empty() {
+            c.has_pending
+                .store(false, std::sync::atomic::Ordering::Release);
+        }
+    }
+    while got < out.len() {
+        let n = c.engine.poll(&mut out[got..]);
+        if n == 0 {
+            break;
+        }
+        // Compact, dropping held-back flushes.
+        let mut w = got;
+        for r in got..got + n {
+            let x = out[r];
+            if !hold_back(&x) {
+                out[w] = x;
+                w += 1;
+            }
+        }
+        if w == got + n {
+            return w;
+        }
+        got = w;
+    }
+    got
+}
+
+/// True (and the completion kept on its QP) for a receive flush of an
+/// IB-style QP that the application has not moved to ERR.
+fn hold_back(x: &Completion) -> bool {
+    if x.wc.status != WcStatus::WrFlushErr
+        || !matches!(x.wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+    {
+        return false;
+    }
+    let Some(qp) = qp_by_num(x.qp_num) else {
+        return false;
+    };
+    // SAFETY: registered QPs are live (ibv_destroy_qp unregisters before freeing; the verbs contract forbids destroying a QP while polling for it).
+    let q = unsafe { &*qp };
+    if !q.ib_style.load(std::sync::atomic::Ordering::Acquire) || q.state() == IBV_QPS_ERR {
+        return false;
+    }
+    q.deferred
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(*x);
+    true
+}
+
 /// `ops.poll_cq`.
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     crate::export::guard(-1, || {
@@ -410,7 +483,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> 
         let want = n as usize;
         while got < want {
             let k = (want - got).min(buf.len());
-            let m = c.engine.poll(&mut buf[..k]);
+            let m = poll_filtered(c, &mut buf[..k]);
             for (i, e) in buf[..m].iter().enumerate() {
                 // SAFETY: wc has n entries (verbs contract); got + i < n.
                 unsafe { *wc.add(got + i) = wc_to_c(e) };

@@ -221,6 +221,11 @@ pub struct CqObj {
     pub channel: Option<Arc<engine::CompChannel>>,
     /// The completion `ibv_start_poll`/`ibv_next_poll` stand on.
     pub cur: Mutex<ibv_wc>,
+    /// Completions handed back by [`QpObj::release_deferred`], returned
+    /// before the engine's (see [`crate::datapath`] on peer close).
+    pub pending: Mutex<std::collections::VecDeque<engine::Completion>>,
+    /// `pending` is not empty (checked without the lock on every poll).
+    pub has_pending: std::sync::atomic::AtomicBool,
 }
 
 /// A shared receive queue.
@@ -277,6 +282,12 @@ pub struct QpObj {
     pub remembered: Mutex<QpRemembered>,
     /// The `ibv_wr_*` batch being built.
     pub batch: Mutex<crate::qp_ex::WrBatch>,
+    /// Connected IB-style (`ibv_modify_qp` to RTR with a destination).
+    pub ib_style: std::sync::atomic::AtomicBool,
+    /// Receive flushes held back after the peer closed an IB-style
+    /// connection (see [`crate::datapath`]); released to the receive CQ
+    /// when the application moves the QP to ERR.
+    pub deferred: Mutex<Vec<engine::Completion>>,
 }
 
 impl QpObj {
@@ -309,6 +320,25 @@ impl QpObj {
     /// The current `ibv_qp_state`.
     pub fn state(&self) -> i32 {
         self.state.load(Ordering::Acquire)
+    }
+
+    /// Hands the held-back receive flushes to the receive CQ (the
+    /// application moved the QP to ERR: in IB its receives flush now).
+    pub fn release_deferred(&self) {
+        let d = std::mem::take(&mut *self.deferred.lock().unwrap_or_else(|p| p.into_inner()));
+        if d.is_empty() {
+            return;
+        }
+        // SAFETY: recv_cq is the application's live CQ of ours (verbs: CQs outlive their QPs).
+        let rcq = unsafe { (*self.raw()).qp_base.recv_cq };
+        // SAFETY: as above.
+        if let Some(c) = unsafe { cq_from_raw(rcq) } {
+            c.pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(d);
+            c.has_pending.store(true, Ordering::Release);
+        }
     }
 
     /// Sets the state (rdma_cm moves QPs to RTS when a connection is

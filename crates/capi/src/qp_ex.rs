@@ -474,7 +474,7 @@ fn poll_into(cq: *mut ibv_cq_ex) -> c_int {
             return libc::EINVAL;
         };
         let mut buf = [empty_completion()];
-        if c.engine.poll(&mut buf) == 0 {
+        if crate::datapath::poll_filtered(c, &mut buf) == 0 {
             return libc::ENOENT;
         }
         let wc = wc_to_c(&buf[0]);

@@ -673,6 +673,8 @@ pub unsafe fn create_cq_internal(
         engine: cq,
         channel: ch,
         cur: Mutex::new(ibv_wc::default()),
+        pending: Mutex::new(std::collections::VecDeque::new()),
+        has_pending: std::sync::atomic::AtomicBool::new(false),
     }));
     register_cq(id, obj);
     Ok(obj)
@@ -1038,6 +1040,8 @@ pub unsafe fn create_qp_internal(pd: *mut ibv_pd, init: &mut QpInit) -> Result<*
         state: AtomicI32::new(IBV_QPS_RESET),
         remembered: Mutex::new(QpRemembered::default()),
         batch: Mutex::new(crate::qp_ex::WrBatch::default()),
+        ib_style: std::sync::atomic::AtomicBool::new(false),
+        deferred: Mutex::new(Vec::new()),
     }));
     register_qp(qpn, obj);
     Ok(obj)
@@ -1119,7 +1123,10 @@ pub fn modify_qp_internal(q: &QpObj, a: &ibv_qp_attr, mask: c_int) -> Result<(),
     if mask & IBV_QP_STATE != 0 && from != to {
         match &q.kind {
             QpKind::Rc(rc) => match (from, to) {
-                (_, IBV_QPS_ERR) => rc.disconnect(),
+                (_, IBV_QPS_ERR) => {
+                    rc.disconnect();
+                    q.release_deferred();
+                }
                 (IBV_QPS_RESET | IBV_QPS_INIT, IBV_QPS_RESET | IBV_QPS_INIT) => {}
                 (_, IBV_QPS_RESET) => {
                     eprintln!(
@@ -1157,6 +1164,7 @@ pub fn modify_qp_internal(q: &QpObj, a: &ibv_qp_attr, mask: c_int) -> Result<(),
                             eprintln!("softrdma: QP {:#x} to RTR: {err}", q.qpn());
                             libc::EINVAL
                         })?;
+                    q.ib_style.store(true, std::sync::atomic::Ordering::Release);
                 }
                 // RTS does not wait for the connection: the first send does.
                 _ => {}
