@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use softrdma_sim::netns::NetPair;
 
-use self::proc::{is_root, progress, role_command, Kv, NetnsGuard, Proc};
+use self::proc::{is_root, load_note, progress, role_command, Kv, NetnsGuard, Proc};
 use self::roles::Kind;
 use super::plot::{write_png, Chart, Series};
 
@@ -338,6 +338,7 @@ fn run(a: &Args) -> Result<(), String> {
         }
     }
     let mut env = Env { pair };
+    let load_before = load_note();
     progress(
         start,
         &format!(
@@ -428,7 +429,7 @@ fn run(a: &Args) -> Result<(), String> {
     }
     env.set_loss(0)?;
     drop(env);
-    report(a, &rows, &rates, start)
+    report(a, &rows, &rates, start, &load_before)
 }
 
 /// Runs one point; returns (goodput octets/s, offered octets/s, detail).
@@ -597,7 +598,13 @@ fn verdict(rows: &[Row], sizes: &[usize]) -> Vec<String> {
     out
 }
 
-fn report(a: &Args, rows: &[Row], rates: &[(usize, f64)], start: Instant) -> Result<(), String> {
+fn report(
+    a: &Args,
+    rows: &[Row],
+    rates: &[(usize, f64)],
+    start: Instant,
+    load_before: &str,
+) -> Result<(), String> {
     let mut md = String::new();
     let _ = writeln!(
         md,
@@ -675,6 +682,11 @@ fn report(a: &Args, rows: &[Row], rates: &[(usize, f64)], start: Instant) -> Res
     for v in &verdicts {
         let _ = writeln!(md, "- {v}");
     }
+    let _ = writeln!(
+        md,
+        "\nBefore the run: {load_before}; after: {}.",
+        load_note()
+    );
     print!("{md}");
     write_file(&a.out.join("loss.md"), &md)?;
     write_file(&a.out.join("loss.csv"), &csv)?;

@@ -318,6 +318,19 @@ pub fn role_command(
     Ok(cmd)
 }
 
+/// The 1-, 5- and 15-minute load averages (`/proc/loadavg`), and how
+/// many CPUs this process may use: busy-polling ends want a core each, so
+/// a loaded machine shows in the figures (setup times above all).
+pub fn load_note() -> String {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let avg: Vec<&str> = load.split_whitespace().take(3).collect();
+    format!(
+        "load average {} on {} CPUs",
+        avg.join(" "),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    )
+}
+
 /// Prints a progress line on stderr, prefixed with the elapsed time.
 pub fn progress(start: Instant, what: &str) {
     eprintln!("[{:6.1} s] {what}", start.elapsed().as_secs_f64());

@@ -38,7 +38,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use self::roles::Kind;
-use super::loss::proc::{progress, role_command, Kv, Proc};
+use super::loss::proc::{load_note, progress, role_command, Kv, Proc};
 use super::loss::write_file;
 use super::plot::{write_png, Chart, Series};
 
@@ -233,6 +233,7 @@ impl Point {
 fn run(a: &Args) -> Result<bool, String> {
     let start = Instant::now();
     std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
+    let load_before = load_note();
     let mut rows = Vec::new();
     for &ti in &a.transports {
         for &n in &a.ns {
@@ -261,7 +262,7 @@ fn run(a: &Args) -> Result<bool, String> {
             });
         }
     }
-    report(a, &rows, start)?;
+    report(a, &rows, start, &load_before)?;
     Ok(rows.iter().all(|r| r.result.is_ok()))
 }
 
@@ -354,15 +355,18 @@ fn kib(b: u64) -> String {
     format!("{}", b >> 10)
 }
 
-fn report(a: &Args, rows: &[Row], start: Instant) -> Result<(), String> {
+fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(), String> {
     let mut md = String::new();
     let _ = writeln!(
         md,
         "# softrdma perf scale\n\nOne server process, N client endpoints on 127.0.0.1, one \
          request/reply each, then idle {} ms (RD idle expiry {} ms). RSS of the server \
-         process (VmRSS, KiB); per-peer = (idle RSS - RSS before any peer) / N.\n",
+         process (VmRSS, KiB); per-peer = (idle RSS - RSS before any peer) / N. Engine \
+         progress mode SOFTRDMA_PROGRESS={} (in `both`, every CQ poll progresses each QP \
+         attached to the CQ: the RC server has all N on one CQ).\n",
         2 * a.idle_ms + 500,
-        a.idle_ms
+        a.idle_ms,
+        std::env::var("SOFTRDMA_PROGRESS").unwrap_or_else(|_| "both (default)".into())
     );
     let _ = writeln!(
         md,
@@ -467,6 +471,11 @@ fn report(a: &Args, rows: &[Row], start: Instant) -> Result<(), String> {
             }
         }
     }
+    let _ = writeln!(
+        md,
+        "\nBefore the run: {load_before}; after: {}.",
+        load_note()
+    );
     if a.json {
         print!("{jsonl}");
     } else {

@@ -418,7 +418,9 @@ fn client(kv: &Kv) -> Result<(), String> {
     let cmds = commands();
     let ctx = Context::open().map_err(|e| e.to_string())?;
     let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq(4 * count + 64, None);
+    // One CQ per endpoint: a CQ poll progresses every QP attached to it,
+    // so a shared one would make each client exchange cost O(count).
+    let mut cqs = Vec::with_capacity(count);
     // Receive slot i and, after them, send slot i.
     let mr = reg(&pd, 2 * count * SLOT)?;
     let caps = QpCaps {
@@ -427,6 +429,7 @@ fn client(kv: &Kv) -> Result<(), String> {
     };
     let mut eps = Vec::with_capacity(count);
     for i in 0..count {
+        let cq = ctx.create_cq(8, None);
         let ep = match kind {
             Kind::Ud => Ep::Ud(
                 pd.create_ud_qp(&cq, &cq, caps, ud_options())
@@ -451,6 +454,7 @@ fn client(kv: &Kv) -> Result<(), String> {
         mr.write_at((count + i) * SLOT, &u64::from(id).to_le_bytes())
             .map_err(|e| e.to_string())?;
         eps.push(ep);
+        cqs.push(cq);
     }
     let ah = pd
         .create_ah(DgramAddr {
@@ -473,7 +477,7 @@ fn client(kv: &Kv) -> Result<(), String> {
     let start = Instant::now();
     let mut buf = [blank(); 16];
     let mut resent = 0u64;
-    for (i, ep) in eps.iter().enumerate() {
+    for (i, (ep, cq)) in eps.iter().zip(&cqs).enumerate() {
         let wr = send_wr(u64::MAX, &mr, (count + i) * SLOT);
         let post = || -> Result<(), String> {
             match ep {
@@ -521,7 +525,6 @@ fn client(kv: &Kv) -> Result<(), String> {
     ));
     while !stopped(&cmds) {
         std::thread::sleep(Duration::from_millis(20));
-        cq.poll(&mut buf);
     }
     drop(eps);
     Ok(())
