@@ -325,7 +325,7 @@ impl Spec {
 }
 
 /// A run for a duration measures at least this many iterations.
-pub(crate) const MIN_SAMPLES: u64 = 100;
+pub(crate) const MIN_SAMPLES: u64 = 20;
 
 /// Largest message size a cell takes (16 MiB, the datagram limit).
 pub(crate) const MAX_SIZE: usize = 16 << 20;
@@ -520,7 +520,7 @@ pub(crate) fn serve_session(ctrl: &mut Ctrl) -> io::Result<()> {
                     }
                 }
             }
-            "ABORT" => ctrl.send_err("cell aborted by the client"),
+            "ABORT" => ctrl.send_err(super::ctrl::ABORTED),
             other => {
                 ctrl.send_err(&format!("unexpected control message {other}"));
             }
@@ -543,8 +543,12 @@ pub(crate) fn run_cell(ctrl: &mut Ctrl, spec: &Spec) -> PerfResult {
         Err(e) => {
             let mut r = spec.result();
             let mut why = e.to_string();
-            if !ctrl.resync() {
-                why.push_str(" (control session lost)");
+            match ctrl.resync() {
+                None => why.push_str(" (control session lost)"),
+                Some(p) if !p.is_empty() && !why.contains(&p) => {
+                    why = format!("{why} ({p})");
+                }
+                Some(_) => {}
             }
             r.error = Some(why);
             r

@@ -15,6 +15,9 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+/// What a server answers to `ABORT`.
+pub(crate) const ABORTED: &str = "cell aborted by the client";
+
 /// Default deadline of a control read.
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -227,28 +230,41 @@ impl Ctrl {
     }
 
     /// After a failed cell on our side: tells the peer (`ABORT`) and reads
-    /// until its `ERR` answer, so the next cell starts in step. False if
-    /// the session is lost.
-    pub(crate) fn resync(&mut self) -> bool {
+    /// until its `ERR` answer, so the next cell starts in step. Returns the
+    /// peer's reason (`Some("")` when it only acknowledged the abort), or
+    /// `None` if the session is lost.
+    pub(crate) fn resync(&mut self) -> Option<String> {
         if self.send(&Msg::new("ABORT")).is_err() {
-            return false;
+            return None;
         }
         let saved = self.timeout;
         self.timeout = Duration::from_secs(15);
-        let ok = loop {
+        let r = loop {
             match self.recv() {
                 Ok(_) => continue,
-                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => break true,
-                Err(_) => break false,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {
+                    let why = e.to_string();
+                    if why.contains(ABORTED) {
+                        break Some(String::new());
+                    }
+                    // The peer's own failure came first; its answer to the
+                    // ABORT follows.
+                    let _ = self.recv();
+                    break Some(why);
+                }
+                Err(_) => break None,
             }
         };
         self.timeout = saved;
-        ok
+        r
     }
 
     /// Receives a message that must be of kind `kind`.
     pub(crate) fn expect(&mut self, kind: &str) -> io::Result<Msg> {
         let m = self.recv()?;
+        if m.kind == "ABORT" && kind != "ABORT" {
+            return Err(io::Error::other(ABORTED));
+        }
         if m.kind != kind {
             return Err(bad(format!("control: expected {kind}, got {}", m.kind)));
         }

@@ -41,6 +41,7 @@ use report::PerfResult;
 const USAGE: &str = "usage: softrdma perf suite|loss|scale|baseline B|TEST [OPTIONS]
 
   softrdma perf suite [--quick] [--out DIR] [--json] [--peers] [--wait poll|event]
+                      [--budget S]
       the loopback matrix (test x transport x size) with raw-socket ratios,
       report.md and PNG plots in DIR (default perf-report/)
   softrdma perf TEST [OPTIONS]        one test, every size with its baseline

@@ -473,6 +473,7 @@ fn ping_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> {
     let ud = !e.reliable;
     let size = spec.size;
     let mut w = Watch::new(HANG);
+    let mut quiet = 0u32;
     let mut h = Histogram::new();
     let (mut lost, mut seq, mut warm) = (0u64, 0u64, 0u64);
     let mut t0 = Instant::now();
@@ -551,6 +552,7 @@ fn ping_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> {
                 break false;
             }
             w.check("the answer of the ping-pong")?;
+            peer_alive(ctrl, &mut quiet)?;
         };
         if !answered {
             lost += 1;
@@ -575,6 +577,21 @@ fn ping_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> {
         lost,
         ..Default::default()
     })
+}
+
+/// Every 4096 idle polls of a run: anything the peer says on the control
+/// channel before our `END` is its failure (`ERR`, or the channel closed):
+/// end the run with the peer's reason instead of waiting for a hang.
+fn peer_alive(ctrl: &mut Ctrl, quiet: &mut u32) -> io::Result<()> {
+    *quiet = quiet.wrapping_add(1);
+    if *quiet & 4095 == 0 && ctrl.ready() {
+        let m = ctrl.recv()?;
+        return Err(err(format!(
+            "unexpected control message {} during the run",
+            m.kind
+        )));
+    }
+    Ok(())
 }
 
 /// Ends a run: `END n=…`, drains what is outstanding, `DONE`.
@@ -701,6 +718,7 @@ fn record_lat_b(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<()> {
 fn request_lat_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> {
     let size = spec.size;
     let mut w = Watch::new(HANG);
+    let mut quiet = 0u32;
     let mut h = Histogram::new();
     let (mut seq, mut warm) = (0u64, 0u64);
     let zeros = vec![0u8; size];
@@ -734,6 +752,7 @@ fn request_lat_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measur
                 break;
             }
             w.check("a Read/atomic completion")?;
+            peer_alive(ctrl, &mut quiet)?;
         }
         let dt = a.elapsed();
         w.progress();
@@ -803,6 +822,7 @@ fn send_bw_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> 
     let size = spec.size;
     let win = window(e, spec);
     let mut w = Watch::new(HANG);
+    let mut quiet = 0u32;
     let (mut sent, mut done, mut consumed) = (0u64, 0u64, 0u64);
     let credits = e.nslots as u64;
     let t0 = Instant::now();
@@ -842,6 +862,7 @@ fn send_bw_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> 
             w.progress();
         } else {
             w.check("Send completions or credits")?;
+            peer_alive(ctrl, &mut quiet)?;
         }
         if stop && done == sent {
             break;
@@ -975,6 +996,7 @@ fn write_bw_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured>
     let size = spec.size;
     let win = window(e, spec);
     let mut w = Watch::new(HANG);
+    let mut quiet = 0u32;
     let (mut sent, mut done) = (0u64, 0u64);
     let t0 = Instant::now();
     loop {
@@ -1008,6 +1030,7 @@ fn write_bw_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured>
             w.progress();
         } else {
             w.check("Write completions")?;
+            peer_alive(ctrl, &mut quiet)?;
         }
         if done == sent && !spec.more(sent, t0) {
             break;
@@ -1182,6 +1205,7 @@ fn read_bw_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> 
     let size = spec.size;
     let win = window(e, spec);
     let mut w = Watch::new(HANG);
+    let mut quiet = 0u32;
     let zeros = vec![0u8; if spec.verify { size } else { 0 }];
     let (mut sent, mut done) = (0u64, 0u64);
     let mut inflight: std::collections::VecDeque<u64> =
@@ -1219,6 +1243,7 @@ fn read_bw_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> 
             w.progress();
         } else {
             w.check("Read completions")?;
+            peer_alive(ctrl, &mut quiet)?;
         }
         if done == sent && !spec.more(sent, t0) {
             break;

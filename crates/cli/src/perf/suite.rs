@@ -7,8 +7,8 @@
 //! --json` child (which runs its own two ends), under a deadline: a group
 //! that fails, crashes or overruns shows as failed cells with the reason,
 //! and the exit code is 1. The whole matrix has a time budget (60 s,
-//! `--quick` 15 s); groups that would start after it are reported as
-//! skipped rather than run.
+//! `--quick` 15 s, `--budget S` to change it); groups that would start
+//! after it are reported as skipped rather than run.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -35,6 +35,7 @@ struct SuiteOpts {
     json: bool,
     peers: bool,
     wait: WaitMode,
+    budget: Option<Duration>,
 }
 
 fn parse(args: &[String]) -> Result<SuiteOpts, String> {
@@ -44,11 +45,21 @@ fn parse(args: &[String]) -> Result<SuiteOpts, String> {
         json: false,
         peers: false,
         wait: WaitMode::Poll,
+        budget: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--quick" => o.quick = true,
+            "--budget" => {
+                let v = it.next().ok_or("--budget needs seconds")?;
+                let b: u64 = v
+                    .parse()
+                    .ok()
+                    .filter(|b| (1..=3600).contains(b))
+                    .ok_or(format!("bad --budget {v:?} (1..=3600 s)"))?;
+                o.budget = Some(Duration::from_secs(b));
+            }
             "--json" => o.json = true,
             "--peers" => o.peers = true,
             "--out" => {
@@ -129,7 +140,9 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         return ExitCode::from(1);
     }
     let started = Instant::now();
-    let budget = Duration::from_secs(if o.quick { 14 } else { 57 });
+    let budget = o
+        .budget
+        .unwrap_or(Duration::from_secs(if o.quick { 14 } else { 57 }));
     let (lat_d, bw_d) = if o.quick { (0.04, 0.06) } else { (0.08, 0.12) };
     let gs = groups(&o);
     let mut rows: Vec<PerfResult> = Vec::new();
