@@ -342,7 +342,11 @@ fn progress(s: &mut RSock) -> Vec<i32> {
                     }
                 }
             }
-            vec![*chan_fd]
+            if pending.is_empty() {
+                vec![*chan_fd]
+            } else {
+                Vec::new()
+            }
         }
         St::Connecting { chan, conn, id } => {
             let mut next = None;
@@ -384,8 +388,9 @@ fn progress(s: &mut RSock) -> Vec<i32> {
             }
         }
         St::Connected { conn, .. } => {
-            conn.progress();
-            if conn.arm() {
+            // Anything that completed may be what the caller waits for:
+            // look again before arming and sleeping.
+            if conn.progress() || conn.arm() {
                 return Vec::new();
             }
             vec![conn.wait_fd()]
