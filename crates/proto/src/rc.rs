@@ -359,6 +359,8 @@ const TX_BATCH: usize = 16;
 const TX_BATCH_BYTES: usize = 1 << 20;
 /// IoSlices one batch may need: header + spans + trailer per FPDU.
 const IOV_CAP: usize = TX_BATCH * (MAX_SGE + 2);
+/// IoSlices one FPDU may need.
+const IOV_ONE: usize = MAX_SGE + 2;
 
 /// Where the payload of the segment being received goes.
 #[derive(Debug, Clone, Copy)]
@@ -836,22 +838,18 @@ impl RcQp {
             if self.pending.is_empty() {
                 return Ok(total);
             }
-            let (n, offered) = {
-                let mut iov: [IoSlice<'_>; IOV_CAP] = [IoSlice::new(&[]); IOV_CAP];
-                let mut k = 0;
-                let mut offered = 0;
-                for p in self.pending.iter() {
-                    if k + p.nspans + 2 > IOV_CAP {
-                        break;
-                    }
-                    offered += push_iov(p, &self.marker_buf, mem, &mut iov, &mut k);
-                }
-                match out.write_vectored(&iov[..k]) {
-                    Ok(n) => (n, offered),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(total),
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                }
+            // One FPDU (the latency case): a small vector, not the batch's
+            // (whose initialisation would cost more than the FPDU).
+            let r = if self.pending.len() == 1 {
+                write_pending::<M, W, IOV_ONE>(&self.pending, &self.marker_buf, mem, out)
+            } else {
+                write_pending::<M, W, IOV_CAP>(&self.pending, &self.marker_buf, mem, out)
+            };
+            let (n, offered) = match r {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(total),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
             };
             total += n;
             self.advance_written(n);
@@ -1471,25 +1469,44 @@ impl RcQp {
         mut srq: Option<&mut RecvQueue>,
     ) {
         loop {
-            if self.state == RcState::Error {
-                // Nothing more is accepted after an error.
+            if self.state == RcState::Error || data.is_empty() {
+                // Nothing more is accepted after an error; and empty input
+                // cannot complete anything (every event is reported by the
+                // call that consumed its last octet).
                 return;
+            }
+            // Fast path: a whole FPDU at the front is verified (CRC) before
+            // any of it is acted on, then handled in one go.
+            match self.deframer.decode_whole(data) {
+                Ok(Some((n, w))) => {
+                    data = &data[n..];
+                    self.rx_any = true;
+                    self.rx_header(w.header, w.ulpdu_len, mem, srq.as_deref_mut());
+                    if self.state == RcState::Error {
+                        return;
+                    }
+                    if !w.payload.is_empty() {
+                        self.rx_payload(w.payload, mem);
+                        if self.state == RcState::Error {
+                            return;
+                        }
+                    }
+                    self.rx_fpdu_end(mem, srq.as_deref_mut());
+                    continue;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    if e == WireError::BadCrc {
+                        self.rx_crc_failed_send(data, srq.as_deref_mut());
+                    }
+                    self.rx_stream_error(e);
+                    return;
+                }
             }
             let (n, ev) = match self.deframer.decode(data) {
                 Ok(x) => x,
                 Err(e) => {
-                    let cause = match e {
-                        WireError::BadCrc => TerminateCause::MpaCrcError,
-                        WireError::BadMarker => TerminateCause::MpaMarkerMismatch,
-                        _ => TerminateCause::MpaLocalCatastrophic,
-                    };
-                    self.rx_seg = None;
-                    self.fail_rx_recv();
-                    self.fail(
-                        Some(TerminateRepr::new(cause)),
-                        false,
-                        Some(WcStatus::RemOpErr),
-                    );
+                    self.rx_stream_error(e);
                     return;
                 }
             };
@@ -1517,15 +1534,73 @@ impl RcQp {
                     self.rx_header(&buf[..len], ulpdu_len, mem, srq.as_deref_mut());
                 }
                 Some(RxEv::Payload(len)) => self.rx_payload(&consumed[n - len..], mem),
-                Some(RxEv::End) => match self.rx_deferred.take() {
-                    Some((cause, rr)) => {
-                        self.rx_error(cause, rr);
-                        self.rx_seg = None;
-                    }
-                    None => self.rx_end(mem, srq.as_deref_mut()),
-                },
+                Some(RxEv::End) => self.rx_fpdu_end(mem, srq.as_deref_mut()),
             }
         }
+    }
+
+    /// The FPDU ended (CRC checked): a rule its header broke is reported
+    /// now, otherwise the segment completes.
+    fn rx_fpdu_end<M: Memory>(&mut self, mem: &mut M, srq: Option<&mut RecvQueue>) {
+        match self.rx_deferred.take() {
+            Some((cause, rr)) => {
+                self.rx_error(cause, rr);
+                self.rx_seg = None;
+            }
+            None => self.rx_end(mem, srq),
+        }
+    }
+
+    /// A whole FPDU at the front of `fpdu` failed its CRC before anything
+    /// of it was acted on. If its (unverified) header starts a Send, the
+    /// receive it would have taken completes with a remote operation error
+    /// — as when a Send streamed in fails its CRC at the end (the receive
+    /// was taken by then) — instead of merely flushing.
+    fn rx_crc_failed_send(&mut self, fpdu: &[u8], srq: Option<&mut RecvQueue>) {
+        if self.rx_recv.is_some() || fpdu.len() < fpdu::LEN_FIELD {
+            return;
+        }
+        let ulpdu = usize::from(u16::from_be_bytes([fpdu[0], fpdu[1]]));
+        let end = (fpdu::LEN_FIELD + ulpdu).min(fpdu.len());
+        let Ok((repr, _)) = SegmentRepr::parse(&fpdu[fpdu::LEN_FIELD..end], Mode::Stream) else {
+            return;
+        };
+        let send = matches!(
+            repr.opcode,
+            Opcode::Send | Opcode::SendSe | Opcode::SendInvalidate | Opcode::SendSeInvalidate
+        );
+        if !send || !matches!(repr.ddp, DdpHeader::Untagged { qn: 0, mo: 0, .. }) {
+            return;
+        }
+        let (wr, fired) = match srq {
+            Some(q) => q.take(),
+            None => self.rq.take(),
+        };
+        if fired {
+            self.events.push_back(RcEvent::RecvLimitReached);
+        }
+        if let Some(wr) = wr {
+            self.completions.push_back((
+                CqKind::Recv,
+                WorkCompletion::new(wr.wr_id, WcStatus::RemOpErr, WcOpcode::Recv, 0),
+            ));
+        }
+    }
+
+    /// The MPA stream broke (CRC, marker): Terminate, and the stream ends.
+    fn rx_stream_error(&mut self, e: WireError) {
+        let cause = match e {
+            WireError::BadCrc => TerminateCause::MpaCrcError,
+            WireError::BadMarker => TerminateCause::MpaMarkerMismatch,
+            _ => TerminateCause::MpaLocalCatastrophic,
+        };
+        self.rx_seg = None;
+        self.fail_rx_recv();
+        self.fail(
+            Some(TerminateRepr::new(cause)),
+            false,
+            Some(WcStatus::RemOpErr),
+        );
     }
 
     fn rx_header<M: Memory>(
@@ -2060,6 +2135,27 @@ fn span_slice<'m, M: Memory>(mem: &'m M, s: &Span) -> &'m [u8] {
         mem.local_read(s.key, s.addr, s.len)
     };
     r.unwrap_or(&[])
+}
+
+/// Writes the unwritten part of as many of `pending` as fit in `N`
+/// io-vectors with one vectored write; returns (octets written, octets
+/// offered).
+fn write_pending<M: Memory, W: io::Write, const N: usize>(
+    pending: &VecDeque<PendingFpdu>,
+    marker_buf: &[u8],
+    mem: &M,
+    out: &mut W,
+) -> io::Result<(usize, usize)> {
+    let mut iov: [IoSlice<'_>; N] = [IoSlice::new(&[]); N];
+    let mut k = 0;
+    let mut offered = 0;
+    for p in pending.iter() {
+        if k + p.nspans + 2 > N {
+            break;
+        }
+        offered += push_iov(p, marker_buf, mem, &mut iov, &mut k);
+    }
+    out.write_vectored(&iov[..k]).map(|n| (n, offered))
 }
 
 /// Appends the unwritten part of `p` to `iov`; returns the octets added.

@@ -361,6 +361,18 @@ pub enum Event<'a> {
     },
 }
 
+/// A complete FPDU taken at once by [`Deframer::decode_whole`]: its CRC
+/// (when enabled) has been checked before anything of it is handed out.
+#[derive(Debug, PartialEq, Eq)]
+pub struct WholeFpdu<'a> {
+    /// The DDP/RDMAP header, as [`Event::Header`] would give it.
+    pub header: &'a [u8],
+    /// The rest of the ULPDU, as the [`Event::Payload`]s would give it.
+    pub payload: &'a [u8],
+    /// The ULPDU length.
+    pub ulpdu_len: usize,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RxState {
     /// Gathering the length field and header into `hdr`.
@@ -437,6 +449,61 @@ impl Deframer {
     /// True between FPDUs (no partial FPDU buffered or in progress).
     pub fn at_boundary(&self) -> bool {
         self.state == RxState::Header && self.hdr_have == 0 && self.marker_have == 0
+    }
+
+    /// The fast path for a stream without markers: if the deframer is
+    /// between FPDUs and `input` starts with a complete FPDU, checks its
+    /// CRC (when enabled) and returns the octets it spans with the FPDU cut
+    /// into header and payload — the same header and payload octets that
+    /// [`Deframer::decode`] would report as events, but only after the CRC
+    /// matched (verify, then place). `Ok(None)`: no complete FPDU at the
+    /// start of `input` (or markers are on, or an FPDU is in progress):
+    /// use [`Deframer::decode`]. A CRC mismatch fails the deframer as
+    /// `decode` would.
+    pub fn decode_whole<'a>(&mut self, input: &'a [u8]) -> Result<Option<(usize, WholeFpdu<'a>)>> {
+        if let RxState::Failed(e) = self.state {
+            return Err(e);
+        }
+        if self.markers
+            || self.state != RxState::Header
+            || self.hdr_have != 0
+            || input.len() < LEN_FIELD + 2
+        {
+            return Ok(None);
+        }
+        let ulpdu_len = usize::from(u16::from_be_bytes([input[0], input[1]]));
+        let total = fpdu_len(ulpdu_len);
+        if input.len() < total {
+            return Ok(None);
+        }
+        let hdr_len = if ulpdu_len < 2 {
+            ulpdu_len
+        } else {
+            crate::rdmap::header_len_hint(
+                &input[LEN_FIELD..LEN_FIELD + 2],
+                crate::ddp::Mode::Stream,
+            )
+            .unwrap_or(MAX_HEADER)
+            .min(MAX_HEADER)
+            .min(ulpdu_len)
+        };
+        if self.crc_enabled {
+            let crc_at = total - CRC_LEN;
+            if crate::crc::to_wire(crate::crc::crc32c(&input[..crc_at]))[..] != input[crc_at..total]
+            {
+                self.state = RxState::Failed(Error::BadCrc);
+                return Err(Error::BadCrc);
+            }
+        }
+        self.pos += total as u64;
+        Ok(Some((
+            total,
+            WholeFpdu {
+                header: &input[LEN_FIELD..LEN_FIELD + hdr_len],
+                payload: &input[LEN_FIELD + hdr_len..LEN_FIELD + ulpdu_len],
+                ulpdu_len,
+            },
+        )))
     }
 
     /// Consumes octets from `input` and reports at most one event.
@@ -687,6 +754,50 @@ mod tests {
                 14,
             ),
         ]
+    }
+
+    /// `decode_whole` cuts every golden FPDU as `decode` does, consumes
+    /// exactly one FPDU, declines partial input and FPDUs in progress, and
+    /// refuses a bad CRC before handing anything out (only with CRC on).
+    #[test]
+    fn decode_whole_agrees_with_decode() {
+        for (f, hlen) in golden() {
+            let ulpdu = usize::from(u16::from_be_bytes([f[0], f[1]]));
+            let mut two = f.clone();
+            two.extend_from_slice(&f);
+            let mut d = Deframer::new(true, false);
+            for _ in 0..2 {
+                let at = d.stream_position() as usize;
+                let (n, w) = d.decode_whole(&two[at..]).unwrap().unwrap();
+                assert_eq!(n, f.len());
+                assert_eq!(w.header, &f[LEN_FIELD..LEN_FIELD + hlen]);
+                assert_eq!(w.payload, &f[LEN_FIELD + hlen..LEN_FIELD + ulpdu]);
+                assert_eq!(w.ulpdu_len, ulpdu);
+                assert!(d.at_boundary());
+            }
+            assert_eq!(d.stream_position() as usize, two.len());
+
+            let mut d = Deframer::new(true, false);
+            assert_eq!(d.decode_whole(&f[..f.len() - 1]), Ok(None));
+            // In progress through `decode`: the fast path stays out.
+            let (n, _) = d.decode(&f[..3]).unwrap();
+            assert!(n > 0);
+            assert_eq!(d.decode_whole(&f[n..]), Ok(None));
+            let mut dm = Deframer::new(true, true);
+            assert_eq!(dm.decode_whole(&f), Ok(None), "markers: never");
+
+            for flip in [LEN_FIELD + 1, LEN_FIELD + hlen - 1, f.len() - 1] {
+                let mut bad = f.clone();
+                bad[flip] ^= 0x20;
+                let mut d = Deframer::new(true, false);
+                assert_eq!(d.decode_whole(&bad), Err(Error::BadCrc));
+                assert_eq!(d.decode(&f).map(|(n, _)| n), Err(Error::BadCrc));
+                let mut d = Deframer::new(false, false);
+                if flip == f.len() - 1 {
+                    assert!(d.decode_whole(&bad).unwrap().is_some(), "CRC off");
+                }
+            }
+        }
     }
 
     #[derive(Debug, Default, PartialEq, Eq)]
