@@ -148,6 +148,10 @@ pub struct ChanShared {
     queue: Mutex<VecDeque<Pending>>,
     /// The engine channel of this channel's TCP ids.
     engine: EventChannel,
+    /// Channels whose engine channel holds ids that now report here
+    /// (`rdma_migrate_id`, `rdma_get_request`): their engine events are
+    /// pumped here too, and their descriptors are in `epfd`.
+    foreign: Mutex<Vec<std::sync::Weak<ChanShared>>>,
 }
 
 impl ChanShared {
@@ -182,7 +186,44 @@ impl ChanShared {
             efd,
             queue: Mutex::new(VecDeque::new()),
             engine,
+            foreign: Mutex::new(Vec::new()),
         }))
+    }
+
+    /// Makes this channel also wait for and pump `other`'s engine events
+    /// (an id of `other`'s engine channel now reports here).
+    fn adopt(&self, other: &Arc<ChanShared>) {
+        if std::ptr::eq(self, Arc::as_ptr(other)) {
+            return;
+        }
+        let mut f = lock(&self.foreign);
+        f.retain(|w| w.strong_count() > 0);
+        if f.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(other))) {
+            return;
+        }
+        let fd = other.engine.fd();
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: valid descriptors (the other channel is alive: we hold
+        // it) and a live epoll_event. A failure only costs wake-ups.
+        let _ = unsafe { libc::epoll_ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        f.push(Arc::downgrade(other));
+    }
+
+    /// Moves engine events of this channel and of the adopted ones to the
+    /// channels their ids report to.
+    fn pump(&self) {
+        let foreign: Vec<Arc<ChanShared>> =
+            lock(&self.foreign).iter().filter_map(|w| w.upgrade()).collect();
+        for c in std::iter::once(self).chain(foreign.iter().map(|a| &**a)) {
+            while let Some(e) = c.engine.try_get_event() {
+                if let Some((to, p)) = from_engine(e) {
+                    to.push(p);
+                }
+            }
+        }
     }
 
     /// Queues one of our own events.
@@ -604,11 +645,7 @@ pub(crate) fn next_event(chan: &Arc<ChanShared>) -> Res<Pending> {
     loop {
         // Engine events move over first (child ids are made here); an
         // event for an id migrated to another channel goes there.
-        while let Some(e) = chan.engine.try_get_event() {
-            if let Some((to, p)) = from_engine(e) {
-                to.push(p);
-            }
-        }
+        chan.pump();
         while let Some(p) = chan.pop_own() {
             if is_live(p.id) {
                 return Ok(p);
@@ -1104,7 +1141,9 @@ pub fn get_request(obj: &mut IdObj) -> Res<*mut rdma_cm_id> {
         let own = create_channel()?;
         c.id.channel = own as *mut rdma_event_channel;
         // SAFETY: just created.
-        *lock(&c.chan) = unsafe { (*own).shared.clone() };
+        let shared = unsafe { (*own).shared.clone() };
+        shared.adopt(&chan);
+        *lock(&c.chan) = shared;
         c.own_chan = own;
         c.id.event = e;
         lock(&c.st).held = Some(e as usize);
@@ -1248,6 +1287,7 @@ pub unsafe fn migrate(obj: &mut IdObj, chan: *mut ChanObj) -> Res<()> {
     // SAFETY: contract.
     let c = unsafe { chan.as_ref() }.ok_or(libc::EINVAL)?;
     let old = obj.chan();
+    c.shared.adopt(&old);
     *lock(&obj.chan) = c.shared.clone();
     obj.id.channel = chan as *mut rdma_event_channel;
     let me = obj as *mut IdObj as usize;
