@@ -1090,6 +1090,12 @@ pub fn accept(obj: &mut IdObj, p: Option<&rdma_conn_param>) -> Res<()> {
         softrdma_engine::cm::CmError::Io(io) => io.raw_os_error().unwrap_or(libc::ECONNABORTED),
         _ => libc::ECONNABORTED,
     })?;
+    // The passive side is connected when accept returns (the MPA Reply is
+    // out, the QP runs): sends may be posted before ESTABLISHED is read.
+    // SAFETY: id->qp is NULL or a live QP of ours.
+    if let Some(q) = unsafe { qp_from_raw(obj.id.qp) } {
+        q.set_state(IBV_QPS_RTS);
+    }
     if obj.sync() {
         complete(obj, ev::ESTABLISHED)?;
     }
