@@ -7,7 +7,7 @@
 //! (not -1) and `*bad_wr` names the first request not posted; requests
 //! before it were posted.
 //!
-//! Sends on RC QPs are accepted in RTR as well as RTS (iWARP has no
+//! Sends are accepted in RTR as well as RTS (iWARP has no
 //! receive-only state once connected; perftest's iWARP send-credit flow
 //! relies on it). An RC QP moved to RTR/RTS before its IB-style connection is up (the
 //! `ibv_rc_pingpong` server does RTR and RTS before it even tells the
@@ -196,7 +196,9 @@ pub fn post_one(qp: &QpObj, wr: SendWr, ud: Option<(&AhObj, u32)>) -> Result<(),
             }
         }
         QpKind::Dgram(d) => {
-            if st != IBV_QPS_RTS {
+            // RTR too, as for RC: perftest's iWARP send-credit flow sends
+            // from a server QP it left in RTR.
+            if st != IBV_QPS_RTS && st != IBV_QPS_RTR {
                 return Err(libc::EINVAL);
             }
             let (ah, qpn) = ud.ok_or(libc::EINVAL)?;
@@ -237,8 +239,7 @@ pub unsafe extern "C" fn post_send(
                 let ud = if q.dgram().is_some() {
                     // SAFETY: the union's ud member for a datagram QP.
                     let u = unsafe { w.wr.ud };
-                    // SAFETY: an AH of ours, per the verbs contract.
-                    let ah = unsafe { ah_from_raw(u.ah) }.ok_or(libc::EINVAL)?;
+                    let ah = ah_checked(u.ah).ok_or(libc::EINVAL)?;
                     Some((ah, u.remote_qpn))
                 } else {
                     None

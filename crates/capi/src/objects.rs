@@ -110,6 +110,10 @@ struct Registry {
     qps: HashMap<u32, usize>,
     /// Engine SRQ id -> `*mut SrqObj`.
     srqs: HashMap<u64, usize>,
+    /// Live address handles (`*mut AhObj`): a send names its AH in the
+    /// work request, and a stale or garbage pointer there must be an
+    /// error, not a wild read.
+    ahs: std::collections::HashSet<usize>,
 }
 
 fn registry() -> std::sync::MutexGuard<'static, Registry> {
@@ -147,6 +151,20 @@ pub(crate) fn unregister_srq(id: u64) {
 }
 pub(crate) fn srq_by_id(id: u64) -> Option<*mut SrqObj> {
     registry().srqs.get(&id).map(|p| *p as *mut SrqObj)
+}
+pub(crate) fn register_ah(p: *mut AhObj) {
+    registry().ahs.insert(p as usize);
+}
+pub(crate) fn unregister_ah(p: *mut AhObj) {
+    registry().ahs.remove(&(p as usize));
+}
+/// Our AH behind an `ibv_ah` the application names in a work request, if
+/// it is a live AH of this library (checked against the registry, so a
+/// garbage pointer is refused rather than read).
+pub fn ah_checked<'a>(p: *mut ibv_ah) -> Option<&'a AhObj> {
+    let live = registry().ahs.contains(&(p as usize));
+    // SAFETY: registered AHs are live until ibv_destroy_ah unregisters them (verbs: not while a send naming it is being posted).
+    live.then(|| unsafe { &*(p as *const AhObj) })
 }
 
 // ---------------------------------------------------------------------
@@ -423,7 +441,7 @@ pub unsafe fn qp_from_raw<'a>(p: *mut ibv_qp) -> Option<&'a QpObj> {
 pub unsafe fn create_ah_to(pd: *mut ibv_pd, dest: DgramAddr) -> Result<*mut ibv_ah, i32> {
     // SAFETY: per the contract.
     let p = unsafe { pd_from_raw(pd) }.ok_or(libc::EINVAL)?;
-    Ok(Box::into_raw(Box::new(AhObj {
+    let a = Box::into_raw(Box::new(AhObj {
         ah: ibv_ah {
             context: p.pd.context,
             pd,
@@ -431,7 +449,9 @@ pub unsafe fn create_ah_to(pd: *mut ibv_pd, dest: DgramAddr) -> Result<*mut ibv_
         },
         ip: dest.ip,
         port: Some(dest.port),
-    })) as *mut ibv_ah)
+    }));
+    register_ah(a);
+    Ok(a as *mut ibv_ah)
 }
 
 /// The GID of an IP address: IPv4-mapped for IPv4 (design.md §3).

@@ -149,8 +149,7 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
         }
         for p in reqs {
             let ud = if q.dgram().is_some() {
-                // SAFETY: an AH of ours set by wr_set_ud_addr, per the verbs contract.
-                match unsafe { ah_from_raw(p.ah) } {
+                match ah_checked(p.ah) {
                     Some(ah) => Some((ah, p.remote_qpn)),
                     None => return libc::EINVAL,
                 }

@@ -1304,7 +1304,7 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         } else {
             IpAddr::V4(Ipv4Addr::LOCALHOST)
         };
-        Ok(Box::into_raw(Box::new(AhObj {
+        let a = Box::into_raw(Box::new(AhObj {
             ah: ibv_ah {
                 context: p.pd.context,
                 pd,
@@ -1312,7 +1312,9 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
             },
             ip,
             port: None,
-        })) as *mut ibv_ah)
+        }));
+        register_ah(a);
+        Ok(a as *mut ibv_ah)
     })
 }
 
@@ -1389,7 +1391,11 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
         if ah.is_null() {
             return libc::EINVAL;
         }
-        // SAFETY: created by Box::into_raw, destroyed once.
+        if ah_checked(ah).is_none() {
+            return libc::EINVAL;
+        }
+        unregister_ah(ah as *mut AhObj);
+        // SAFETY: a live AH of ours (checked above), created by Box::into_raw, destroyed once.
         drop(unsafe { Box::from_raw(ah as *mut AhObj) });
         0
     })
