@@ -23,7 +23,7 @@ use super::cell::{Kind, WaitMode};
 use super::report::PerfResult;
 use super::spawn::run_command;
 
-const DEADLINE: Duration = Duration::from_secs(20);
+const DEADLINE: Duration = Duration::from_secs(15);
 
 fn installed(bin: &str) -> bool {
     std::env::var_os("PATH")
@@ -40,9 +40,9 @@ fn free_port() -> u16 {
 
 fn iters_for(size: usize) -> usize {
     match size {
-        0..=4096 => 2000,
-        4097..=65536 => 500,
-        _ => 100,
+        0..=4096 => 1000,
+        4097..=65536 => 200,
+        _ => 50,
     }
 }
 
