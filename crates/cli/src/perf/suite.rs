@@ -301,10 +301,12 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     let mut peer_rows = Vec::new();
     let mut peers_found = String::from("peers: not asked for (--peers)");
     if o.peers {
-        let (found, pr) =
-            peers::run_all(&[64, 4 << 10, 64 << 10, 1 << 20], None, o.wait, &mut |l| {
-                eprintln!("{l}")
-            });
+        let peer_sizes: Vec<usize> = if o.quick {
+            vec![64, 64 << 10]
+        } else {
+            vec![64, 4 << 10, 64 << 10, 1 << 20]
+        };
+        let (found, pr) = peers::run_all(&peer_sizes, None, o.wait, &mut |l| eprintln!("{l}"));
         peers_found = found;
         eprintln!("{peers_found}");
         if o.json {
