@@ -700,3 +700,23 @@ fn quick_suite_writes_report_and_pngs() {
     assert_eq!(pngs, 6);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn rounds_alternate_and_merge() {
+    // 3 rounds of 4 round trips (ceil(10 / 3)) each for the baseline and
+    // for the test: 12 measured iterations each, one histogram.
+    let out = softrdma(
+        &[
+            "perf", "send_lat", "--iters", "10", "--rounds", "3", "--verify", "--json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let objs: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
+    assert_eq!(objs.len(), 2);
+    for o in &objs {
+        assert_eq!(num(o, "iters"), Some(12.0), "{o:?}");
+    }
+    let out = softrdma(&["perf", "send_lat", "--rounds", "0"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+}

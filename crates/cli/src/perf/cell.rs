@@ -471,6 +471,23 @@ pub(crate) struct Measured {
 }
 
 impl Measured {
+    /// Adds another round of the same cell.
+    pub(crate) fn merge(&mut self, o: Measured) {
+        match (&mut self.hist, o.hist) {
+            (Some(h), Some(g)) => h.merge(&g),
+            (h @ None, g) => *h = g,
+            (Some(_), None) => {}
+        }
+        self.octets += o.octets;
+        self.msgs += o.msgs;
+        self.secs += o.secs;
+        self.lost += o.lost;
+        if self.note.is_empty() {
+            self.note = o.note;
+        }
+        self.crc = self.crc.or(o.crc);
+    }
+
     /// The cell's result.
     pub(crate) fn into_result(self, spec: &Spec) -> PerfResult {
         let mut r = spec.result();
@@ -531,6 +548,19 @@ pub(crate) fn serve_session(ctrl: &mut Ctrl) -> io::Result<()> {
 /// The client side of one cell: runs it against the server and returns
 /// its result (failed cells carry the reason).
 pub(crate) fn run_cell(ctrl: &mut Ctrl, spec: &Spec) -> PerfResult {
+    match measure(ctrl, spec) {
+        Ok(m) => m.into_result(spec),
+        Err(why) => {
+            let mut r = spec.result();
+            r.error = Some(why);
+            r
+        }
+    }
+}
+
+/// The client side of one cell, unprocessed; on failure the session is
+/// resynchronised and the reason (ours and the peer's) returned.
+pub(crate) fn measure(ctrl: &mut Ctrl, spec: &Spec) -> Result<Measured, String> {
     let res = (|| {
         ctrl.send(&spec.to_msg())?;
         match spec.test.op {
@@ -538,22 +568,60 @@ pub(crate) fn run_cell(ctrl: &mut Ctrl, spec: &Spec) -> PerfResult {
             _ => rdma::run(spec, ctrl),
         }
     })();
-    match res {
-        Ok(m) => m.into_result(spec),
-        Err(e) => {
-            let mut r = spec.result();
-            let mut why = e.to_string();
-            match ctrl.resync() {
-                None => why.push_str(" (control session lost)"),
-                Some(p) if !p.is_empty() && !why.contains(&p) => {
-                    why = format!("{why} ({p})");
-                }
-                Some(_) => {}
+    res.map_err(|e| {
+        let mut why = e.to_string();
+        match ctrl.resync() {
+            None => why.push_str(" (control session lost)"),
+            Some(p) if !p.is_empty() && !why.contains(&p) => {
+                why = format!("{why} ({p})");
             }
+            Some(_) => {}
+        }
+        why
+    })
+}
+
+/// Runs `a` and `b` alternately for `rounds` rounds (each round with
+/// `1/rounds` of the iterations or duration), so that a burst of load
+/// from elsewhere hits both alike; returns their merged results.
+pub(crate) fn run_interleaved(
+    ctrl: &mut Ctrl,
+    a: &Spec,
+    b: &Spec,
+    rounds: u32,
+) -> (PerfResult, PerfResult) {
+    let rounds = rounds.max(1);
+    let part = |s: &Spec| {
+        let mut p = s.clone();
+        if p.iters > 0 {
+            p.iters = p.iters.div_ceil(rounds as u64);
+        } else {
+            p.duration /= rounds as f64;
+        }
+        p
+    };
+    let (pa, pb) = (part(a), part(b));
+    let mut ma: Result<Measured, String> = Ok(Measured::default());
+    let mut mb: Result<Measured, String> = Ok(Measured::default());
+    for _ in 0..rounds {
+        for (m, spec) in [(&mut ma, &pa), (&mut mb, &pb)] {
+            if let Ok(acc) = m {
+                match measure(ctrl, spec) {
+                    Ok(x) => acc.merge(x),
+                    Err(e) => *m = Err(e),
+                }
+            }
+        }
+    }
+    let done = |m: Result<Measured, String>, spec: &Spec| match m {
+        Ok(m) => m.into_result(spec),
+        Err(why) => {
+            let mut r = spec.result();
             r.error = Some(why);
             r
         }
-    }
+    };
+    (done(ma, a), done(mb, b))
 }
 
 #[cfg(test)]

@@ -90,6 +90,17 @@ impl Histogram {
         }
     }
 
+    /// Adds every value of `other`.
+    pub(crate) fn merge(&mut self, other: &Histogram) {
+        for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
+            *a += b;
+        }
+        self.n += other.n;
+        self.sum += other.sum;
+        self.min = self.min.min(other.min);
+        self.max = self.max.max(other.max);
+    }
+
     /// The value at quantile `q` (0..=1): the middle of the bucket holding
     /// the sample of that rank, clamped to the observed min/max. 0 when
     /// empty.
@@ -143,6 +154,12 @@ mod tests {
         assert_eq!(h.quantile(1.0), 1_000_000.0);
         assert!((h.quantile(0.0) - 100.0).abs() <= 1.0);
         assert!((h.mean() - 500_050.0).abs() < 1.0);
+        let mut g = Histogram::new();
+        g.record(7);
+        g.merge(&h);
+        assert_eq!(g.count(), 10_001);
+        assert_eq!(g.quantile(0.0), 7.0);
+        assert_eq!(g.quantile(1.0), 1_000_000.0);
         assert_eq!(Histogram::new().quantile(0.5), 0.0);
     }
 }

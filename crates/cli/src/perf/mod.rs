@@ -65,6 +65,8 @@ options:
   --window W               outstanding messages of bandwidth tests (16)
   --warmup N               unmeasured round trips first (latency tests)
   --no-baseline            skip the same-run baselines
+  --rounds R               alternate baseline and test R times, each with
+                           1/R of the iterations (default 1)
   --peers                  also run fi_pingpong / ucx_perftest if installed";
 
 /// Default control port (perftest's).
@@ -140,6 +142,7 @@ pub(crate) struct Opts {
     pub warmup: Option<u64>,
     pub baseline: bool,
     pub peers: bool,
+    pub rounds: u32,
 }
 
 fn parse_opts(test: &str, args: &[String]) -> Result<Opts, String> {
@@ -166,6 +169,7 @@ fn parse_opts(test: &str, args: &[String]) -> Result<Opts, String> {
         warmup: None,
         baseline: true,
         peers: false,
+        rounds: 1,
     };
     let mut transport_given = false;
     let mut it = args.iter();
@@ -245,6 +249,14 @@ fn parse_opts(test: &str, args: &[String]) -> Result<Opts, String> {
                 o.warmup = Some(v.parse().map_err(|_| format!("bad --warmup {v:?}"))?);
             }
             "--no-baseline" => o.baseline = false,
+            "--rounds" => {
+                let v = val(a)?;
+                o.rounds = v
+                    .parse()
+                    .ok()
+                    .filter(|r| (1..=100).contains(r))
+                    .ok_or_else(|| format!("bad --rounds {v:?} (1..=100)"))?;
+            }
             "--peers" => o.peers = true,
             other => return Err(format!("unknown option {other:?}")),
         }
@@ -434,33 +446,42 @@ pub(crate) fn run_sizes(
     let mut rows = Vec::new();
     let is_baseline = matches!(o.test.op, Op::Tcp | Op::Udp);
     for &size in &o.sizes {
-        let base = if is_baseline || !o.baseline {
-            None
-        } else {
-            let tr = transport_by_name(o.transport).expect("checked");
-            let b = baseline_for(o.test, tr);
-            let spec = o.spec(b, if tr.stream { "tcp" } else { "udp" }, size);
-            eprintln!("  {} {} ...", b.name, report::fmt_size(size as u64));
-            let r = cell::run_cell(ctrl, &spec);
-            emit(&r);
-            rows.push(r.clone());
-            Some(r)
-        };
         let spec = o.spec(o.test, o.transport, size);
-        eprintln!(
-            "  {} {} {} ...",
+        let label = format!(
+            "{} {} {}",
             o.test.name,
             o.transport,
             report::fmt_size(size as u64)
         );
-        let mut r = cell::run_cell(ctrl, &spec);
-        if let Some(b) = &base {
-            r.set_baseline(b);
+        if is_baseline || !o.baseline {
+            eprintln!("  {label} ...");
+            let r = cell::run_cell(ctrl, &spec);
+            if let Some(e) = &r.error {
+                eprintln!("    failed: {e}");
+            }
+            emit(&r);
+            rows.push(r);
+            continue;
         }
-        if r.error.is_some() {
-            eprintln!("    failed: {}", r.error.as_deref().unwrap_or(""));
+        let tr = transport_by_name(o.transport).expect("checked");
+        let b = baseline_for(o.test, tr);
+        let bspec = o.spec(b, if tr.stream { "tcp" } else { "udp" }, size);
+        eprintln!(
+            "  {label} with {} ({} round{}) ...",
+            b.name,
+            o.rounds,
+            if o.rounds == 1 { "" } else { "s" }
+        );
+        let (base, mut r) = cell::run_interleaved(ctrl, &bspec, &spec, o.rounds);
+        r.set_baseline(&base);
+        for x in [&base, &r] {
+            if let Some(e) = &x.error {
+                eprintln!("    {} failed: {e}", x.test);
+            }
         }
+        emit(&base);
         emit(&r);
+        rows.push(base);
         rows.push(r);
     }
     rows

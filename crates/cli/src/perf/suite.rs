@@ -234,6 +234,8 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             "--wait".into(),
             o.wait.name().into(),
             "--json".into(),
+            "--rounds".into(),
+            "2".into(),
         ];
         if g.no_crc {
             args.push("--no-crc".into());
