@@ -325,7 +325,7 @@ impl Spec {
 }
 
 /// A run for a duration measures at least this many iterations.
-pub(crate) const MIN_SAMPLES: u64 = 20;
+pub(crate) const MIN_SAMPLES: u64 = 10;
 
 /// Largest message size a cell takes (16 MiB, the datagram limit).
 pub(crate) const MAX_SIZE: usize = 16 << 20;
