@@ -72,11 +72,25 @@
 //!
 //! # Bounds
 //!
-//! Per message, at most [`MAX_MESSAGE_FRAGMENTS`] disjoint ranges are held
-//! inline (no heap). A segment that would add one more is not recorded
-//! ([`Placed::Stale`], counted in [`RecordStats::overflow`]); the message
-//! then ends as partial unless later segments fill its gaps. Pending CQ
-//! entries are capped at [`MAX_PENDING_COMPLETIONS`] (the caller drains
+//! Per message, at most [`RecordConfig::max_fragments`] disjoint placed
+//! ranges are held (default [`DEFAULT_MAX_FRAGMENTS`]: every loss pattern
+//! of a 16 MiB message cut into segments of at least 1 KiB fits, since a
+//! message of `s` segments has at most `⌈s / 2⌉` disjoint ranges). The
+//! range sets are reused: a retired message's set goes back to a small
+//! pool and the next message takes it, so a stream of messages allocates
+//! nothing once the sets have grown to the fragmentation seen; a set
+//! grows (amortised doubling) only when a message is more fragmented than
+//! any before, up to the bound. A segment that would need one range more
+//! than the bound is not recorded at all ([`Placed::Stale`], counted in
+//! [`RecordStats::overflow`], its octets neither in the CQ entry nor in the
+//! validity map), so what is recorded is always exactly a set of placed
+//! octets; the message then ends as partial unless later segments fill its
+//! gaps. Worst-case memory is `max_in_progress · max_fragments · 8` octets
+//! (a sender deliberately placing every other tiny segment).
+//!
+//! The validity map holds at most [`MAX_VALID_INTERVALS`] intervals per
+//! STag (see above). Pending CQ entries are capped at
+//! [`MAX_PENDING_COMPLETIONS`] (the caller drains
 //! [`Tracker::poll_completion`] after every call; beyond the cap entries
 //! are dropped and counted). Messages in progress are capped by
 //! `max_in_progress`, remembered messages by `dedup_window`.
@@ -88,10 +102,16 @@ use crate::wr::{
     DgramAddr, WcOpcode, WcStatus, WorkCompletion, WriteRecordInfo, MAX_RECORD_RANGES,
 };
 
-/// Most disjoint placed ranges tracked for one message in progress.
-pub const MAX_MESSAGE_FRAGMENTS: usize = 16;
-/// Most disjoint valid intervals held for one STag in the validity map.
-pub const MAX_VALID_INTERVALS: usize = 1024;
+/// Default of [`RecordConfig::max_fragments`]: a 16 MiB message (the
+/// largest UD message) cut into segments of 1 KiB or more has at most
+/// this many disjoint placed ranges, whatever was lost.
+pub const DEFAULT_MAX_FRAGMENTS: usize = 8192;
+/// Most disjoint valid intervals held for one STag in the validity map
+/// (twice [`DEFAULT_MAX_FRAGMENTS`]: the holes of a maximally fragmented
+/// message fit, with room for others not yet cleared).
+pub const MAX_VALID_INTERVALS: usize = 2 * DEFAULT_MAX_FRAGMENTS;
+/// Most idle range sets kept for reuse by later messages.
+const SPARE_FRAGS: usize = 64;
 /// Most CQ entries waiting in [`Tracker::poll_completion`].
 pub const MAX_PENDING_COMPLETIONS: usize = 4096;
 
@@ -143,10 +163,15 @@ pub struct RecordConfig {
     /// segments from new messages. 0 disables duplicate suppression after
     /// a message is retired.
     pub dedup_window: usize,
+    /// Most disjoint placed ranges held for one message in progress; a
+    /// segment that would need one more is not recorded (counted in
+    /// [`RecordStats::overflow`]). 0 is taken as 1.
+    pub max_fragments: usize,
 }
 
 impl Default for RecordConfig {
-    /// Both logs, 100 ms, deliver partials, 1024 messages, 4096 remembered.
+    /// Both logs, 100 ms, deliver partials, 1024 messages, 4096 remembered,
+    /// [`DEFAULT_MAX_FRAGMENTS`] ranges per message.
     fn default() -> Self {
         RecordConfig {
             mode: RecordMode::Both,
@@ -154,6 +179,7 @@ impl Default for RecordConfig {
             partial_action: PartialAction::Deliver,
             max_in_progress: 1024,
             dedup_window: 4096,
+            max_fragments: DEFAULT_MAX_FRAGMENTS,
         }
     }
 }
@@ -173,7 +199,8 @@ pub enum Placed {
     Duplicate,
     /// Not recorded: an older MSN, a late segment of a message already
     /// retired as partial, a malformed range, or beyond the per-message
-    /// fragment bound ([`RecordStats`] says which).
+    /// fragment bound [`RecordConfig::max_fragments`] ([`RecordStats`] says
+    /// which).
     Stale,
 }
 
@@ -199,7 +226,8 @@ pub struct RecordStats {
     /// Malformed segments ignored (see the module documentation).
     pub malformed: u64,
     /// Segments not recorded because their message already had
-    /// [`MAX_MESSAGE_FRAGMENTS`] disjoint ranges.
+    /// [`RecordConfig::max_fragments`] disjoint ranges (their octets were
+    /// placed but are in neither log).
     pub overflow: u64,
     /// Ranges the validity map could not hold ([`MAX_VALID_INTERVALS`]).
     pub validity_overflow: u64,
@@ -218,30 +246,25 @@ pub fn msn_newer(a: u32, b: u32) -> bool {
 type Key = (DgramAddr, u32);
 
 /// The placed ranges of one message: sorted, disjoint, non-adjacent
-/// `[start, end)` offsets from the message base, held inline.
-#[derive(Debug, Clone, Copy)]
+/// `[start, end)` offsets from the message base. The vector is reused
+/// across messages (see [`Tracker`]'s pool).
+#[derive(Debug, Clone, Default)]
 struct Frags {
-    iv: [(u32, u32); MAX_MESSAGE_FRAGMENTS],
-    n: usize,
+    iv: Vec<(u32, u32)>,
 }
 
 impl Frags {
-    const EMPTY: Frags = Frags {
-        iv: [(0, 0); MAX_MESSAGE_FRAGMENTS],
-        n: 0,
-    };
-
     fn as_slice(&self) -> &[(u32, u32)] {
-        &self.iv[..self.n]
+        &self.iv
     }
 
     /// End of the highest range (0 if none).
     fn end(&self) -> u32 {
-        self.as_slice().last().map_or(0, |r| r.1)
+        self.iv.last().map_or(0, |r| r.1)
     }
 
     fn octets(&self) -> u64 {
-        self.as_slice().iter().map(|&(a, b)| u64::from(b - a)).sum()
+        self.iv.iter().map(|&(a, b)| u64::from(b - a)).sum()
     }
 
     /// Whether the ranges are exactly `[0, total)`.
@@ -255,26 +278,23 @@ impl Frags {
 
     /// Adds `[s, e)` (`s < e`), calling `new(a, b)` for each piece not
     /// covered before, in order. Returns false, having changed nothing and
-    /// called nothing, if that would need more than
-    /// [`MAX_MESSAGE_FRAGMENTS`] ranges.
-    fn add(&mut self, s: u32, e: u32, mut new: impl FnMut(u32, u32)) -> bool {
-        let n = self.n;
+    /// called nothing, if that would need more than `max` ranges.
+    fn add(&mut self, s: u32, e: u32, max: usize, mut new: impl FnMut(u32, u32)) -> bool {
+        let iv = &mut self.iv;
         // First range ending at or after s (overlapping or touching), and
         // first range starting after e.
-        let i = self.iv[..n].iter().position(|r| r.1 >= s).unwrap_or(n);
-        let j = i + self.iv[i..n].iter().position(|r| r.0 > e).unwrap_or(n - i);
+        let i = iv.partition_point(|r| r.1 < s);
+        let j = i + iv[i..].partition_point(|r| r.0 <= e);
         if i == j {
-            if n == MAX_MESSAGE_FRAGMENTS {
+            if iv.len() >= max.max(1) {
                 return false;
             }
-            self.iv.copy_within(i..n, i + 1);
-            self.iv[i] = (s, e);
-            self.n += 1;
+            iv.insert(i, (s, e));
             new(s, e);
             return true;
         }
         let mut cur = s;
-        for &(a, b) in &self.iv[i..j] {
+        for &(a, b) in &iv[i..j] {
             if a > cur {
                 new(cur, a);
             }
@@ -283,15 +303,14 @@ impl Frags {
         if cur < e {
             new(cur, e);
         }
-        self.iv[i] = (s.min(self.iv[i].0), e.max(self.iv[j - 1].1));
-        self.iv.copy_within(j..n, i + 1);
-        self.n -= j - i - 1;
+        iv[i] = (s.min(iv[i].0), e.max(iv[j - 1].1));
+        iv.drain(i + 1..j);
         true
     }
 }
 
 /// A message in progress.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Msg {
     msn: u32,
     base: u64,
@@ -325,6 +344,7 @@ fn apply(
     end: u32,
     last: bool,
     now: Instant,
+    max_fragments: usize,
     mut map: Option<&mut Vec<(u64, u64)>>,
     validity_overflow: &mut u64,
 ) -> Result<(), Reject> {
@@ -338,7 +358,7 @@ fn apply(
     }
     if mo < end {
         let mut added = false;
-        let ok = m.frags.add(mo, end, |a, b| {
+        let ok = m.frags.add(mo, end, max_fragments, |a, b| {
             added = true;
             if let Some(v) = map.as_deref_mut() {
                 // base + b <= TO + length, checked by the caller.
@@ -476,6 +496,9 @@ pub struct Tracker {
     stats: RecordStats,
     /// Reused by `handle_timeout`.
     scratch: Vec<(Instant, u64, Key)>,
+    /// Empty range sets of retired messages, taken by new ones (at most
+    /// `SPARE_FRAGS`).
+    spare: Vec<Vec<(u32, u32)>>,
 }
 
 impl Tracker {
@@ -491,6 +514,7 @@ impl Tracker {
             seq: 0,
             stats: RecordStats::default(),
             scratch: Vec::new(),
+            spare: Vec::new(),
         }
     }
 
@@ -571,6 +595,7 @@ impl Tracker {
                     end,
                     last,
                     now,
+                    self.cfg.max_fragments,
                     map,
                     &mut self.stats.validity_overflow,
                 ) {
@@ -629,7 +654,9 @@ impl Tracker {
             msn,
             base,
             total: None,
-            frags: Frags::EMPTY,
+            frags: Frags {
+                iv: self.spare.pop().unwrap_or_default(),
+            },
             active: now,
             seq: self.seq,
         };
@@ -647,9 +674,11 @@ impl Tracker {
             end,
             last,
             now,
+            self.cfg.max_fragments,
             map,
             &mut self.stats.validity_overflow,
         ) {
+            self.recycle(m.frags);
             return self.rejected(r);
         }
         if m.complete() {
@@ -703,8 +732,17 @@ impl Tracker {
         }
         self.history
             .insert(self.cfg.dedup_window, key, m.msn, complete);
+        self.recycle(m.frags);
         if self.inprog.is_empty() {
             self.next_deadline = None;
+        }
+    }
+
+    /// Keeps a retired message's range set for the next message.
+    fn recycle(&mut self, mut f: Frags) {
+        if self.spare.len() < SPARE_FRAGS && f.iv.capacity() > 0 {
+            f.iv.clear();
+            self.spare.push(f.iv);
         }
     }
 
@@ -1333,9 +1371,13 @@ mod tests {
 
     #[test]
     fn fragment_bound_per_message() {
+        const MAX: usize = 16;
         let t0 = Instant::now();
-        let mut t = Tracker::new(RecordConfig::default());
-        for k in 0..MAX_MESSAGE_FRAGMENTS as u32 {
+        let mut t = Tracker::new(RecordConfig {
+            max_fragments: MAX,
+            ..RecordConfig::default()
+        });
+        for k in 0..MAX as u32 {
             let last = k == 0;
             let mo = 1000 - 2 * k;
             put(&mut t, 1, 4, 0, mo, 1, 1, last, t0);
@@ -1343,7 +1385,7 @@ mod tests {
         // One more disjoint range: not recorded.
         assert_eq!(put(&mut t, 1, 4, 0, 0, 1, 1, false, t0), Placed::Stale);
         assert_eq!(t.stats().overflow, 1);
-        assert_eq!(ranges(&t, 4).len(), MAX_MESSAGE_FRAGMENTS);
+        assert_eq!(ranges(&t, 4).len(), MAX);
         // One that joins two ranges is.
         assert_eq!(
             put(&mut t, 1, 4, 0, 999, 1, 1, false, t0),
@@ -1356,31 +1398,34 @@ mod tests {
         assert_eq!(usize::from(r.n_ranges), MAX_RECORD_RANGES);
         assert!(r.ranges_truncated);
         assert_eq!(r.ranges[0], (970, 1));
-        assert_eq!(wc[0].byte_len, MAX_MESSAGE_FRAGMENTS as u32 + 1);
+        assert_eq!(wc[0].byte_len, MAX as u32 + 1);
     }
 
     #[test]
     fn validity_interval_bound() {
         let t0 = Instant::now();
         let mut t = Tracker::new(RecordConfig::default());
+        let mut cq = 0;
         for k in 0..=MAX_VALID_INTERVALS as u32 {
             let p = put(&mut t, 1, 4, 10 * u64::from(k), 0, 1, k + 1, true, t0);
             assert_eq!(p, Placed::Completed);
+            cq += all(&mut t).len();
         }
         // The CQ has them all; the map drops the one it cannot hold.
-        assert_eq!(all(&mut t).len(), MAX_VALID_INTERVALS + 1);
+        assert_eq!(cq, MAX_VALID_INTERVALS + 1);
         assert_eq!(t.stats().validity_overflow, 1);
         let v = &t.valid[&4];
         assert_eq!(v.len(), MAX_VALID_INTERVALS);
         assert!(!t.is_valid(4, 10 * MAX_VALID_INTERVALS as u64, 1));
         // Extending an interval still works when full.
-        put(&mut t, 1, 4, 1, 0, 1, 5000, true, t0);
+        let msn = MAX_VALID_INTERVALS as u32 + 10;
+        put(&mut t, 1, 4, 1, 0, 1, msn, true, t0);
         assert!(t.is_valid(4, 0, 2));
         // A split of a full set keeps the longer piece.
         t.clear(4, 0, 1);
         assert_eq!(t.stats().validity_overflow, 1);
         assert!(t.is_valid(4, 1, 1));
-        put(&mut t, 1, 4, 11, 0, 3, 5001, true, t0);
+        put(&mut t, 1, 4, 11, 0, 3, msn + 1, true, t0);
         assert!(t.is_valid(4, 10, 4));
         t.clear(4, 11, 1);
         assert_eq!(t.stats().validity_overflow, 2);
@@ -1488,6 +1533,9 @@ mod tests {
         // Back-to-back messages make one interval.
         assert_eq!(ranges(&t, 4), vec![(0, 199 * 4096)]);
         assert_eq!(t.valid[&4].capacity(), 4);
+        // One range set, taken by each message in turn.
+        assert_eq!(t.spare.len(), 1);
+        assert_eq!(t.spare[0].capacity(), 4);
     }
 
     // -------------------------------------------------------------------
@@ -1634,6 +1682,7 @@ mod tests {
         #[allow(clippy::too_many_arguments)]
         fn apply(
             m: &mut MMsg,
+            self_max_fragments: usize,
             valid: &mut BTreeSet<(u32, u64)>,
             stag: u32,
             base: u64,
@@ -1651,7 +1700,7 @@ mod tests {
             }
             let mut after = m.octets.clone();
             after.extend(mo..end);
-            if runs(after.iter().copied()).len() > MAX_MESSAGE_FRAGMENTS {
+            if runs(after.iter().copied()).len() > self_max_fragments.max(1) {
                 return Err(false);
             }
             let new: Vec<u32> = (mo..end).filter(|o| !m.octets.contains(o)).collect();
@@ -1730,9 +1779,17 @@ mod tests {
             } else {
                 self.inprog.remove(&key).unwrap()
             };
-            if let Err(malformed) =
-                Self::apply(&mut m, &mut self.valid, stag, base, mo, end, last, now)
-            {
+            if let Err(malformed) = Self::apply(
+                &mut m,
+                self.cfg.max_fragments,
+                &mut self.valid,
+                stag,
+                base,
+                mo,
+                end,
+                last,
+                now,
+            ) {
                 if malformed {
                     self.stats.malformed += 1;
                 } else {
@@ -1842,7 +1899,7 @@ mod tests {
             // Mostly each segment once, in a shuffled order, plus random
             // extra ops (duplicates, time, clears); some segments lost.
             // Sometimes every other segment first, which leaves many holes
-            // (beyond MAX_MESSAGE_FRAGMENTS in long messages).
+            // (beyond a small max_fragments in long messages).
             let seg = |idx| Op::Seg { idx, corrupt: None };
             let shuffled = Just((0..n).map(seg).collect::<Vec<_>>()).prop_shuffle();
             let strided = (0..n)
@@ -1941,6 +1998,7 @@ mod tests {
             }
             for (k, m) in &self.inprog {
                 let f = m.frags.as_slice();
+                assert!(f.len() <= self.cfg.max_fragments.max(1));
                 assert!(f.iter().all(|r| r.0 < r.1));
                 assert!(f.windows(2).all(|w| w[0].1 < w[1].0));
                 assert!(m.total.is_none_or(|t| m.frags.end() <= t));
@@ -1971,6 +2029,7 @@ mod tests {
             discard in prop::bool::ANY,
             max_in_progress in prop_oneof![Just(1024usize), 1usize..4],
             timeout_ms in 1u64..60,
+            max_fragments in prop_oneof![Just(DEFAULT_MAX_FRAGMENTS), Just(16usize), 0usize..4],
         ) {
             let cfg = RecordConfig {
                 mode: RecordMode::Both,
@@ -1978,6 +2037,7 @@ mod tests {
                 partial_action: if discard { PartialAction::Discard } else { PartialAction::Deliver },
                 max_in_progress,
                 dedup_window: 4096,
+                max_fragments,
             };
             run_model(cfg, &segs, &ops)?;
         }
@@ -1993,6 +2053,7 @@ mod tests {
             timeout in prop_oneof![Just(Duration::MAX), Just(Duration::ZERO), (0u64..20).prop_map(Duration::from_millis)],
             max_in_progress in 0usize..4,
             dedup_window in 0usize..4,
+            max_fragments in 0usize..5,
         ) {
             let t0 = Instant::now();
             let mut now = t0;
@@ -2002,6 +2063,7 @@ mod tests {
                 partial_action: PartialAction::Deliver,
                 max_in_progress,
                 dedup_window,
+                max_fragments,
             });
             let mut out = [(0u64, 0u64); 3];
             for (kind, to, mo, msn, len, last, dt) in ops {

@@ -689,6 +689,7 @@ fn write_record_run(seed: u64) {
         partial_action: PartialAction::Deliver,
         max_in_progress: 64,
         dedup_window: 4096,
+        max_fragments: softrdma_proto::record::DEFAULT_MAX_FRAGMENTS,
     };
     // A and B share a socket; C is the target.
     let mut nodes = vec![
