@@ -198,7 +198,9 @@ impl ChanShared {
         }
         let mut f = lock(&self.foreign);
         f.retain(|w| w.strong_count() > 0);
-        if f.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(other))) {
+        if f.iter()
+            .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(other)))
+        {
             return;
         }
         let fd = other.engine.fd();
@@ -215,8 +217,10 @@ impl ChanShared {
     /// Moves engine events of this channel and of the adopted ones to the
     /// channels their ids report to.
     fn pump(&self) {
-        let foreign: Vec<Arc<ChanShared>> =
-            lock(&self.foreign).iter().filter_map(|w| w.upgrade()).collect();
+        let foreign: Vec<Arc<ChanShared>> = lock(&self.foreign)
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .collect();
         for c in std::iter::once(self).chain(foreign.iter().map(|a| &**a)) {
             while let Some(e) = c.engine.try_get_event() {
                 if let Some((to, p)) = from_engine(e) {
