@@ -7,7 +7,8 @@
 //! * `tests/c/verbs_ex.c`: the extended verbs through the header inlines
 //!   (`ibv_query_device_ex`, `ibv_create_cq_ex` + `ibv_start_poll`,
 //!   `ibv_create_qp_ex` + `ibv_wr_*`, a completion channel fd that poll(2)
-//!   reports readable, `ibv_query_qp`).
+//!   reports readable, an SRQ limit event read from a pollable `async_fd`,
+//!   `ibv_query_qp`).
 
 mod common;
 

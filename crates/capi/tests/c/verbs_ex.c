@@ -6,7 +6,8 @@
  * calls (send, send with immediate, RDMA write, RDMA read, fetch-and-add,
  * inline data), a completion channel whose fd poll(2) reports readable, and
  * ibv_query_qp. Two RC QPs are connected IB-style (RTR with each other's
- * GID and QPN). Prints "verbs_ex: OK" and exits 0 when every check holds.
+ * GID and QPN). An SRQ's limit event arrives through a pollable async_fd.
+ * Prints "verbs_ex: OK" and exits 0 when every check holds.
  */
 #include <errno.h>
 #include <poll.h>
@@ -236,6 +237,83 @@ int main(void)
 	{
 		struct ibv_poll_cq_attr pa = {0};
 		CHECK(ibv_start_poll(cqa, &pa) == ENOENT, "nothing to poll");
+	}
+
+	/* An SRQ with an armed limit: the async event arrives on async_fd. */
+	{
+		struct ibv_srq_init_attr si = { .attr = { .max_wr = 8,
+							  .max_sge = 1 } };
+		struct ibv_srq_attr sa = { .srq_limit = 3 };
+		struct ibv_qp_init_attr ci = {
+			.send_cq = ibv_cq_ex_to_cq(cqa),
+			.recv_cq = ibv_cq_ex_to_cq(cqa), .qp_type = IBV_QPT_RC,
+			.cap = { .max_send_wr = 8, .max_send_sge = 1 },
+		};
+		struct ibv_srq *srq = ibv_create_srq(pd, &si);
+		struct ibv_qp *c, *d;
+		struct ibv_async_event ev;
+
+		CHECK(srq, "create_srq");
+		for (int i = 0; i < 4; i++) {
+			s = (struct ibv_sge){ (uintptr_t)mb + 512 * i, 512,
+					      rb->lkey };
+			rw = (struct ibv_recv_wr){ .wr_id = 200 + i,
+						   .sg_list = &s,
+						   .num_sge = 1 };
+			CHECK(!ibv_post_srq_recv(srq, &rw, &bad),
+			      "post_srq_recv");
+		}
+		CHECK(!ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT), "arm limit");
+		ci.srq = srq;
+		c = ibv_create_qp(pd, &ci);
+		ci.srq = NULL;
+		ci.cap.max_recv_wr = 4;
+		ci.cap.max_recv_sge = 1;
+		d = ibv_create_qp(pd, &ci);
+		CHECK(c && d, "SRQ QPs");
+		connect_qp(c, d->qp_num);
+		connect_qp(d, c->qp_num);
+		to_rts(c);
+		to_rts(d);
+		x = ibv_qp_to_qp_ex(d);
+		ibv_wr_start(x);
+		for (int i = 0; i < 2; i++) {
+			x->wr_id = 300 + i;
+			x->wr_flags = IBV_SEND_SIGNALED;
+			ibv_wr_send(x);
+			ibv_wr_set_inline_data(x, "srq", 4);
+		}
+		CHECK(!ibv_wr_complete(x), "wr_complete (srq sends)");
+		/* Two sends and two SRQ receives, in some order. */
+		for (int n = 0; n < 4; n++) {
+			struct ibv_poll_cq_attr pa = {0};
+			int r = ENOENT;
+
+			for (long i = 0; i < 200000000L && r == ENOENT; i++)
+				r = ibv_start_poll(cqa, &pa);
+			CHECK(r == 0 && cqa->status == IBV_WC_SUCCESS,
+			      "srq completion %d status %d", n, cqa->status);
+			ibv_end_poll(cqa);
+		}
+		/* Connections report IBV_EVENT_COMM_EST first; then the limit. */
+		for (int n = 0;; n++) {
+			CHECK(n < 16, "no SRQ limit event");
+			pfd = (struct pollfd){ .fd = ctx->async_fd,
+					       .events = POLLIN };
+			CHECK(poll(&pfd, 1, 10000) == 1,
+			      "async fd not readable");
+			CHECK(!ibv_get_async_event(ctx, &ev), "get_async_event");
+			ibv_ack_async_event(&ev);
+			if (ev.event_type == IBV_EVENT_COMM_EST)
+				continue;
+			CHECK(ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED &&
+			      ev.element.srq == srq, "async event %d",
+			      ev.event_type);
+			break;
+		}
+		CHECK(!ibv_destroy_qp(c) && !ibv_destroy_qp(d), "destroy SRQ QPs");
+		CHECK(!ibv_destroy_srq(srq), "destroy_srq");
+		x = ibv_qp_to_qp_ex(a);
 	}
 
 	CHECK(!ibv_query_qp(b, &qa, IBV_QP_STATE | IBV_QP_CAP, &qi), "query_qp");
