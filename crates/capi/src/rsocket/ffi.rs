@@ -205,7 +205,7 @@ pub unsafe extern "C" fn softrdma_rsendto(
 /// # Safety
 /// `iov` points to `cnt` iovecs describing valid memory.
 unsafe fn iovecs<'a>(iov: *const libc::iovec, cnt: c_int) -> Result<&'a [libc::iovec], i32> {
-    if cnt < 0 || cnt > libc::UIO_MAXIOV {
+    if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
         return Err(libc::EINVAL);
     }
     if cnt == 0 {
