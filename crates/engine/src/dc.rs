@@ -92,6 +92,8 @@ const RC_SQ: usize = 256;
 const REAP_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 /// Sequence bits of an internal work request id (the DCI id above).
 const SEQ_BITS: u32 = 40;
+/// A busy poller counts as gone after this long without a poll.
+const POLLER_IDLE: std::time::Duration = std::time::Duration::from_millis(1);
 /// Key-rejection reports kept per DCT until read.
 const MAX_REJECTIONS: usize = 256;
 
@@ -310,6 +312,9 @@ pub struct DcService {
     token: u64,
     /// Connections inviting or connecting (gates inline UD polling).
     pending: AtomicUsize,
+    /// When a CQ poll last drove the service (ns since `epoch`; 0: never).
+    inline_at: AtomicU64,
+    epoch: Instant,
     listener: OnceLock<Arc<Listener>>,
     core: Mutex<Core>,
 }
@@ -398,6 +403,8 @@ impl DcService {
             ctl_buf,
             token,
             pending: AtomicUsize::new(0),
+            inline_at: AtomicU64::new(0),
+            epoch: Instant::now(),
             listener: OnceLock::new(),
             core: Mutex::new(Core {
                 table,
@@ -872,15 +879,35 @@ impl DcService {
     }
 
     fn on_timer_now(&self, now: Instant) {
+        if self.poller_idle() {
+            self.data_cq.req_notify(false);
+        }
         let mut c = self.lock();
         let core = &mut *c;
         core.timer = None;
+        self.drive(core, true);
         core.table.handle_timeout(now);
         if core.last_reap.is_none_or(|t| now >= t + REAP_EVERY) {
             reap(core, now);
         }
         self.pump(core, now);
         self.release(core);
+        self.watch_poller(core);
+    }
+
+    /// While a poller is active the data CQ is not armed: check again in
+    /// a moment whether it stopped.
+    fn watch_poller(&self, core: &mut Core) {
+        if self.poller_idle() {
+            return;
+        }
+        let at = Instant::now() + POLLER_IDLE;
+        if core.timer.is_none_or(|t| at < t) {
+            core.timer = Some(at);
+            if let Ok(p) = self.shared.progress() {
+                p.set_timer(self.token, at);
+            }
+        }
     }
 
     fn on_channel(&self) {
@@ -888,18 +915,45 @@ impl DcService {
         let mut c = self.lock();
         loop {
             self.ctl_cq.req_notify(false);
-            self.data_cq.req_notify(false);
+            // While an application busy-polls a DCI's CQ the data CQ is
+            // drained inline: no channel wake-ups (an eventfd write per
+            // completion and a progress thread fighting for the lock);
+            // the timer below re-arms it once polling stops.
+            if self.poller_idle() {
+                self.data_cq.req_notify(false);
+            }
             if !self.drive(&mut c, true) {
                 break;
             }
         }
+        self.watch_poller(&mut c);
+    }
+
+    /// True if no thread drove the service from a CQ poll recently.
+    fn poller_idle(&self) -> bool {
+        let last = self.inline_at.load(Ordering::Relaxed);
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        last == 0 || now.saturating_sub(last) > POLLER_IDLE.as_nanos() as u64
     }
 
     fn inline(&self) {
         let Ok(mut c) = self.core.try_lock() else {
             return;
         };
+        self.inline_at.store(
+            (self.epoch.elapsed().as_nanos() as u64).max(1),
+            Ordering::Relaxed,
+        );
         let with_ud = self.pending.load(Ordering::Relaxed) > 0;
+        if with_ud {
+            // Invitation timers at the poller's resolution (the progress
+            // thread's is a millisecond).
+            let now = Instant::now();
+            if c.table.poll_timeout().is_some_and(|t| t <= now) {
+                c.table.handle_timeout(now);
+                self.pump(&mut c, now);
+            }
+        }
         self.drive(&mut c, with_ud);
     }
 

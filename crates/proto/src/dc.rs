@@ -43,7 +43,8 @@
 //! engine opens the RC connection to the target's listen port presenting
 //! the cookie, then calls [`DcTable::connected`] or
 //! [`DcTable::connect_failed`]). A "busy" Reject keeps the invitation
-//! retransmitting; "bad key" and "no such DCT" fail it at once. Accepts and
+//! retransmitting (the next one `busy_retry` after the Reject, the
+//! backoff unchanged); "bad key" and "no such DCT" fail it at once. Accepts and
 //! Rejects for connections that are not inviting (duplicates, late
 //! answers, answers to an earlier attempt) are ignored and counted:
 //! connection ids are never reused.
@@ -231,6 +232,8 @@ pub struct DcConfig {
     pub invite_timeout: Duration,
     /// How long a target holds an accepted slot for the RC connection.
     pub accept_linger: Duration,
+    /// After a "busy" Reject, the invitation is repeated this soon.
+    pub busy_retry: Duration,
     /// Seed of connection ids and cookies (the engine passes something
     /// unpredictable; tests a constant).
     pub seed: u64,
@@ -245,6 +248,7 @@ impl Default for DcConfig {
             rto_max: Duration::from_millis(200),
             invite_timeout: Duration::from_secs(2),
             accept_linger: Duration::from_secs(3),
+            busy_retry: Duration::from_micros(200),
             seed: 0x5d_c0de,
         }
     }
@@ -839,8 +843,18 @@ impl DcTable {
                 });
             }
             Some(RejectReason::Busy) => {
-                // Keep retransmitting on the backoff schedule.
+                // The target is freeing a slot (typically the one our own
+                // eviction just closed): ask again soon, without doubling
+                // the backoff; the deadline still bounds it.
                 self.stats.busy_received += 1;
+                let retry = self.cfg.busy_retry;
+                if let Some(Entry {
+                    state: State::Inviting { next_tx, .. },
+                    ..
+                }) = self.entries.get_mut(&id)
+                {
+                    *next_tx = (*next_tx).min(now + retry);
+                }
             }
             Some(r) => {
                 let e = self.remove(id).expect("checked");
