@@ -108,10 +108,10 @@ pub unsafe fn getaddrinfo(
             r.ai_dst_len = a.ai_addrlen;
             if let Some(h) = h {
                 if !h.ai_src_addr.is_null() && h.ai_src_len > 0 {
+                    let (src, n) = (h.ai_src_addr as *const u8, h.ai_src_len as usize);
                     // SAFETY: the hints' source has ai_src_len octets.
-                    r.ai_src_addr =
-                        unsafe { dup(h.ai_src_addr as *const u8, h.ai_src_len as usize) }
-                            as *mut libc::sockaddr;
+                    let copy = unsafe { dup(src, n) };
+                    r.ai_src_addr = copy as *mut libc::sockaddr;
                     r.ai_src_len = h.ai_src_len;
                 }
             }
@@ -119,13 +119,14 @@ pub unsafe fn getaddrinfo(
         if !a.ai_canonname.is_null() {
             // SAFETY: a C string of the getaddrinfo result.
             let c = unsafe { CStr::from_ptr(a.ai_canonname) };
+            let n = c.to_bytes_with_nul().len();
             // SAFETY: copies the string with its NUL.
-            r.ai_dst_canonname =
-                unsafe { dup(c.as_ptr() as *const u8, c.to_bytes_with_nul().len()) as *mut c_char };
+            let copy = unsafe { dup(c.as_ptr() as *const u8, n) };
+            r.ai_dst_canonname = copy as *mut c_char;
         }
+        let size = std::mem::size_of::<rdma_addrinfo>();
         // SAFETY: malloc of the struct's size; written at once.
-        let node =
-            unsafe { libc::malloc(std::mem::size_of::<rdma_addrinfo>()) } as *mut rdma_addrinfo;
+        let node = unsafe { libc::malloc(size) } as *mut rdma_addrinfo;
         if node.is_null() {
             break;
         }

@@ -217,11 +217,12 @@ pub unsafe extern "C" fn softrdma_rdma_connect(
     id: *mut rdma_cm_id,
     p: *mut rdma_conn_param,
 ) -> c_int {
-    // SAFETY: contract.
     guard_neg(|| {
-        ok(super::connect(unsafe { id_from_raw(id) }?, unsafe {
-            param(p)
-        }))
+        // SAFETY: contract.
+        let obj = unsafe { id_from_raw(id) }?;
+        // SAFETY: contract.
+        let p = unsafe { param(p) };
+        ok(super::connect(obj, p))
     })
 }
 
@@ -242,11 +243,12 @@ pub unsafe extern "C" fn softrdma_rdma_accept(
     id: *mut rdma_cm_id,
     p: *mut rdma_conn_param,
 ) -> c_int {
-    // SAFETY: contract.
     guard_neg(|| {
-        ok(super::accept(unsafe { id_from_raw(id) }?, unsafe {
-            param(p)
-        }))
+        // SAFETY: contract.
+        let obj = unsafe { id_from_raw(id) }?;
+        // SAFETY: contract.
+        let p = unsafe { param(p) };
+        ok(super::accept(obj, p))
     })
 }
 
@@ -700,9 +702,10 @@ fn port_of(ss: &sockaddr_storage) -> u16 {
 /// # Safety
 /// `id` live.
 pub unsafe extern "C" fn softrdma_rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
-    // SAFETY: contract.
     guard(0, || {
-        unsafe { id.as_ref() }.map_or(0, |i| port_of(&i.route.addr.src_addr))
+        // SAFETY: contract.
+        let id = unsafe { id.as_ref() };
+        id.map_or(0, |i| port_of(&i.route.addr.src_addr))
     })
 }
 
@@ -711,9 +714,10 @@ pub unsafe extern "C" fn softrdma_rdma_get_src_port(id: *mut rdma_cm_id) -> u16 
 /// # Safety
 /// `id` live.
 pub unsafe extern "C" fn softrdma_rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
-    // SAFETY: contract.
     guard(0, || {
-        unsafe { id.as_ref() }.map_or(0, |i| port_of(&i.route.addr.dst_addr))
+        // SAFETY: contract.
+        let id = unsafe { id.as_ref() };
+        id.map_or(0, |i| port_of(&i.route.addr.dst_addr))
     })
 }
 

@@ -208,9 +208,10 @@ impl ChanShared {
             events: libc::EPOLLIN as u32,
             u64: fd as u64,
         };
-        // SAFETY: valid descriptors (the other channel is alive: we hold
-        // it) and a live epoll_event. A failure only costs wake-ups.
-        let _ = unsafe { libc::epoll_ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        let ep = self.epfd.as_raw_fd();
+        // A failure only costs wake-ups.
+        // SAFETY: valid descriptors (we hold the other channel) and a live epoll_event.
+        let _ = unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
         f.push(Arc::downgrade(other));
     }
 
@@ -235,9 +236,9 @@ impl ChanShared {
         let mut q = lock(&self.queue);
         q.push_back(p);
         let one: u64 = 1;
+        let (fd, p) = (self.efd.as_raw_fd(), &one as *const u64 as *const c_void);
         // SAFETY: writes 8 octets from a live u64 to our eventfd.
-        let _ =
-            unsafe { libc::write(self.efd.as_raw_fd(), &one as *const u64 as *const c_void, 8) };
+        let _ = unsafe { libc::write(fd, p, 8) };
     }
 
     fn pop_own(&self) -> Option<Pending> {
@@ -245,9 +246,9 @@ impl ChanShared {
         let p = q.pop_front();
         if q.is_empty() {
             let mut v: u64 = 0;
+            let (fd, p) = (self.efd.as_raw_fd(), &mut v as *mut u64 as *mut c_void);
             // SAFETY: reads 8 octets into a live u64 (non-blocking eventfd).
-            let _ =
-                unsafe { libc::read(self.efd.as_raw_fd(), &mut v as *mut u64 as *mut c_void, 8) };
+            let _ = unsafe { libc::read(fd, p, 8) };
         }
         p
     }
@@ -575,9 +576,9 @@ fn from_engine(e: CmEvent) -> Option<(Arc<ChanShared>, Pending)> {
                 let _ = id.reject(&[]);
                 return None;
             };
-            // SAFETY: a live id (checked above); per the rdma_cm contract
-            // the application does not destroy a listener while getting
-            // its events.
+            // The rdma_cm contract: no listener is destroyed while its
+            // events are being read.
+            // SAFETY: a live id (checked above; see the contract).
             let l = unsafe { &mut *(lp as *mut IdObj) };
             // SAFETY: the listener's channel is live while the listener is.
             let made = unsafe { create_id(l.id.channel as *mut ChanObj, l.id.context, l.id.ps) };
@@ -987,12 +988,9 @@ fn conn_params(p: Option<&rdma_conn_param>) -> ConnParams {
     let private_data = if p.private_data.is_null() || p.private_data_len == 0 {
         Vec::new()
     } else {
-        // SAFETY: private_data has private_data_len octets
-        // (rdma_conn_param contract).
-        unsafe {
-            std::slice::from_raw_parts(p.private_data as *const u8, usize::from(p.private_data_len))
-        }
-        .to_vec()
+        let (data, len) = (p.private_data as *const u8, usize::from(p.private_data_len));
+        // SAFETY: private_data has private_data_len octets (rdma_conn_param contract).
+        unsafe { std::slice::from_raw_parts(data, len) }.to_vec()
     };
     ConnParams {
         private_data,

@@ -75,8 +75,7 @@ fn run(l: TcpListener, id: usize, chan: Arc<ChanShared>, stop: Arc<AtomicBool>) 
         if !super::is_live(id) {
             return;
         }
-        // SAFETY: the listening id is live (checked); the child is made
-        // the way the TCP path makes it.
+        // SAFETY: the listening id is live (checked above).
         let lobj = unsafe { &mut *(id as *mut IdObj) };
         // SAFETY: the listener's channel pointer is live while it is.
         let child = match unsafe {

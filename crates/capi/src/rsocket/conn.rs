@@ -98,9 +98,10 @@ struct Region {
     stag: u32,
 }
 
-// SAFETY: the region is plain memory; every access goes through `&mut self`
-// of the owning connection (under its lock) or through the engine's
+// The region is plain memory; every access goes through `&mut self` of
+// the owning connection (under its lock) or through the engine's
 // registry, which synchronises itself.
+// SAFETY: see above.
 unsafe impl Send for Region {}
 
 impl Region {
@@ -113,8 +114,7 @@ impl Region {
             return Err(io::Error::from_raw_os_error(libc::ENOMEM));
         }
         let access = Access::LOCAL_WRITE;
-        // SAFETY: `ptr..ptr+len` is the live allocation above, freed only in
-        // Drop after the registration is removed.
+        // SAFETY: the live allocation above, freed only in Drop after deregistering.
         let reg = unsafe { ctx.registry().register(ptr, len, ptr as u64, access, pd) };
         match reg {
             Ok(stag) => Ok(Region {
@@ -137,16 +137,17 @@ impl Region {
 
     fn slice(&self, off: usize, len: usize) -> &[u8] {
         assert!(off + len <= self.layout.size());
-        // SAFETY: in bounds (checked above) of the live allocation; the
-        // engine writes a receive slot only while it is posted, and a slot
-        // is read only after its completion was polled.
+        // The engine writes a receive slot only while it is posted, and a
+        // slot is read only after its completion was polled.
+        // SAFETY: in bounds (checked above) of the live allocation.
         unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) }
     }
 
     fn slice_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
         assert!(off + len <= self.layout.size());
-        // SAFETY: as in `slice`; a send slot is written only while no work
-        // request on it is outstanding.
+        // A send slot is written only while no work request on it is
+        // outstanding.
+        // SAFETY: in bounds (checked above) of the live allocation.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off), len) }
     }
 }
@@ -154,8 +155,7 @@ impl Region {
 impl Drop for Region {
     fn drop(&mut self) {
         self.ctx.registry().deregister(self.stag);
-        // SAFETY: allocated in `new` with this layout; deregistered above so
-        // the engine no longer reaches it.
+        // SAFETY: allocated in `new` with this layout; deregistered above.
         unsafe { dealloc(self.ptr, self.layout) };
     }
 }
@@ -585,8 +585,9 @@ impl Conn {
             return Err(Blocked::Again);
         }
         let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-        // SAFETY: the caller keeps `addr..addr+len` valid until unmapped;
-        // `unmap` and Drop deregister before that ends.
+        // The caller keeps `addr..addr+len` valid until unmapped; `unmap`
+        // and Drop deregister before that ends.
+        // SAFETY: see above.
         let stag = unsafe {
             self.ctx
                 .registry()
