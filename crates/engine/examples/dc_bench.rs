@@ -248,6 +248,7 @@ fn wait(cq: &Cq, seen: &mut Seen, recvs: usize, sends: usize, repost: &dyn Fn(u6
 }
 
 /// Half round trip of `iters` 64 B ping-pongs, in ns (median, mean).
+#[allow(clippy::too_many_arguments)] // both ends, spelled out
 fn pingpong<E: PingEnd + Sync>(
     a: &E,
     b: &E,
