@@ -27,7 +27,7 @@ cargo test --workspace --locked 2>&1 | tee target/test-output.txt
 # at the end so the run closes on one plain total.
 
 step "kernel siw interop (qemu guest; the image is built once per machine)"
-cargo build --release --locked -p softrdma-cli
+cargo build --release --locked -p softrdma-cli -p softrdma-capi -p softrdma-capi-rdmacm
 scripts/siw/run-all.sh target/release/softrdma | tee target/siw-summary.txt
 
 step "fuzzing (${FUZZ_SECONDS:-30} s per target)"

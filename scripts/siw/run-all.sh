@@ -2,7 +2,8 @@
 # Kernel siw interop matrix for `softrdma rping` (issue 3): our client
 # against the guest's rping server, and the guest's rping client against
 # our server, with siw's defaults and with siw built to require CRC and use
-# peer-to-peer mode, plus our client with CRC off.
+# peer-to-peer mode, plus our client with CRC off; and (issue 6) Debian's
+# unmodified rping over our librdmacm.so.1 in both directions.
 #
 #   scripts/siw/run-all.sh [SOFTRDMA_BINARY]
 #
@@ -40,6 +41,13 @@ run guest-to-host/siw-defaults scripts/siw/interop.sh guest-to-host -- "${server
 run host-to-guest/crc-p2p-knobs scripts/siw/interop.sh "${knobs[@]}" host-to-guest -- "${client[@]}"
 run guest-to-host/crc-p2p-knobs scripts/siw/interop.sh "${knobs[@]}" guest-to-host -- "${server[@]}"
 run host-to-guest/our-crc-off env SOFTRDMA_MPA_CRC=0 scripts/siw/interop.sh host-to-guest -- "${client[@]}"
+
+# Debian's own rping (rdmacm-utils, unmodified) over softrdma's
+# librdmacm.so.1 + libibverbs.so.1 (`softrdma run`), both directions.
+deb_client=("$bin" run -- rping -c -a 127.0.0.1 -p 7174 -C 1 -v)
+deb_server=("$bin" run -- rping -s -a 127.0.0.1 -p 27174 -v -C 1)
+run host-to-guest/debian-rping-over-softrdma scripts/siw/interop.sh host-to-guest -- "${deb_client[@]}"
+run guest-to-host/debian-rping-over-softrdma scripts/siw/interop.sh guest-to-host -- "${deb_server[@]}"
 
 echo "siw interop: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
