@@ -17,7 +17,7 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{finish, free_port, need, pair, serial, softrdma, spawn, Done, DEADLINE};
+use common::{finish, free_port, need, pair, run, serial, softrdma, spawn, Done, DEADLINE};
 
 // ----------------------------------------------------------------------
 // RDMA_PS_TCP: RC over iWARP
@@ -441,5 +441,54 @@ fn mckey() {
             "data transfers complete",
             "return status 0",
         ],
+    );
+}
+
+// ----------------------------------------------------------------------
+// Failures are reported, not hung on
+// ----------------------------------------------------------------------
+
+/// Clients pointed at a port nobody listens on fail at once with rdma_cm's
+/// UNREACHABLE (status -ECONNREFUSED) or the rsocket equivalent, and exit
+/// non-zero well before the deadline.
+#[test]
+fn connecting_to_nothing_fails_cleanly() {
+    let port = free_port().to_string();
+    let started = Instant::now();
+    let d = run("ucmatose", &["-s", "127.0.0.1", "-p", &port]);
+    assert_ne!(d.code, Some(0), "ucmatose: {d:?}");
+    assert!(!d.timed_out, "ucmatose hung: {d:?}");
+    assert!(
+        d.stdout
+            .contains("event: RDMA_CM_EVENT_UNREACHABLE, error: -111"),
+        "ucmatose: {d:?}"
+    );
+    let d = run("rping", &["-c", "-a", "127.0.0.1", "-p", &port, "-C", "1"]);
+    assert_ne!(d.code, Some(0), "rping: {d:?}");
+    assert!(
+        d.stderr.contains("RDMA_CM_EVENT_UNREACHABLE, error -111"),
+        "rping: {d:?}"
+    );
+    let d = run("rdma_client", &["-s", "127.0.0.1", "-p", &port]);
+    assert!(
+        d.stderr.contains("rdma_connect: Connection refused"),
+        "rdma_client: {d:?}"
+    );
+    assert!(
+        d.stdout.contains("rdma_client: end -1"),
+        "rdma_client: {d:?}"
+    );
+    let d = run(
+        "rstream",
+        &["-s", "127.0.0.1", "-p", &port, "-S", "100", "-C", "1"],
+    );
+    assert_ne!(d.code, Some(0), "rstream: {d:?}");
+    assert!(!d.timed_out, "rstream hung: {d:?}");
+    // Each of these is a few milliseconds of work; a minute means a wait
+    // that should not be there.
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
     );
 }
