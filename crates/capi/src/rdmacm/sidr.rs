@@ -191,7 +191,20 @@ fn outcome(id: usize, dst: SocketAddr, r: Result<Reply, i32>) -> Pending {
             },
             pd,
         ),
-        Ok((_, _, _, pd)) => (ev::REJECTED, -libc::ECONNREFUSED, Param::None, pd),
+        // The reject's private data, readable through param.ud (and
+        // param.conn: both start with private_data and its length).
+        Ok((_, _, _, pd)) => (
+            ev::REJECTED,
+            -libc::ECONNREFUSED,
+            Param::Ud {
+                // SAFETY: all-zero is a valid ibv_ah_attr.
+                ah_attr: unsafe { std::mem::zeroed() },
+                qp_num: 0,
+                qkey: 0,
+                user: 0,
+            },
+            pd,
+        ),
         Err(e) => (ev::UNREACHABLE, -e, Param::None, Vec::new()),
     };
     Pending {
