@@ -163,6 +163,13 @@ pub(crate) const TRANSPORTS: &[TransportDef] = &[
         stream: false,
         refuses: rd_refuses,
     },
+    // SoftDC: RC connections made on demand (perf/dc.rs).
+    TransportDef {
+        name: "dc",
+        reliable: true,
+        stream: true,
+        refuses: rc_refuses,
+    },
 ];
 
 /// A transport by name.

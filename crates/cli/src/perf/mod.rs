@@ -16,6 +16,7 @@
 pub(crate) mod baseline;
 pub(crate) mod cell;
 pub(crate) mod ctrl;
+pub(crate) mod dc;
 pub(crate) mod hist;
 pub mod loss;
 pub(crate) mod peers;
@@ -52,7 +53,8 @@ TEST: send_lat send_bw write_lat write_bw read_lat read_bw
 B:    tcp_lat tcp_bw udp_lat udp_bw
 
 options:
-  --transport rc|ud|rd     (default rc; write_record_* default ud)
+  --transport rc|ud|rd|dc  (default rc; write_record_* default ud; dc also
+                           reports its first-message latency in the note)
   --size BYTES | --sizes A,B,...|all   (64, 4Ki, 1Mi; all = 2 .. 8Mi)
   --iters N | --duration S (default: 1000 round trips / 1 s of stream)
   --server [--port P]      serve one session (default port 18515)

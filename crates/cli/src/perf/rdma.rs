@@ -80,6 +80,7 @@ enum Qp {
     Rc(QueuePair),
     Ud(UdQueuePair),
     Rd(RdQueuePair),
+    Dc(Box<super::dc::DcQp>),
 }
 
 /// One end of a softrdma cell.
@@ -172,6 +173,7 @@ impl End {
                 )
                 .map_err(|e| err(format!("RD QP: {e}")))?,
             ),
+            "dc" => Qp::Dc(Box::new(super::dc::DcQp::new(&pd, &cq, caps, ip)?)),
             other => return Err(err(format!("transport {other} has no QP set-up"))),
         };
         Ok(End {
@@ -212,6 +214,7 @@ impl End {
         let m = m.with("addr", self.mr.addr()).with("rkey", self.mr.rkey());
         let a = match &self.qp {
             Qp::Rc(_) => return m,
+            Qp::Dc(q) => return q.advert(m),
             Qp::Ud(q) => q.address(),
             Qp::Rd(q) => q.address(),
         };
@@ -221,6 +224,9 @@ impl End {
     fn learn(&mut self, m: &Msg) -> io::Result<()> {
         self.raddr = m.num("addr")?;
         self.rkey = m.num("rkey")?;
+        if let Qp::Dc(q) = &mut self.qp {
+            return q.learn(&self.pd, m);
+        }
         if !matches!(self.qp, Qp::Rc(_)) {
             let dest = DgramAddr {
                 ip: m.num("ip")?,
@@ -246,6 +252,7 @@ impl End {
             Qp::Rc(q) => q.post_recv(wr).map_err(|e| e.to_string()),
             Qp::Ud(q) => q.post_recv(wr).map_err(|e| e.to_string()),
             Qp::Rd(q) => q.post_recv(wr).map_err(|e| e.to_string()),
+            Qp::Dc(q) => q.post_recv(wr),
         };
         r.map_err(|e| err(format!("post_recv: {e}")))
     }
@@ -281,6 +288,7 @@ impl End {
             Qp::Rd(q) => q
                 .post_send(wr, self.ah.as_ref().ok_or_else(no_ah)?)
                 .map_err(|e| e.to_string()),
+            Qp::Dc(q) => q.post_send(wr),
         };
         r.map_err(|e| err(format!("post_send: {e}")))
     }
@@ -439,6 +447,16 @@ pub(crate) fn run(spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> {
         cm::connect(qp, SocketAddr::new(peer, port), &ConnParams::default())
             .map_err(|x| err(format!("CM connect: {x}")))?;
     }
+    let first = match &e.qp {
+        Qp::Dc(q) => {
+            let off = e.ctl(CTL_ENTRIES - 1);
+            let raddr = e.raddr + off as u64;
+            Some(super::dc::first_message(
+                q, &e.cq, &e.mr, off, raddr, e.rkey,
+            )?)
+        }
+        _ => None,
+    };
     ctrl.send(&e.advert(Msg::new("CLIENT")))?;
     ctrl.expect("GO")?;
     let r = match (spec.test.op, spec.test.kind) {
@@ -455,7 +473,14 @@ pub(crate) fn run(spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> {
         Qp::Rc(_) => Some(super::env_crc() || ready.num::<u8>("crc").unwrap_or(1) != 0),
         _ => None,
     };
-    r.map(|m| Measured { crc, ..m })
+    r.map(|m| match first {
+        Some(t) => Measured {
+            crc,
+            note: super::dc::note(t, &m.note),
+            ..m
+        },
+        None => Measured { crc, ..m },
+    })
 }
 
 // ---------------------------------------------------------------------------
