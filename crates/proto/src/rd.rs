@@ -124,7 +124,9 @@
 //! per peer ([`SendError::QueueFull`]), [`RdConfig::max_control`] queued
 //! stateless replies (resets to unknown peers; overflow dropped and
 //! counted). Memory follows the active peers: tables shrink as entries
-//! expire.
+//! expire, and the event and stateless-reply queues, once drained, give
+//! back what a burst (every peer expiring at once) grew them to beyond
+//! `1024 + 2 · peers` entries.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -1219,7 +1221,11 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
     /// datagrams carry the peer's ACK; a control datagram goes out only
     /// when something is owed and no data can be sent.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit<K, T>> {
-        if let Some((peer, shim)) = self.control.pop_front() {
+        let control = self.control.pop_front();
+        if control.is_none() {
+            shrink_drained(&mut self.control, self.peers.len());
+        }
+        if let Some((peer, shim)) = control {
             self.stats.control_sent += 1;
             if matches!(shim.feedback, Feedback::Reset { .. }) {
                 self.stats.resets_sent += 1;
@@ -1520,7 +1526,11 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
 
     /// The next event, oldest first.
     pub fn poll_event(&mut self) -> Option<Event<K, T>> {
-        self.events.pop_front()
+        let ev = self.events.pop_front();
+        if ev.is_none() {
+            shrink_drained(&mut self.events, self.peers.len());
+        }
+        ev
     }
 
     /// Re-registers the peer's deadline and ready state after a change.
@@ -1562,6 +1572,20 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
             self.timers.shrink_to(2 * n);
             self.ready.shrink_to(2 * n);
         }
+    }
+}
+
+/// Capacity a drained output queue keeps whatever the number of peers: a
+/// burst up to this size never reallocates.
+const QUEUE_FLOOR: usize = 1024;
+
+/// Gives back the memory of an empty queue that a burst (every peer
+/// expiring at once, a wave of resets) grew far beyond what the peers now
+/// held need, so idle memory follows the peer count and not its peak.
+fn shrink_drained<X>(q: &mut VecDeque<X>, peers: usize) {
+    let keep = QUEUE_FLOOR + 2 * peers;
+    if q.is_empty() && q.capacity() > 2 * keep {
+        q.shrink_to(keep);
     }
 }
 
@@ -1857,6 +1881,38 @@ mod tests {
         assert_eq!((a.peer_count(), b.peer_count()), (0, 0));
         assert!(events(&mut a).contains(&Event::PeerExpired { peer: B }));
         assert_eq!(a.poll_timeout(), None);
+    }
+
+    #[test]
+    fn memory_follows_the_peers_after_mass_expiry() {
+        const N: u32 = 5000;
+        let t0 = Instant::now();
+        let mut b = ep(B.0);
+        for i in 0..N {
+            let mut c = ep(0x1000 + i);
+            c.send(B, i, t0).unwrap();
+            for t in drain(&mut c, t0) {
+                b.handle_datagram(P(0x1000 + i), &t.shim, t0);
+            }
+        }
+        assert_eq!(b.peer_count(), N as usize);
+        assert_eq!(drain(&mut b, t0).len(), N as usize, "one ACK each");
+        events(&mut b);
+        let mut now = t0;
+        while let Some(d) = b.poll_timeout() {
+            now = now.max(d);
+            b.handle_timeout(now);
+            drain(&mut b, now);
+            events(&mut b);
+        }
+        assert_eq!(b.peer_count(), 0);
+        assert_eq!(b.stats().peers_expired, u64::from(N));
+        // Nothing sized for the peak remains.
+        assert!(b.peers.capacity() <= 64, "peers {}", b.peers.capacity());
+        assert!(b.timers.capacity() <= 64, "timers {}", b.timers.capacity());
+        assert!(b.ready.capacity() <= 64, "ready {}", b.ready.capacity());
+        assert!(b.events.capacity() <= 2 * QUEUE_FLOOR);
+        assert!(b.control.capacity() <= 2 * QUEUE_FLOOR);
     }
 
     #[test]
