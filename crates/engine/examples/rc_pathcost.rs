@@ -15,7 +15,9 @@
 //! RC Send (post_send, poll the peer's CQ until the receive completes,
 //! repost) and RC Write (post_send, poll the peer's CQ until the memory
 //! shows it). Prints ns per one-way message and the ratio to raw TCP,
-//! plus how many polls found nothing (should be 0: data is already there).
+//! plus how many polls found nothing (should be 0 for Send, 1 per message
+//! for Write: the poll that places it completes nothing). A third argument
+//! picks loops (`tcp,send,write`), e.g. to count one with `perf stat`.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -92,6 +94,10 @@ fn main() {
         .map(|s| s.parse().expect("MSG"))
         .unwrap_or(64);
     assert!((1..=4096).contains(&msg), "MSG in 1..=4096");
+    // Which loops to time: any of "tcp,send,write" (default all), so that
+    // `perf stat` can count one of them.
+    let which = std::env::args().nth(3).unwrap_or("tcp,send,write".into());
+    let run = |name: &str| which.split(',').any(|w| w == name);
     let cfg = Config::from_env().expect("SOFTRDMA_*");
 
     // Raw TCP.
@@ -120,7 +126,7 @@ fn main() {
         one(&mut b, &mut a, &mut empty);
     }
     let t = Instant::now();
-    for _ in 0..iters {
+    for _ in 0..if run("tcp") { iters } else { 0 } {
         one(&mut a, &mut b, &mut empty);
         one(&mut b, &mut a, &mut empty);
     }
@@ -207,7 +213,7 @@ fn main() {
     reap(&eb, &mut outc);
     polls_empty = 0;
     let t = Instant::now();
-    for i in 0..iters {
+    for i in 0..if run("send") { iters } else { 0 } {
         send(&ea, &eb, i % 16 == 0, &mut polls_empty, &mut outc);
         send(&eb, &ea, i % 16 == 0, &mut polls_empty, &mut outc);
     }
@@ -255,7 +261,7 @@ fn main() {
     reap(&eb, &mut outc);
     polls_empty = 0;
     let t = Instant::now();
-    for i in 0..iters {
+    for i in 0..if run("write") { iters } else { 0 } {
         tag = tag.wrapping_add(1);
         write(&ea, &eb, b_addr, tag, i % 16 == 0, &mut polls_empty);
         write(&eb, &ea, a_addr, tag, i % 16 == 0, &mut polls_empty);

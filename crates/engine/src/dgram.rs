@@ -156,7 +156,7 @@ use softrdma_proto::wr::{DgramAddr, RecvWr, SendWr, WorkCompletion};
 use softrdma_wire::rd::Framing;
 
 use crate::cq::{AsyncEvent, Completion, Cq, InlineProgress};
-use crate::progress::Source;
+use crate::progress::{Parking, Source};
 use crate::udp::{self, RxRing, RX_BATCH};
 use crate::{Context, QpCaps, QpError, Shared};
 
@@ -597,6 +597,8 @@ pub(crate) struct DgramSocket {
     role: Role,
     rx: Mutex<RxState>,
     tx_wait: Mutex<TxWait>,
+    /// Epoll interest and busy-poll parking (`progress` module docs).
+    park: Parking,
     stats: Counters,
 }
 
@@ -637,12 +639,16 @@ impl DgramSocket {
                 targets: Vec::with_capacity(8),
             }),
             tx_wait: Mutex::new(TxWait::default()),
+            park: Parking::default(),
             stats: Counters::default(),
             sock,
         });
-        shared
-            .progress()?
-            .register(s.sock.as_raw_fd(), s.token, Arc::downgrade(&s))?;
+        s.park.register(
+            shared.progress()?,
+            s.sock.as_raw_fd(),
+            s.token,
+            Arc::downgrade(&s),
+        )?;
         Ok(s)
     }
 
@@ -875,7 +881,7 @@ impl DgramSocket {
             w.watching = true;
             if let Some(s) = self.shared.upgrade() {
                 if let Ok(p) = s.progress() {
-                    let _ = p.watch_write(self.sock.as_raw_fd(), self.token, true);
+                    let _ = self.park.watch_write(p, true);
                 }
             }
         }
@@ -888,7 +894,7 @@ impl DgramSocket {
                 w.watching = false;
                 if let Some(s) = self.shared.upgrade() {
                     if let Ok(p) = s.progress() {
-                        let _ = p.watch_write(self.sock.as_raw_fd(), self.token, false);
+                        let _ = self.park.watch_write(p, false);
                     }
                 }
             }
@@ -902,11 +908,42 @@ impl DgramSocket {
 
 impl Source for DgramSocket {
     fn on_ready(&self, readable: bool, writable: bool) {
+        self.on_event(readable, writable, false)
+    }
+
+    /// Readable while an application busy-polls a CQ of the socket's QPs:
+    /// parked, left to that poller (`progress` module docs).
+    fn on_event(&self, readable: bool, writable: bool, hangup: bool) {
         if writable {
             self.on_writable();
         }
-        if readable {
+        if hangup || (readable && !self.park_if_spinning()) {
             self.drain(true);
+        }
+    }
+
+    fn on_timer(&self, _now: Instant) {
+        if let Some(s) = self.shared.upgrade() {
+            if let Ok(p) = s.progress() {
+                self.park.recheck(p);
+            }
+        }
+    }
+}
+
+impl DgramSocket {
+    /// From the progress thread, woken readable: parks the socket if some
+    /// CQ of its QPs is busy-polled.
+    fn park_if_spinning(&self) -> bool {
+        self.shared
+            .upgrade()
+            .is_some_and(|s| s.progress().is_ok_and(|p| self.park.park_if_spinning(p)))
+    }
+
+    /// A CQ of one of the socket's QPs was armed.
+    fn notify_armed(&self) {
+        if let Some(s) = self.shared.upgrade() {
+            self.park.notify_armed(|| s.progress());
         }
     }
 }
@@ -1186,10 +1223,21 @@ impl Source for DgramQpShared {
 
 impl InlineProgress for DgramQpShared {
     fn progress_inline(&self) {
+        self.socket.park.busy.polled();
         self.socket.drain(false);
         if self.in_groups.load(Ordering::Relaxed) {
             if let Some(m) = self.shared.dgram.mcast_if_open() {
+                m.park.busy.polled();
                 m.drain(false);
+            }
+        }
+    }
+
+    fn notify_armed(&self) {
+        self.socket.notify_armed();
+        if self.in_groups.load(Ordering::Relaxed) {
+            if let Some(m) = self.shared.dgram.mcast_if_open() {
+                m.notify_armed();
             }
         }
     }

@@ -368,11 +368,6 @@ impl Progress {
             .remove(&token);
     }
 
-    /// Adds or removes interest in writability.
-    pub(crate) fn watch_write(&self, fd: RawFd, token: u64, write: bool) -> io::Result<()> {
-        self.epoll.modify(fd, token, Interest { read: true, write })
-    }
-
     /// Stops watching.
     pub(crate) fn unregister(&self, fd: RawFd, token: u64) {
         self.epoll.delete(fd);

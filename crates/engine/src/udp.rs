@@ -298,7 +298,25 @@ pub(crate) struct RxRing {
     meta: [RxMeta; RX_BATCH],
     /// The datagrams of the last batch (GRO buffers split).
     units: Vec<Unit>,
+    /// `recvmmsg`'s headers, kept between calls so that a poll finding
+    /// nothing does not clear and rebuild kilobytes of them.
+    hdr: Box<RxHeaders>,
 }
+
+/// The `recvmmsg` argument arrays of one [`RxRing`]. Their pointer
+/// fields are rewritten by every [`recv_batch`] before the call (never
+/// trusted from before), so moving the ring between threads is harmless.
+struct RxHeaders {
+    hdrs: [libc::mmsghdr; RX_BATCH],
+    addrs: [libc::sockaddr_storage; RX_BATCH],
+    iovs: [libc::iovec; RX_BATCH],
+    cmsgs: [[u64; CMSG_WORDS]; RX_BATCH],
+}
+
+// SAFETY: the raw pointers inside `RxHeaders` are scratch values that
+// `recv_batch` sets before each use and that nothing else dereferences;
+// the arrays themselves are plain data owned by the ring.
+unsafe impl Send for RxHeaders {}
 
 impl RxRing {
     pub(crate) fn new() -> RxRing {
@@ -306,6 +324,9 @@ impl RxRing {
             bufs: vec![0u8; RX_BATCH * RX_BUF].into_boxed_slice(),
             meta: [NO_META; RX_BATCH],
             units: Vec::with_capacity(RX_UNITS),
+            // SAFETY: all-zero is a valid value of these plain C structs
+            // (null pointers, zero lengths).
+            hdr: Box::new(unsafe { zeroed() }),
         }
     }
 
@@ -330,15 +351,12 @@ impl RxRing {
 /// datagrams they hold (a `UDP_GRO` buffer holds several: it is split at
 /// its segment size). `cmsg`: the socket has `IP_PKTINFO` or `UDP_GRO` on.
 pub(crate) fn recv_batch(fd: RawFd, ring: &mut RxRing, cmsg: bool) -> io::Result<usize> {
-    // SAFETY: all-zero is a valid value of these plain C structs (null pointers, zero lengths).
-    let mut hdrs: [libc::mmsghdr; RX_BATCH] = unsafe { zeroed() };
-    // SAFETY: as above.
-    let mut addrs: [libc::sockaddr_storage; RX_BATCH] = unsafe { zeroed() };
-    let mut iovs = [libc::iovec {
-        iov_base: std::ptr::null_mut(),
-        iov_len: 0,
-    }; RX_BATCH];
-    let mut cmsgs = [[0u64; CMSG_WORDS]; RX_BATCH];
+    let RxHeaders {
+        hdrs,
+        addrs,
+        iovs,
+        cmsgs,
+    } = &mut *ring.hdr;
     // Every pointer below derives from one base pointer per array, taken
     // once the arrays are no longer touched by index.
     let bufs = ring.bufs.as_mut_ptr();
@@ -358,7 +376,11 @@ pub(crate) fn recv_batch(fd: RawFd, ring: &mut RxRing, cmsg: bool) -> io::Result
             if cmsg {
                 h.msg_control = cmsg_p.add(i) as *mut libc::c_void;
                 h.msg_controllen = (CMSG_WORDS * 8) as _;
+            } else {
+                h.msg_control = std::ptr::null_mut();
+                h.msg_controllen = 0;
             }
+            h.msg_flags = 0;
         }
     }
     // SAFETY: every header points at live buffers of the sizes it states (the ring's, `addrs`, `cmsgs`), all outliving the call; the kernel writes at most those sizes.
@@ -447,13 +469,13 @@ pub(crate) fn send_batch(
     while total < batch.len() {
         let chunk = &batch[total..batch.len().min(total + TX_BATCH)];
         let use_gso = gso.is_some_and(|g| g.load(Ordering::Relaxed));
-        let r = match send_chunk(fd, v6, use_gso, chunk) {
+        let r = match send_sized(fd, v6, use_gso, chunk) {
             Err(e)
                 if use_gso
                     && e.raw_os_error()
                         .is_some_and(|c| c == libc::EIO || c == libc::EINVAL) =>
             {
-                let plain = send_chunk(fd, v6, false, chunk);
+                let plain = send_sized(fd, v6, false, chunk);
                 if plain.is_ok() {
                     if let Some(g) = gso {
                         g.store(false, Ordering::Relaxed);
@@ -476,24 +498,43 @@ pub(crate) fn send_batch(
     Ok(total)
 }
 
-/// One `sendmmsg` of at most [`TX_BATCH`] datagrams; returns how many
-/// datagrams were accepted (whole GSO messages only).
-fn send_chunk(fd: RawFd, v6: bool, gso: bool, chunk: &[Datagram<'_>]) -> io::Result<usize> {
+/// [`send_chunk`] with argument arrays sized for `chunk`: one datagram
+/// goes by `sendmsg`, a few through small arrays, so that a latency-bound
+/// send does not clear the kilobytes a full batch needs.
+fn send_sized(fd: RawFd, v6: bool, gso: bool, chunk: &[Datagram<'_>]) -> io::Result<usize> {
+    match chunk.len() {
+        1 => send_one(fd, v6, chunk[0].dest, chunk[0].bufs).map(|()| 1),
+        2..=SMALL_BATCH => send_chunk::<SMALL_BATCH, { SMALL_BATCH * 12 }>(fd, v6, gso, chunk),
+        _ => send_chunk::<TX_BATCH, TX_IOVS>(fd, v6, gso, chunk),
+    }
+}
+
+/// Datagrams a small `sendmmsg` takes.
+const SMALL_BATCH: usize = 4;
+
+/// One `sendmmsg` of at most `B` datagrams (and `I` io-vectors); returns
+/// how many datagrams were accepted (whole GSO messages only).
+fn send_chunk<const B: usize, const I: usize>(
+    fd: RawFd,
+    v6: bool,
+    gso: bool,
+    chunk: &[Datagram<'_>],
+) -> io::Result<usize> {
     // SAFETY: all-zero is a valid value of these plain C structs.
-    let mut hdrs: [libc::mmsghdr; TX_BATCH] = unsafe { zeroed() };
+    let mut hdrs: [libc::mmsghdr; B] = unsafe { zeroed() };
     // SAFETY: as above.
-    let mut addrs: [libc::sockaddr_storage; TX_BATCH] = unsafe { zeroed() };
+    let mut addrs: [libc::sockaddr_storage; B] = unsafe { zeroed() };
     let mut iovs = [libc::iovec {
         iov_base: std::ptr::null_mut(),
         iov_len: 0,
-    }; TX_IOVS];
-    let mut cmsgs = [[0u64; 4]; TX_BATCH];
+    }; I];
+    let mut cmsgs = [[0u64; 4]; B];
     // Per message: address length, first iovec, iovec count, datagrams,
     // GSO segment size (0: none).
-    let mut plan = [(0 as libc::socklen_t, 0usize, 0usize, 0usize, 0u16); TX_BATCH];
+    let mut plan = [(0 as libc::socklen_t, 0usize, 0usize, 0usize, 0u16); B];
     let limit = if v6 { 65527 } else { 65507 };
     let (mut m, mut i, mut niov) = (0, 0, 0);
-    while i < chunk.len() {
+    while i < chunk.len() && m < B {
         let d = &chunk[i];
         let Some(alen) = encode_addr(d.dest, v6, &mut addrs[m]) else {
             break;
@@ -515,7 +556,7 @@ fn send_chunk(fd: RawFd, v6: bool, gso: bool, chunk: &[Datagram<'_>]) -> io::Res
             }
         }
         let pieces: usize = chunk[i..j].iter().map(|d| d.bufs.len()).sum();
-        if niov + pieces > TX_IOVS {
+        if niov + pieces > I {
             if m == 0 {
                 return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
             }
@@ -541,7 +582,7 @@ fn send_chunk(fd: RawFd, v6: bool, gso: bool, chunk: &[Datagram<'_>]) -> io::Res
     for (k, h) in hdrs.iter_mut().enumerate().take(m) {
         let (alen, first, count, _, seg) = plan[k];
         let h = &mut h.msg_hdr;
-        // SAFETY: `k < m ≤ TX_BATCH` and `first + count ≤ TX_IOVS`, so the pointers stay inside their arrays. The iovecs point at the caller's IoSlices, which borrow live memory for the whole call.
+        // SAFETY: `k < m ≤ B` and `first + count ≤ I`, so the pointers stay inside their arrays. The iovecs point at the caller's IoSlices, which borrow live memory for the whole call.
         unsafe {
             h.msg_name = addr_p.add(k) as *mut libc::c_void;
             h.msg_namelen = alen;

@@ -670,6 +670,9 @@ pub struct UdQp {
     slot_map: HashMap<(DgramAddr, u32), usize>,
     sources: Vec<SrcWin>,
     source_map: HashMap<DgramAddr, usize>,
+    /// Index in `sources` of the source marked last (a hint: checked
+    /// against the address before use).
+    last_source: usize,
     use_clock: u64,
     tracker: Tracker,
     // --- outputs ---
@@ -705,6 +708,7 @@ impl UdQp {
             slot_map: HashMap::with_capacity(2 * cfg.max_reassembly),
             sources: Vec::with_capacity(cfg.max_sources),
             source_map: HashMap::with_capacity(2 * cfg.max_sources),
+            last_source: 0,
             use_clock: 0,
             tracker: Tracker::new(cfg.record),
             completions: VecDeque::with_capacity(cfg.sq_depth + cfg.rq_depth + 64),
@@ -1027,13 +1031,31 @@ impl UdQp {
         sink: &mut S,
         plan: &[Planned],
     ) -> io::Result<usize> {
-        let n = plan.len();
-        let mut hdrs = [[0u8; HDR_CAP]; TX_BATCH];
-        let mut hlens = [0usize; TX_BATCH];
-        let mut trailers = [[0u8; CRC_LEN]; TX_BATCH];
-        let mut pieces: [[&[u8]; MAX_SGE]; TX_BATCH] = [[&[]; MAX_SGE]; TX_BATCH];
-        let mut npieces = [0usize; TX_BATCH];
-        let mut dests = [(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0u16); TX_BATCH];
+        // Scratch arrays sized for the plan: a lone datagram (the latency
+        // case) must not pay for initialising a full batch's kilobytes.
+        match plan.len() {
+            1 => self.send_planned_n::<M, S, 1, IOV_PER>(mem, sink, plan),
+            2..=4 => self.send_planned_n::<M, S, 4, { 4 * IOV_PER }>(mem, sink, plan),
+            _ => self.send_planned_n::<M, S, TX_BATCH, { TX_BATCH * IOV_PER }>(mem, sink, plan),
+        }
+    }
+
+    /// [`UdQp::send_planned`] for at most `N` datagrams (`I` = `N` ×
+    /// `IOV_PER` io-vectors).
+    fn send_planned_n<M: Memory, S: DatagramSink, const N: usize, const I: usize>(
+        &self,
+        mem: &M,
+        sink: &mut S,
+        plan: &[Planned],
+    ) -> io::Result<usize> {
+        let n = plan.len().min(N);
+        let plan = &plan[..n];
+        let mut hdrs = [[0u8; HDR_CAP]; N];
+        let mut hlens = [0usize; N];
+        let mut trailers = [[0u8; CRC_LEN]; N];
+        let mut pieces: [[&[u8]; MAX_SGE]; N] = [[&[]; MAX_SGE]; N];
+        let mut npieces = [0usize; N];
+        let mut dests = [(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0u16); N];
         for (j, p) in plan.iter().enumerate() {
             let e = &self.sq[p.idx];
             let (repr, off, len) = self.segment(e, p.seg);
@@ -1042,8 +1064,8 @@ impl UdQp {
             trailers[j] = datagram::trailer(&hdrs[j][..hlens[j]], &pieces[j][..npieces[j]]);
             dests[j] = (e.dest.ip, e.dest.port);
         }
-        let mut iov = [IoSlice::new(&[]); TX_BATCH * IOV_PER];
-        let mut bounds = [(0usize, 0usize); TX_BATCH];
+        let mut iov = [IoSlice::new(&[]); I];
+        let mut bounds = [(0usize, 0usize); N];
         let mut k = 0;
         for j in 0..n {
             let start = k;
@@ -1061,7 +1083,7 @@ impl UdQp {
             dest: dests[0],
             bufs: &[],
         };
-        let mut batch = [empty; TX_BATCH];
+        let mut batch = [empty; N];
         for j in 0..n {
             batch[j] = Datagram {
                 dest: dests[j],
@@ -1440,16 +1462,29 @@ impl UdQp {
         }
     }
 
+    /// The index of `src`'s window: the last source's without hashing
+    /// (most traffic comes from the peer of the datagram before).
+    fn source_index(&self, src: DgramAddr) -> Option<usize> {
+        if self
+            .sources
+            .get(self.last_source)
+            .is_some_and(|w| w.addr == src)
+        {
+            return Some(self.last_source);
+        }
+        self.source_map.get(&src).copied()
+    }
+
     fn is_done(&self, src: DgramAddr, msn: u32) -> bool {
-        self.source_map
-            .get(&src)
-            .is_some_and(|&i| self.sources[i].is_done(msn))
+        self.source_index(src)
+            .is_some_and(|i| self.sources[i].is_done(msn))
     }
 
     fn mark_done(&mut self, src: DgramAddr, msn: u32) {
         self.use_clock += 1;
         let used = self.use_clock;
-        if let Some(&i) = self.source_map.get(&src) {
+        if let Some(i) = self.source_index(src) {
+            self.last_source = i;
             let w = &mut self.sources[i];
             w.used = used;
             w.mark(msn);
