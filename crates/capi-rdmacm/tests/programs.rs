@@ -115,6 +115,36 @@ fn staged(
     (ad, bd)
 }
 
+/// Four connections, then every id (the listener too) moved to a new
+/// event channel and the old one destroyed before disconnecting
+/// (`rdma_migrate_id`): the DISCONNECTED events still arrive.
+#[test]
+fn ucmatose_four_connections_migrated() {
+    let port = free_port().to_string();
+    let (sd, cd) = pair(
+        "ucmatose",
+        &["-p", &port, "-c", "4", "-C", "20", "-m"],
+        &["-s", "127.0.0.1", "-p", &port, "-c", "4", "-C", "20", "-m"],
+        port.parse().unwrap(),
+    );
+    cd.assert_ok(
+        "ucmatose -m client",
+        &[
+            "migrating to new event channel",
+            "data transfers complete",
+            "return status 0",
+        ],
+    );
+    sd.assert_ok(
+        "ucmatose -m server",
+        &[
+            "migrating to new event channel",
+            "disconnected",
+            "return status 0",
+        ],
+    );
+}
+
 #[test]
 fn rdma_server_and_rdma_client() {
     let port = free_port().to_string();

@@ -150,8 +150,12 @@ pub struct ChanShared {
     engine: EventChannel,
     /// Channels whose engine channel holds ids that now report here
     /// (`rdma_migrate_id`, `rdma_get_request`): their engine events are
-    /// pumped here too, and their descriptors are in `epfd`.
-    foreign: Mutex<Vec<std::sync::Weak<ChanShared>>>,
+    /// pumped here too, and their descriptors are in `epfd`. Held strongly:
+    /// the application may destroy the old channel (cmatose -m does), and
+    /// the engine drops the events of a dropped channel. (Migrating ids
+    /// back and forth between two channels makes them hold each other:
+    /// both stay allocated until exit.)
+    foreign: Mutex<Vec<Arc<ChanShared>>>,
 }
 
 impl ChanShared {
@@ -197,10 +201,7 @@ impl ChanShared {
             return;
         }
         let mut f = lock(&self.foreign);
-        f.retain(|w| w.strong_count() > 0);
-        if f.iter()
-            .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(other)))
-        {
+        if f.iter().any(|c| Arc::ptr_eq(c, other)) {
             return;
         }
         let fd = other.engine.fd();
@@ -212,16 +213,13 @@ impl ChanShared {
         // A failure only costs wake-ups.
         // SAFETY: valid descriptors (we hold the other channel) and a live epoll_event.
         let _ = unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
-        f.push(Arc::downgrade(other));
+        f.push(other.clone());
     }
 
     /// Moves engine events of this channel and of the adopted ones to the
     /// channels their ids report to.
     fn pump(&self) {
-        let foreign: Vec<Arc<ChanShared>> = lock(&self.foreign)
-            .iter()
-            .filter_map(|w| w.upgrade())
-            .collect();
+        let foreign: Vec<Arc<ChanShared>> = lock(&self.foreign).clone();
         for c in std::iter::once(self).chain(foreign.iter().map(|a| &**a)) {
             while let Some(e) = c.engine.try_get_event() {
                 if let Some((to, p)) = from_engine(e) {
