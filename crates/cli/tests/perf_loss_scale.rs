@@ -109,11 +109,16 @@ fn scale_small_run_reports_every_point() {
                 assert_eq!(live, 0.0, "{l}");
                 assert_eq!(fds1, fds0, "UD opens no descriptor per peer: {l}");
             }
+            // SoftDC: at most the table's 16 connections whatever N.
+            "dc" => {
+                assert!(live <= 16.0, "DC table over its capacity: {l}");
+                assert!(fds1 <= fds0 + 32.0, "DC descriptors beyond its table: {l}");
+            }
             other => panic!("unexpected transport {other}"),
         }
     }
     seen.sort();
-    let mut want: Vec<(String, usize)> = ["rc", "ud", "rd"]
+    let mut want: Vec<(String, usize)> = ["rc", "ud", "rd", "dc"]
         .iter()
         .flat_map(|t| [1, 10, 100].map(|n| (t.to_string(), n)))
         .collect();
@@ -126,9 +131,9 @@ fn scale_small_run_reports_every_point() {
     let md = std::fs::read_to_string(out.join("scale.md")).unwrap();
     assert_eq!(
         md.lines()
-            .filter(|l| l.starts_with("| R") || l.starts_with("| U"))
+            .filter(|l| l.starts_with("| R") || l.starts_with("| U") || l.starts_with("| D"))
             .count(),
-        9,
+        12,
         "{md}"
     );
     let _ = std::fs::remove_dir_all(&out);

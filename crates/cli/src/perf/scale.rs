@@ -22,7 +22,12 @@
 //! RC needs a descriptor per connection: the processes are started with
 //! `ulimit -n` raised to N + 1 024; when the system does not allow that,
 //! the row says so instead of a figure. Transports are table-driven
-//! ([`TRANSPORTS`]): DC is one more row when it exists.
+//! ([`TRANSPORTS`]). DC (SoftDC): the server has one DCT and one DCI, at
+//! most 16 RC connections at a time (its table); each client endpoint is
+//! a DCT of its own (one UD socket: a descriptor per endpoint in the
+//! clients), so every reply needs a connection, made and evicted through
+//! the server's table; "live peer state" is the table's slots in use and
+//! the connections it closed (evicted or idle).
 //!
 //! Output: table on stdout, progress on stderr, `scale.md`, `scale.csv`,
 //! `scale.jsonl` and two PNG plots in `--out DIR`; `--json` prints the
@@ -51,7 +56,7 @@ Server memory (RSS, per idle peer) and setup time for N = 1, 10, 100,
   --quick           N up to 1 000
   --out DIR         write scale.md, scale.csv, scale.jsonl and PNG plots (default perf-scale)
   --json            print JSON lines instead of the table
-  --transports LIST of rc, ud, rd (default all)
+  --transports LIST of rc, ud, rd, dc (default all)
   --idle-ms MS      RD idle expiry for the run (default 1000); the server is
                     measured idle after 2 x MS + 500 ms";
 
@@ -61,6 +66,8 @@ struct Transport {
     label: &'static str,
     /// Descriptors the server needs per peer (RC: one TCP connection).
     fds_per_peer: u64,
+    /// Descriptors a client process needs per endpoint.
+    client_fds_per_peer: u64,
 }
 
 const TRANSPORTS: &[Transport] = &[
@@ -68,16 +75,26 @@ const TRANSPORTS: &[Transport] = &[
         kind: Kind::Rc,
         label: "RC",
         fds_per_peer: 1,
+        client_fds_per_peer: 1,
     },
     Transport {
         kind: Kind::Ud,
         label: "UD",
         fds_per_peer: 0,
+        client_fds_per_peer: 0,
     },
     Transport {
         kind: Kind::Rd,
         label: "RD",
         fds_per_peer: 0,
+        client_fds_per_peer: 0,
+    },
+    Transport {
+        kind: Kind::Dc,
+        label: "DC",
+        // At most the table's 16 connections.
+        fds_per_peer: 0,
+        client_fds_per_peer: 1,
     },
 ];
 
@@ -300,7 +317,7 @@ fn point(a: &Args, t: &Transport, n: usize, start: Instant) -> Result<Point, Str
         ]);
         let cmd = role_command(
             None,
-            Some((count as u64 * t.fds_per_peer + 1024).max(1024)),
+            Some((count as u64 * t.client_fds_per_peer + 1024).max(1024)),
             "scale",
             "client",
             &cargs,
@@ -386,6 +403,10 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
                 let state = match t.kind {
                     Kind::Rd => format!("{} RD peers ({} expired)", p.live_peers, p.expired),
                     Kind::Rc => format!("{} connections", p.live_peers),
+                    Kind::Dc => format!(
+                        "{} table slots ({} connections closed)",
+                        p.live_peers, p.expired
+                    ),
                     Kind::Ud => "none (UD)".into(),
                 };
                 let _ = writeln!(

@@ -4,13 +4,19 @@
 //!
 //! * **server**: one context, one CQ, one registered buffer; for UD and RD
 //!   one QP, for RC a listener that accepts every connection onto a new
-//!   QP. It reports its resident set size before any peer (`ready
+//!   QP, for DC one DC target (its shared receive queue keeps the
+//!   receives) and one DC initiator that replies (one DC address handle
+//!   shared by every reply). It reports its resident set size before any peer (`ready
 //!   rss=…`), once every one of the `n` peers has been served (`setup
 //!   rss=…`), and after the traffic has been idle for `settle_ms`, longer
 //!   than the RD idle expiry set for the run (`result rss=…`), with the
 //!   open descriptors and, for RD, the peer entries still alive.
-//! * **client**: creates `count` endpoints (UD QPs, RD QPs, or RC QPs that
-//!   are not yet connected), says `ready`, and on `go` walks them in turn:
+//! * **client**: creates `count` endpoints (UD QPs, RD QPs, RC QPs that
+//!   are not yet connected, or DC targets: each endpoint is a DCT the
+//!   server replies to, and one DCI per client process sends every
+//!   endpoint's request, over one connection to the server's DCT — DC
+//!   shares it; the replies need one connection per endpoint, made and
+//!   evicted by the server's 16-slot table), says `ready`, and on `go` walks them in turn:
 //!   (RC: connect,) send the server one 8-octet message carrying the
 //!   endpoint's peer id, wait for the server's reply on that endpoint (UD:
 //!   send again after 200 ms, at most 25 times). Then it keeps every
@@ -18,7 +24,8 @@
 //!
 //! Serving a peer is: its first message received (UD/RD: the peer id, read
 //! from a receive slot that only that receive uses, marks a bitmap
-//! allocated before the baseline; RC: the QP's first receive) and a reply
+//! allocated before the baseline; RC: the QP's first receive; DC: the
+//! peer id and the endpoint's DCT number from the receive slot) and a reply
 //! sent to it (UD/RD: through an address handle made from the completion
 //! and dropped at once — no per-peer state in the application).
 
@@ -28,6 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use softrdma_verbs::cm::{self, ConnParams};
+use softrdma_verbs::dc::{DcAddressHandle, DcInitiator, DcOptions, DcTarget};
 use softrdma_verbs::{
     Access, AddressHandle, Completion, Context, DgramAddr, MemoryRegion, Payload, ProtectionDomain,
     QpCaps, QueuePair, RdQpOptions, RdQueuePair, RecvWr, SendFlags, SendOp, SendWr, SgList,
@@ -46,6 +54,9 @@ pub enum Kind {
     /// Reliable datagram: one server QP, per-peer reliability state that
     /// expires when idle.
     Rd,
+    /// Dynamically connected (SoftDC): one server DCT and DCI, RC
+    /// connections made on demand in a 16-slot table.
+    Dc,
 }
 
 impl Kind {
@@ -55,12 +66,13 @@ impl Kind {
             Kind::Rc => "rc",
             Kind::Ud => "ud",
             Kind::Rd => "rd",
+            Kind::Dc => "dc",
         }
     }
 
     /// Parses [`Kind::key`].
     pub fn from_key(s: &str) -> Option<Kind> {
-        [Kind::Rc, Kind::Ud, Kind::Rd]
+        [Kind::Rc, Kind::Ud, Kind::Rd, Kind::Dc]
             .into_iter()
             .find(|k| k.key() == s)
     }
@@ -73,6 +85,45 @@ const SERVER_RQ: usize = 256;
 /// Octets of a request or reply.
 const MSG: usize = 8;
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+/// The DC access key of the experiment.
+const DC_KEY: u64 = 0x5ca1_e000_0000_00dc;
+/// Send queue depth of the DC server's DCI (replies wait in it while
+/// their connections are made).
+const DC_SQ: usize = 4096;
+
+fn dc_options() -> DcOptions {
+    DcOptions {
+        bind_ip: LOCALHOST,
+        ..DcOptions::default()
+    }
+}
+
+/// The DC server's objects.
+struct DcServer {
+    srq: softrdma_verbs::SharedReceiveQueue,
+    dct: DcTarget,
+    dci: DcInitiator,
+    /// The DCI's own CQ (send completions only).
+    cq: softrdma_verbs::CompletionQueue,
+    ah: DcAddressHandle,
+}
+
+impl DcServer {
+    /// Reads the DCI's completions; counts the failed ones.
+    fn drain(&self, errors: &mut u64) {
+        let mut buf = [blank(); 64];
+        loop {
+            let k = self.cq.poll(&mut buf);
+            *errors += buf[..k]
+                .iter()
+                .filter(|c| c.wc.status != WcStatus::Success)
+                .count() as u64;
+            if k < buf.len() {
+                return;
+            }
+        }
+    }
+}
 
 fn blank() -> Completion {
     Completion {
@@ -184,6 +235,8 @@ fn server(kv: &Kv) -> Result<(), String> {
     seen.iter_mut().for_each(|b| *b = 0);
     let mut count = 0usize;
     let mut buf = [blank(); 64];
+    let mut errors = 0u64;
+    let mut dc: Option<DcServer> = None;
     let (port, qpn, dgram, rc) = match kind {
         Kind::Ud | Kind::Rd => {
             let caps = QpCaps {
@@ -249,6 +302,32 @@ fn server(kv: &Kv) -> Result<(), String> {
             });
             (port, 0, None, Some(qps))
         }
+        Kind::Dc => {
+            let srq = pd.create_srq(SERVER_RQ);
+            for i in 0..SERVER_RQ {
+                srq.post_recv(RecvWr {
+                    wr_id: i as u64,
+                    sgl: sgl(&rx, i * SLOT, SLOT),
+                })
+                .map_err(|e| e.to_string())?;
+            }
+            let dct = pd
+                .create_dct(&cq, &srq, DC_KEY, dc_options())
+                .map_err(|e| e.to_string())?;
+            let dcq = ctx.create_cq(DC_SQ, None);
+            let dci = pd
+                .create_dci(&dcq, DC_SQ, dc_options())
+                .map_err(|e| e.to_string())?;
+            let qpn = dct.number();
+            dc = Some(DcServer {
+                srq,
+                dct,
+                dci,
+                cq: dcq,
+                ah: pd.sdc_create_ah(LOCALHOST),
+            });
+            (0, qpn, None, None)
+        }
     };
     // Let the progress thread and allocator settle before the baseline.
     std::thread::sleep(Duration::from_millis(200));
@@ -260,7 +339,6 @@ fn server(kv: &Kv) -> Result<(), String> {
     ));
     let give_up = Instant::now() + Duration::from_secs(900);
     let mut last_seen = Instant::now();
-    let mut errors = 0u64;
     let mut setup_said = false;
     let mut pending: Vec<u32> = Vec::new();
     loop {
@@ -289,6 +367,9 @@ fn server(kv: &Kv) -> Result<(), String> {
             }
             pending = left;
         }
+        if let Some(d) = &dc {
+            d.drain(&mut errors);
+        }
         let k = cq.poll(&mut buf);
         if k == 0 {
             if count == n {
@@ -315,6 +396,33 @@ fn server(kv: &Kv) -> Result<(), String> {
                 errors += 1;
             }
             last_seen = Instant::now();
+            if let Some(d) = &dc {
+                let slot = wc.wr_id as usize;
+                let mut m = [0u8; 8];
+                rx.read_at(slot * SLOT, &mut m).map_err(|e| e.to_string())?;
+                let id = u32::from_le_bytes(m[..4].try_into().expect("4")) as usize;
+                let dct = u32::from_le_bytes(m[4..].try_into().expect("4"));
+                d.srq
+                    .post_recv(RecvWr {
+                        wr_id: slot as u64,
+                        sgl: sgl(&rx, slot * SLOT, SLOT),
+                    })
+                    .map_err(|e| e.to_string())?;
+                if wc.status != WcStatus::Success || id >= n {
+                    continue;
+                }
+                if seen[id / 8] & (1 << (id % 8)) == 0 {
+                    seen[id / 8] |= 1 << (id % 8);
+                    count += 1;
+                }
+                while let Err(e) = d.dci.post_send(send_wr(0, &tx, 0), &d.ah, dct, DC_KEY) {
+                    if e != softrdma_verbs::PostError::QueueFull {
+                        return Err(e.to_string());
+                    }
+                    d.drain(&mut errors);
+                }
+                continue;
+            }
             match (&dgram, &rc) {
                 (Some(qp), _) => {
                     let slot = wc.wr_id as usize;
@@ -369,6 +477,11 @@ fn server(kv: &Kv) -> Result<(), String> {
         }
     }
     let (live, expired) = match &dgram {
+        // DC: table slots in use; connections closed to make room or idle.
+        None if dc.is_some() => {
+            let s = dc.as_ref().expect("DC").dct.stats();
+            (s.live as u64, s.table.evictions + s.table.idle_closes)
+        }
         Some(ServerQp::Rd(q)) => {
             let s = q.stats().reliability;
             (
@@ -406,6 +519,8 @@ enum Ep {
     Ud(UdQueuePair),
     Rd(RdQueuePair),
     Rc(QueuePair),
+    /// The endpoint's DCT (the server replies to it) and its SRQ.
+    Dc(DcTarget, softrdma_verbs::SharedReceiveQueue),
 }
 
 fn client(kv: &Kv) -> Result<(), String> {
@@ -428,6 +543,17 @@ fn client(kv: &Kv) -> Result<(), String> {
         max_recv_wr: 2,
     };
     let mut eps = Vec::with_capacity(count);
+    // DC: one DCI (with its own CQ) sends every endpoint's request.
+    let dci = match kind {
+        Kind::Dc => {
+            let dcq = ctx.create_cq(64, None);
+            let dci = pd
+                .create_dci(&dcq, 16, dc_options())
+                .map_err(|e| format!("DCI: {e}"))?;
+            Some((dci, dcq, pd.sdc_create_ah(LOCALHOST)))
+        }
+        _ => None,
+    };
     for i in 0..count {
         let cq = ctx.create_cq(8, None);
         let ep = match kind {
@@ -440,6 +566,13 @@ fn client(kv: &Kv) -> Result<(), String> {
                     .map_err(|e| format!("RD QP {i}: {e}"))?,
             ),
             Kind::Rc => Ep::Rc(pd.create_qp(&cq, &cq, caps)),
+            Kind::Dc => {
+                let srq = pd.create_srq(caps.max_recv_wr);
+                let dct = pd
+                    .create_dct(&cq, &srq, DC_KEY, dc_options())
+                    .map_err(|e| format!("DCT {i}: {e}"))?;
+                Ep::Dc(dct, srq)
+            }
         };
         let wr = RecvWr {
             wr_id: i as u64,
@@ -449,20 +582,33 @@ fn client(kv: &Kv) -> Result<(), String> {
             Ep::Ud(q) => q.post_recv(wr).map_err(|e| e.to_string())?,
             Ep::Rd(q) => q.post_recv(wr).map_err(|e| e.to_string())?,
             Ep::Rc(q) => q.post_recv(wr).map_err(|e| e.to_string())?,
+            Ep::Dc(_, srq) => srq.post_recv(wr).map_err(|e| e.to_string())?,
         }
         let id = first + i as u32;
-        mr.write_at((count + i) * SLOT, &u64::from(id).to_le_bytes())
+        // The peer id; DC: then the DCT number to reply to.
+        let reply_to = match &ep {
+            Ep::Dc(dct, _) => dct.number(),
+            _ => 0,
+        };
+        let mut msg = [0u8; 8];
+        msg[..4].copy_from_slice(&id.to_le_bytes());
+        msg[4..].copy_from_slice(&reply_to.to_le_bytes());
+        mr.write_at((count + i) * SLOT, &msg)
             .map_err(|e| e.to_string())?;
         eps.push(ep);
         cqs.push(cq);
     }
-    let ah = pd
-        .create_ah(DgramAddr {
-            ip: LOCALHOST,
-            port,
-            qpn,
-        })
-        .map_err(|e| e.to_string())?;
+    let ah = match kind {
+        Kind::Ud | Kind::Rd => Some(
+            pd.create_ah(DgramAddr {
+                ip: LOCALHOST,
+                port,
+                qpn,
+            })
+            .map_err(|e| e.to_string())?,
+        ),
+        Kind::Rc | Kind::Dc => None,
+    };
     say(&format!(
         "ready count={count} fd_limit={}",
         fd_limit().unwrap_or(0)
@@ -480,10 +626,20 @@ fn client(kv: &Kv) -> Result<(), String> {
     for (i, (ep, cq)) in eps.iter().zip(&cqs).enumerate() {
         let wr = send_wr(u64::MAX, &mr, (count + i) * SLOT);
         let post = || -> Result<(), String> {
+            let no_ah = || "no address handle".to_string();
             match ep {
-                Ep::Ud(q) => q.post_send(wr, &ah).map_err(|e| e.to_string()),
-                Ep::Rd(q) => q.post_send(wr, &ah).map_err(|e| e.to_string()),
+                Ep::Ud(q) => q
+                    .post_send(wr, ah.as_ref().ok_or_else(no_ah)?)
+                    .map_err(|e| e.to_string()),
+                Ep::Rd(q) => q
+                    .post_send(wr, ah.as_ref().ok_or_else(no_ah)?)
+                    .map_err(|e| e.to_string()),
                 Ep::Rc(q) => q.post_send(wr).map_err(|e| e.to_string()),
+                Ep::Dc(..) => {
+                    let (dci, _, dah) = dci.as_ref().ok_or_else(|| "no DCI".to_string())?;
+                    dci.post_send(wr, dah, qpn, DC_KEY)
+                        .map_err(|e| e.to_string())
+                }
             }
         };
         if let Ep::Rc(q) = ep {
@@ -503,6 +659,13 @@ fn client(kv: &Kv) -> Result<(), String> {
             }
             let until = Instant::now() + wait;
             while !got && Instant::now() < until {
+                if let Some((_, dcq, _)) = &dci {
+                    // The request's completion (an error ends the run).
+                    let k = dcq.poll(&mut buf);
+                    if let Some(c) = buf[..k].iter().find(|c| c.wc.status != WcStatus::Success) {
+                        return Err(format!("endpoint {i}: request {:?}", c.wc.status));
+                    }
+                }
                 let k = cq.poll(&mut buf);
                 for c in &buf[..k] {
                     if c.wc.status != WcStatus::Success {
