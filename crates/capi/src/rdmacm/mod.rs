@@ -78,6 +78,8 @@ pub mod ev {
     pub const ROUTE_RESOLVED: i32 = 2;
     /// `RDMA_CM_EVENT_CONNECT_REQUEST`.
     pub const CONNECT_REQUEST: i32 = 4;
+    /// `RDMA_CM_EVENT_CONNECT_RESPONSE`.
+    pub const CONNECT_RESPONSE: i32 = 5;
     /// `RDMA_CM_EVENT_UNREACHABLE`.
     pub const UNREACHABLE: i32 = 7;
     /// `RDMA_CM_EVENT_REJECTED`.
@@ -302,6 +304,11 @@ pub(crate) struct IdSt {
     pub held: Option<usize>,
     /// `RDMA_OPTION_ID_TOS`, recorded.
     pub tos: Option<u8>,
+    /// The QP being connected when the application made it itself
+    /// (`conn_param.qp_num`, `id->qp` NULL): `*mut ibv_qp`.
+    pub own_qp: usize,
+    /// This id called `rdma_connect` (the active side).
+    pub active: bool,
 }
 
 /// `struct rdma_cm_id` and what stands behind it.
@@ -616,20 +623,37 @@ fn from_engine(e: CmEvent) -> Option<(Arc<ChanShared>, Pending)> {
             let ip = engine_lookup(num).filter(|p| is_live(*p))?;
             // SAFETY: live (checked).
             let obj = unsafe { &*(ip as *const IdObj) };
-            // SAFETY: id->qp is NULL or a live QP of this library.
-            if let Some(q) = unsafe { qp_from_raw(obj.id.qp) } {
+            let (own_qp, active) = {
+                let st = lock(&obj.st);
+                (st.own_qp, st.active)
+            };
+            let qp = if obj.id.qp.is_null() {
+                own_qp as *mut ibv_qp
+            } else {
+                obj.id.qp
+            };
+            // SAFETY: id->qp, or the QP connect/accept found by number, is
+            // NULL or a live QP of this library.
+            if let Some(q) = unsafe { qp_from_raw(qp) } {
                 match other.kind() {
                     CmEventKind::Established => q.set_state(IBV_QPS_RTS),
                     CmEventKind::Disconnected => q.set_state(IBV_QPS_ERR),
                     _ => {}
                 }
             }
+            // An active id without a QP of its own gets CONNECT_RESPONSE
+            // (the application moves its QP and calls rdma_establish), as
+            // upstream.
+            let mut event = other.rdma_cm_event() as i32;
+            if active && obj.id.qp.is_null() && other.kind() == CmEventKind::Established {
+                event = ev::CONNECT_RESPONSE;
+            }
             Some((
                 obj.chan(),
                 Pending {
                     id: ip,
                     listen_id: 0,
-                    event: other.rdma_cm_event() as i32,
+                    event,
                     status: other.status(),
                     param: Param::Conn {
                         responder_resources: 16,
@@ -1000,6 +1024,15 @@ fn conn_params(p: Option<&rdma_conn_param>) -> ConnParams {
 /// The RC QP to connect: the id's, else the one numbered in the
 /// parameters (the application made its own QP).
 fn rc_qp(obj: &IdObj, p: Option<&rdma_conn_param>) -> Res<softrdma_engine::Qp> {
+    let (qp, raw) = rc_qp_raw(obj, p)?;
+    if obj.id.qp.is_null() {
+        lock(&obj.st).own_qp = raw as usize;
+    }
+    Ok(qp)
+}
+
+/// [`rc_qp`] and the `ibv_qp` it belongs to.
+fn rc_qp_raw(obj: &IdObj, p: Option<&rdma_conn_param>) -> Res<(softrdma_engine::Qp, *mut ibv_qp)> {
     let qp = if obj.id.qp.is_null() {
         let n = p.map_or(0, |p| p.qp_num);
         objects::qp_by_num(n).ok_or(libc::EINVAL)? as *mut ibv_qp
@@ -1008,7 +1041,7 @@ fn rc_qp(obj: &IdObj, p: Option<&rdma_conn_param>) -> Res<softrdma_engine::Qp> {
     };
     // SAFETY: id->qp or a registered QP: live objects of ours.
     let q = unsafe { qp_from_raw(qp) }.ok_or(libc::EINVAL)?;
-    q.rc().cloned().ok_or(libc::EINVAL)
+    Ok((q.rc().cloned().ok_or(libc::EINVAL)?, qp))
 }
 
 /// `rdma_listen`.
@@ -1062,10 +1095,17 @@ pub fn connect(obj: &mut IdObj, p: Option<&rdma_conn_param>) -> Res<()> {
                 _ => libc::EINVAL,
             });
         }
-        lock(&obj.st).engine = Some(id);
+        let mut st = lock(&obj.st);
+        st.engine = Some(id);
+        st.active = true;
     }
     if obj.sync() {
-        complete(obj, ev::ESTABLISHED)?;
+        let want = if obj.id.qp.is_null() {
+            ev::CONNECT_RESPONSE
+        } else {
+            ev::ESTABLISHED
+        };
+        complete(obj, want)?;
     }
     Ok(())
 }
@@ -1092,8 +1132,13 @@ pub fn accept(obj: &mut IdObj, p: Option<&rdma_conn_param>) -> Res<()> {
     })?;
     // The passive side is connected when accept returns (the MPA Reply is
     // out, the QP runs): sends may be posted before ESTABLISHED is read.
-    // SAFETY: id->qp is NULL or a live QP of ours.
-    if let Some(q) = unsafe { qp_from_raw(obj.id.qp) } {
+    let raw = if obj.id.qp.is_null() {
+        lock(&obj.st).own_qp as *mut ibv_qp
+    } else {
+        obj.id.qp
+    };
+    // SAFETY: id->qp or the QP found by number: a live QP of ours.
+    if let Some(q) = unsafe { qp_from_raw(raw) } {
         q.set_state(IBV_QPS_RTS);
     }
     if obj.sync() {
@@ -1237,7 +1282,6 @@ pub fn ah_attr_to(ip: IpAddr, dlid: u16) -> ibv_ah_attr {
 /// QP to `attr->qp_state`.
 pub fn init_qp_attr(obj: &IdObj, attr: &mut ibv_qp_attr) -> Res<c_int> {
     let ud = is_ud(obj.id.ps);
-    let dst = lock(&obj.st).dst;
     let mask = match attr.qp_state {
         IBV_QPS_INIT => {
             attr.pkey_index = 0;
@@ -1252,32 +1296,12 @@ pub fn init_qp_attr(obj: &IdObj, attr: &mut ibv_qp_attr) -> Res<c_int> {
                 IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS
             }
         }
-        IBV_QPS_RTR if ud => IBV_QP_STATE,
-        IBV_QPS_RTR => {
-            attr.path_mtu = IBV_MTU_4096;
-            attr.max_dest_rd_atomic = 16;
-            attr.min_rnr_timer = 12;
-            if let Some(d) = dst {
-                attr.ah_attr = ah_attr_to(d.ip(), 0);
-            }
-            IBV_QP_STATE | IBV_QP_PATH_MTU | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER
-        }
-        IBV_QPS_RTS if ud => {
-            attr.sq_psn = 0;
-            IBV_QP_STATE | IBV_QP_SQ_PSN
-        }
+        // iWARP: the connection manager moves the QP; RTR and RTS are
+        // state changes only (what the kernel's iw_cm reports too).
+        IBV_QPS_RTR => IBV_QP_STATE,
         IBV_QPS_RTS => {
             attr.sq_psn = 0;
-            attr.timeout = 14;
-            attr.retry_cnt = 7;
-            attr.rnr_retry = 7;
-            attr.max_rd_atomic = 16;
-            IBV_QP_STATE
-                | IBV_QP_SQ_PSN
-                | IBV_QP_TIMEOUT
-                | IBV_QP_RETRY_CNT
-                | IBV_QP_RNR_RETRY
-                | IBV_QP_MAX_QP_RD_ATOMIC
+            IBV_QP_STATE | if ud { IBV_QP_SQ_PSN } else { 0 }
         }
         _ => return Err(libc::EINVAL),
     };
