@@ -400,8 +400,16 @@ pub(crate) fn format_table(rows: &[PerfResult]) -> String {
         if let Some(e) = &r.error {
             notes.push(format!("ERROR: {e}"));
         }
-        let ratio = match (r.ratio, &r.baseline) {
-            (Some(x), _) => format!("{x:.2}x"),
+        let ratio = match r.ratio {
+            Some(x) if x < 0.1 => format!("{x:.3}x"),
+            Some(x) => format!("{x:.2}x"),
+            None => "-".into(),
+        };
+        // The baseline with its figure (p50 µs or Gbit/s), so a strange
+        // ratio shows which side was strange.
+        let baseline = match (&r.baseline, r.baseline_value) {
+            (Some(b), Some(v)) => format!("{b} {}", opt(Some(v), 2)),
+            (Some(b), None) => b.clone(),
             _ => "-".into(),
         };
         let lat = r.is_lat();
@@ -418,7 +426,7 @@ pub(crate) fn format_table(rows: &[PerfResult]) -> String {
             opt(r.lat_us_p99, 2),
             if lat { "-".into() } else { opt(r.bw_gbps, 2) },
             opt(r.msg_rate_mps, 3),
-            r.baseline.clone().unwrap_or_else(|| "-".into()),
+            baseline,
             ratio,
             notes.join("; "),
         ]);

@@ -768,8 +768,8 @@ measured on loopback with the two ends in two processes.\n\
 * `*_lat` rows: one-way latency = round trip / 2, p50 and p99 from a log-linear \
 histogram of every round trip. `*_bw` rows: goodput in Gbit/s of message octets and \
 the message rate.\n\
-* `baseline` / `ratio`: the raw-socket test of the same size and wait mode measured \
-just before the cell in the same process pair (RC against raw TCP, UD and RD against \
+* `baseline` / `ratio`: the raw-socket test of the same size and wait mode, measured \
+alternately with the cell (two rounds each) by the same process pair (RC against raw TCP, UD and RD against \
 raw UDP cut into datagrams of softrdma's payload size). Latency ratio = softrdma / \
 baseline (below 1 is faster than raw sockets); bandwidth ratio = softrdma / baseline \
 (above 1 is faster). Only these same-run ratios are meaningful: absolute figures on a \
