@@ -697,6 +697,8 @@ impl DcService {
                     self.data_cq.clone(),
                     self.data_cq.clone(),
                 );
+                // Eviction is normal operation, not an async error.
+                qp.set_internal();
                 let _ = ib.bind(qpn, &qp);
                 qp
             }
@@ -1024,6 +1026,8 @@ impl DcService {
                 d.cq.clone(),
                 d.srq.clone(),
             );
+            // Its closing is normal operation, not an async error.
+            qp.set_internal();
             let _ = ib.bind(qpn, &qp);
             core.accepting += 1;
             core.max_rc = core.max_rc.max(rc_count(core));

@@ -26,6 +26,7 @@
 use std::io::{self, Read};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -125,6 +126,8 @@ pub struct QpShared {
     srq: Option<Arc<Srq>>,
     /// The socket's epoll interest and busy-poll parking.
     park: Parking,
+    /// Raises no QP async events ([`Qp::set_internal`]).
+    internal: AtomicBool,
     core: Mutex<QpCore>,
 }
 
@@ -180,6 +183,7 @@ impl Qp {
             recv_cq: recv_cq.clone(),
             srq,
             park: Parking::default(),
+            internal: AtomicBool::new(false),
             core: Mutex::new(QpCore {
                 link: None,
                 early_rq: RecvQueue::new(caps.max_recv_wr),
@@ -214,6 +218,15 @@ impl Qp {
     /// The shared receive queue the QP takes its receives from, if any.
     pub fn srq(&self) -> Option<&Arc<Srq>> {
         self.inner.srq.as_ref()
+    }
+
+    /// Marks a QP that the engine uses internally (SoftDC connections):
+    /// it raises no QP async events (established, fatal, access error) —
+    /// the application never sees its number, and its closing is normal
+    /// operation; errors reach the application as work completions. SRQ
+    /// limit events are still raised.
+    pub fn set_internal(&self) {
+        self.inner.internal.store(true, Ordering::Relaxed);
     }
 
     /// The transport state.
@@ -305,9 +318,11 @@ impl Qp {
             token,
             Arc::downgrade(&self.inner),
         )?;
-        self.inner.shared.events.raise(AsyncEvent::CommEstablished {
-            qpn: self.inner.qpn,
-        });
+        if !self.inner.internal.load(Ordering::Relaxed) {
+            self.inner.shared.events.raise(AsyncEvent::CommEstablished {
+                qpn: self.inner.qpn,
+            });
+        }
         // Toward a peer that is not softrdma, after our first FPDUs: one
         // probe if the peer stays silent (RcQp::send_probe; wire.md §9.11).
         if !cfg.softrdma_ext {
@@ -516,8 +531,11 @@ impl QpShared {
         c.out_send.clear();
         c.out_recv.clear();
         drop(c);
+        let internal = self.internal.load(Ordering::Relaxed);
         for e in events.iter().flatten() {
-            self.shared.events.raise(*e);
+            if !internal || matches!(e, AsyncEvent::SrqLimitReached { .. }) {
+                self.shared.events.raise(*e);
+            }
         }
     }
 

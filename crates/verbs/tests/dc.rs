@@ -11,6 +11,8 @@
 //! * many DCIs (in separate contexts, and several sharing one) sending to
 //!   one DCT concurrently;
 //! * every RC operation kind over DC (Send+imm, Write+imm, Read, atomics).
+//! * graceful teardowns (evictions through a 4-slot table) raise no async
+//!   events on either side (the internal RC QPs are quiet).
 
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
@@ -578,4 +580,55 @@ fn many_dcis_one_dct() {
     }
     assert_eq!(seen.len(), 800);
     assert_eq!(srv.dcts[0].rejected(), 0);
+}
+
+/// Every async event queued on `ctx` now (none left after).
+fn drain_events(ctx: &Context) -> Vec<softrdma_verbs::AsyncEvent> {
+    std::iter::from_fn(|| ctx.get_async_event(Some(Duration::from_millis(20)))).collect()
+}
+
+#[test]
+fn evictions_raise_no_async_events() {
+    // 40 DCTs through a 4-slot initiator table, two rounds: well over 70
+    // graceful teardowns on each side, none of them an async error.
+    const N: usize = 40;
+    let srv = server(N, 2 * N + 16, 64, 0, KEY, 16);
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(256, None);
+    let dci = pd
+        .create_dci(&cq, 16, opts(4, Duration::from_secs(10)))
+        .unwrap();
+    let mr = pd.register(64, Access::LOCAL_WRITE).unwrap();
+    let ah = pd.sdc_create_ah(LO);
+    for round in 0..2u64 {
+        for (i, d) in srv.dcts.iter().enumerate() {
+            let id = round * N as u64 + i as u64;
+            dci.post_send(send_wr(id, &mr, 0, 64, true), &ah, d.number(), KEY)
+                .unwrap();
+            let c = poll_n(&cq, 1)[0];
+            assert_eq!((c.wc.wr_id, c.wc.status), (id, WcStatus::Success));
+        }
+    }
+    assert_eq!(poll_n(&srv.cq, 2 * N).len(), 2 * N);
+    let st = dci.stats();
+    assert!(
+        st.table.evictions + st.table.idle_closes >= (2 * N - 4) as u64,
+        "{st:?}"
+    );
+    // The target side notices the closes (its reaper runs every 50 ms).
+    let deadline = Instant::now() + WAIT;
+    while srv.dcts[0].stats().live > 4 {
+        assert!(Instant::now() < deadline, "{:?}", srv.dcts[0].stats());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (who, c) in [("initiator", &ctx), ("target", &srv._ctx)] {
+        let evs = drain_events(c);
+        assert!(
+            evs.is_empty(),
+            "{who}: {} async events after graceful DC teardowns, e.g. {:?}",
+            evs.len(),
+            evs.first()
+        );
+    }
 }
