@@ -191,6 +191,7 @@ fn check_cell(test: &str, transport: &str, size: usize) {
     assert_eq!(num(r, "size"), Some(size as f64));
     assert_eq!(s(r, "wait"), Some("poll"));
     assert_eq!(r.get("verified"), Some(&J::B(true)));
+    assert_eq!(base.get("verified"), Some(&J::B(false)));
     assert_eq!(r.get("error"), Some(&J::Null), "{stdout}");
     assert!(num(r, "iters").unwrap() > 0.0);
     assert!(num(r, "msg_rate_mps").unwrap() > 0.0);

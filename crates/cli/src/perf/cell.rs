@@ -326,7 +326,8 @@ impl Spec {
             self.size as u64,
             self.wait.name(),
         );
-        r.verified = self.verify;
+        // The baselines carry no pattern: only softrdma cells are checked.
+        r.verified = self.verify && !matches!(self.test.op, Op::Tcp | Op::Udp);
         r
     }
 }
