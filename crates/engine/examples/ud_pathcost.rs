@@ -5,13 +5,14 @@
 //! `valgrind --tool=callgrind` (the rc_pathcost of datagrams).
 //!
 //! ```sh
-//! cargo run --release -p softrdma-engine --example ud_pathcost -- [ITERS] [MSG] [udp,ud]
+//! cargo run --release -p softrdma-engine --example ud_pathcost -- [ITERS] [MSG] [udp,ud,wr]
 //! ```
 //!
 //! Prints ns per one-way message of raw UDP (`send_to` + `recv_from` on
 //! non-blocking sockets) and of UD Send (post_send, poll the peer's CQ
 //! until the receive completes, repost), the ratio, and the polls that
-//! found nothing.
+//! found nothing; then (`wr`) 64 KiB Write-Records one at a time, each
+//! awaited at the target, in ns per message.
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::Instant;
@@ -37,7 +38,7 @@ fn main() {
     };
     let (iters, msg) = (arg(1, 200_000), arg(2, 64));
     assert!((1..=1024).contains(&msg), "MSG in 1..=1024");
-    let which = std::env::args().nth(3).unwrap_or("udp,ud".into());
+    let which = std::env::args().nth(3).unwrap_or("udp,ud,wr".into());
     let run = |name: &str| which.split(',').any(|w| w == name);
 
     let a = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -158,5 +159,53 @@ fn main() {
     println!(
         "UD Send {msg} B        {ud:8.1} ns/msg  {:5.2}x  (empty polls {polls_empty})",
         ud / udp
+    );
+
+    // Write-Record of 64 KiB from 0 to 1 (into 1's buffer at 0), waiting
+    // for the record at 1 each time: per-message cost of the segmented
+    // one-sided path (45 full datagrams and one short at MTU 1500).
+    if !run("wr") {
+        return;
+    }
+    const WR: usize = 64 << 10;
+    let rounds = (iters / 64).max(10);
+    let rec = |i: u64| SendWr {
+        wr_id: i,
+        op: SendOp::WriteRecord {
+            remote_addr: ends[1].3.as_ptr() as u64,
+            rkey: ends[1].4,
+        },
+        payload: Payload::Sgl(SgList::single(
+            ends[0].3.as_ptr() as u64,
+            WR as u32,
+            ends[0].4,
+        )),
+        flags: SendFlags {
+            signaled: i % 16 == 0,
+            ..Default::default()
+        },
+    };
+    let (mut partial, mut empty) = (0u64, 0u64);
+    let t = Instant::now();
+    for i in 0..rounds as u64 {
+        ends[0].2.post_send(rec(i), dest[1]).unwrap();
+        'wait: loop {
+            let _ = ends[0].1.poll(&mut outc);
+            let n = ends[1].1.poll(&mut outc);
+            if n == 0 {
+                empty += 1;
+            }
+            for c in &outc[..n] {
+                if c.wc.opcode == WcOpcode::RecvWriteRecord {
+                    partial += u64::from(c.wc.status != WcStatus::Success);
+                    break 'wait;
+                }
+            }
+        }
+    }
+    let per = t.elapsed().as_nanos() as f64 / rounds as f64;
+    println!(
+        "Write-Record 64 KiB  {per:8.1} ns/msg  {:.2} Gbit/s  (partial {partial}, empty polls {empty})",
+        WR as f64 * 8.0 / per
     );
 }

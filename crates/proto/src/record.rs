@@ -568,6 +568,39 @@ impl Tracker {
             return Placed::Stale;
         };
         let key = (src, stag);
+        let map_on = self.cfg.mode.map();
+        // The common case first, with one lookup: the next segment of the
+        // message in progress. (An MSN in progress is never in the
+        // history: `start` is reached only past the history check below.)
+        if let Some(m) = self.inprog.get_mut(&key).filter(|m| m.msn == msn) {
+            let map = if map_on {
+                Some(self.valid.entry(stag).or_default())
+            } else {
+                None
+            };
+            let r = apply(
+                m,
+                base,
+                mo,
+                end,
+                last,
+                now,
+                self.cfg.max_fragments,
+                map,
+                &mut self.stats.validity_overflow,
+            );
+            let done = r.is_ok() && m.complete();
+            return match r {
+                Err(r) => self.rejected(r),
+                Ok(()) if done => {
+                    if let Some(m) = self.inprog.remove(&key) {
+                        self.retire(key, m);
+                    }
+                    Placed::Completed
+                }
+                Ok(()) => Placed::Continued,
+            };
+        }
         if let Some(&completed) = self.history.outcome.get(&(key, msn)) {
             return if completed {
                 self.stats.duplicates += 1;
@@ -577,38 +610,7 @@ impl Tracker {
                 Placed::Stale
             };
         }
-        let map_on = self.cfg.mode.map();
         match self.inprog.get(&key).map(|m| m.msn) {
-            Some(cur) if cur == msn => {
-                let Some(m) = self.inprog.get_mut(&key) else {
-                    return Placed::Stale;
-                };
-                let map = if map_on {
-                    Some(self.valid.entry(stag).or_default())
-                } else {
-                    None
-                };
-                match apply(
-                    m,
-                    base,
-                    mo,
-                    end,
-                    last,
-                    now,
-                    self.cfg.max_fragments,
-                    map,
-                    &mut self.stats.validity_overflow,
-                ) {
-                    Err(r) => self.rejected(r),
-                    Ok(()) if m.complete() => {
-                        if let Some(m) = self.inprog.remove(&key) {
-                            self.retire(key, m);
-                        }
-                        Placed::Completed
-                    }
-                    Ok(()) => Placed::Continued,
-                }
-            }
             Some(cur) if msn_newer(msn, cur) => {
                 if let Some(old) = self.inprog.remove(&key) {
                     self.stats.retired_by_newer_msn += 1;
