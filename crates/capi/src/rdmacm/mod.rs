@@ -381,20 +381,35 @@ pub unsafe fn create_id(chan: *mut ChanObj, context: *mut c_void, ps: c_int) -> 
     };
     // SAFETY: a live channel (contract, or just created).
     let shared = unsafe { (*chan).shared.clone() };
+    let obj = new_id(shared, chan as usize, context as usize, ps);
+    // SAFETY: just made, not yet shared.
+    unsafe { (*obj).own_chan = own };
+    Ok(obj)
+}
+
+/// A new id reporting to `shared`, whose `ChanObj` (the application's
+/// `id->channel`) is at `chan_ptr`; nothing is dereferenced, so threads
+/// that outlive the application's objects can make child ids.
+pub(crate) fn new_id(
+    shared: Arc<ChanShared>,
+    chan_ptr: usize,
+    context: usize,
+    ps: c_int,
+) -> *mut IdObj {
     // SAFETY: all-zero is a valid rdma_cm_id (NULL pointers, zero ints).
     let mut id: rdma_cm_id = unsafe { std::mem::zeroed() };
-    id.channel = chan as *mut rdma_event_channel;
-    id.context = context;
+    id.channel = chan_ptr as *mut rdma_event_channel;
+    id.context = context as *mut c_void;
     id.ps = ps;
     id.qp_type = qp_type_of(ps);
     let obj = Box::into_raw(Box::new(IdObj {
         id,
         chan: Mutex::new(shared),
-        own_chan: own,
+        own_chan: std::ptr::null_mut(),
         st: Mutex::new(IdSt::default()),
     }));
     live().get_or_insert_with(HashSet::new).insert(obj as usize);
-    Ok(obj)
+    obj
 }
 
 /// Our id behind an `rdma_cm_id`.
@@ -585,12 +600,12 @@ fn from_engine(e: CmEvent) -> Option<(Arc<ChanShared>, Pending)> {
             // events are being read.
             // SAFETY: a live id (checked above; see the contract).
             let l = unsafe { &mut *(lp as *mut IdObj) };
-            // SAFETY: the listener's channel is live while the listener is.
-            let made = unsafe { create_id(l.id.channel as *mut ChanObj, l.id.context, l.id.ps) };
-            let Ok(child) = made else {
-                let _ = id.reject(&[]);
-                return None;
-            };
+            let child = new_id(
+                l.chan(),
+                l.id.channel as usize,
+                l.id.context as usize,
+                l.id.ps,
+            );
             // SAFETY: just created.
             let c = unsafe { &mut *child };
             let local_ip = if peer.ip().is_loopback() {
@@ -1052,7 +1067,14 @@ pub fn listen(obj: &mut IdObj, backlog: c_int) -> Res<()> {
         .unwrap_or(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0));
     let me = obj as *mut IdObj as usize;
     if is_ud(obj.id.ps) {
-        let l = sidr::Listener::start(src, me, obj.chan())?;
+        let proto = sidr::ChildProto {
+            listen_id: me,
+            chan: obj.chan(),
+            chan_ptr: obj.id.channel as usize,
+            context: obj.id.context as usize,
+            ps: obj.id.ps,
+        };
+        let l = sidr::Listener::start(src, proto)?;
         let local = l.local_addr();
         write_storage(&mut obj.id.route.addr.src_addr, &local);
         let mut st = lock(&obj.st);

@@ -21,11 +21,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{ev, ChanShared, IdObj, Param, Pending, Res, RDMA_UDP_QKEY};
+use super::{ev, ChanShared, Param, Pending, Res, RDMA_UDP_QKEY};
 
 const MAGIC: &[u8; 6] = b"sSIDR1";
 /// How long either side waits for the other's message.
 const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a listener thread needs to make child ids, taken when listening
+/// starts (the thread never touches the listening id itself, which the
+/// application may destroy at any time).
+pub(crate) struct ChildProto {
+    /// `*mut IdObj` of the listening id (only compared, never followed).
+    pub listen_id: usize,
+    /// Its channel.
+    pub chan: Arc<ChanShared>,
+    /// `id->channel` of the listening id, copied into children.
+    pub chan_ptr: usize,
+    /// `id->context`, copied into children.
+    pub context: usize,
+    /// The port space.
+    pub ps: i32,
+}
 
 /// A listening UD id's acceptor.
 pub struct Listener {
@@ -34,9 +50,9 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Listens on `addr` for requests to the id at `id` (an `IdObj`
-    /// address), queueing `CONNECT_REQUEST`s on `chan`.
-    pub(crate) fn start(addr: SocketAddr, id: usize, chan: Arc<ChanShared>) -> Res<Listener> {
+    /// Listens on `addr` for requests to the listening id of `proto`,
+    /// queueing `CONNECT_REQUEST`s (with new child ids) on its channel.
+    pub(crate) fn start(addr: SocketAddr, proto: ChildProto) -> Res<Listener> {
         let l =
             TcpListener::bind(addr).map_err(|e| e.raw_os_error().unwrap_or(libc::EADDRINUSE))?;
         let local = l.local_addr().map_err(|_| libc::EINVAL)?;
@@ -44,7 +60,7 @@ impl Listener {
         let stop2 = stop.clone();
         std::thread::Builder::new()
             .name("softrdma-sidr".into())
-            .spawn(move || run(l, id, chan, stop2))
+            .spawn(move || run(l, proto, stop2))
             .map_err(|_| libc::EAGAIN)?;
         Ok(Listener { local, stop })
     }
@@ -63,7 +79,7 @@ impl Drop for Listener {
     }
 }
 
-fn run(l: TcpListener, id: usize, chan: Arc<ChanShared>, stop: Arc<AtomicBool>) {
+fn run(l: TcpListener, p: ChildProto, stop: Arc<AtomicBool>) {
     for s in l.incoming() {
         if stop.load(Ordering::Acquire) {
             return;
@@ -72,32 +88,20 @@ fn run(l: TcpListener, id: usize, chan: Arc<ChanShared>, stop: Arc<AtomicBool>) 
         let Ok(private_data) = read_request(&mut s) else {
             continue;
         };
-        if !super::is_live(id) {
+        if stop.load(Ordering::Acquire) || !super::is_live(p.listen_id) {
             return;
         }
-        // SAFETY: the listening id is live (checked above).
-        let lobj = unsafe { &mut *(id as *mut IdObj) };
-        // SAFETY: the listener's channel pointer is live while it is.
-        let child = match unsafe {
-            super::create_id(
-                lobj.id.channel as *mut super::ChanObj,
-                lobj.id.context,
-                lobj.id.ps,
-            )
-        } {
-            Ok(c) => c,
-            Err(_) => continue,
-        };
-        // SAFETY: just created.
+        let child = super::new_id(p.chan.clone(), p.chan_ptr, p.context, p.ps);
+        // SAFETY: just made; nobody else has it until the event is read.
         let c = unsafe { &mut *child };
         if let (Ok(local), Ok(peer)) = (s.local_addr(), s.peer_addr()) {
             let _ = c.set_src(local);
             c.set_dst(peer);
         }
         super::lock(&c.st).ud_request = Some(s);
-        chan.push(Pending {
+        p.chan.push(Pending {
             id: child as usize,
-            listen_id: id,
+            listen_id: p.listen_id,
             event: ev::CONNECT_REQUEST,
             status: 0,
             param: Param::Ud {
