@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 
 use crate::abi::*;
 use crate::abi_cm::*;
-use crate::export::{export, guard, guard_neg, guard_ptr, set_errno};
+use crate::export::{export, guard, guard_neg, guard_ptr};
 use crate::rsocket::sockaddr_read;
 
 use super::{addrinfo, id_from_raw, ChanObj};
@@ -377,11 +377,14 @@ static EVENT_NAMES: [&[u8]; 16] = [
 
 /// `rdma_event_str`.
 pub extern "C" fn softrdma_rdma_event_str(event: c_int) -> *const c_char {
-    let s: &[u8] = usize::try_from(event)
-        .ok()
-        .and_then(|i| EVENT_NAMES.get(i).copied())
-        .unwrap_or(b"UNKNOWN EVENT\0");
-    s.as_ptr() as *const c_char
+    const UNKNOWN: &[u8] = b"UNKNOWN EVENT\0";
+    guard(UNKNOWN.as_ptr() as *const c_char, || {
+        let s: &[u8] = usize::try_from(event)
+            .ok()
+            .and_then(|i| EVENT_NAMES.get(i).copied())
+            .unwrap_or(UNKNOWN);
+        s.as_ptr() as *const c_char
+    })
 }
 
 /// `rdma_getaddrinfo`.
@@ -644,8 +647,7 @@ pub unsafe extern "C" fn softrdma_rdma_migrate_id(
 /// `rdma_notify`: not needed on iWARP (no communication-established
 /// event to signal); `ENOSYS`.
 pub extern "C" fn softrdma_rdma_notify(_id: *mut rdma_cm_id, _event: c_int) -> c_int {
-    set_errno(libc::ENOSYS);
-    -1
+    guard_neg(|| Err(libc::ENOSYS))
 }
 
 /// `rdma_get_devices`: a NULL-terminated array of this library's
@@ -728,29 +730,27 @@ pub extern "C" fn softrdma_rdma_create_srq(
     _pd: *mut ibv_pd,
     _attr: *mut c_void,
 ) -> c_int {
-    set_errno(libc::ENOSYS);
-    -1
+    guard_neg(|| Err(libc::ENOSYS))
 }
 
 /// `rdma_create_srq_ex`: `ENOSYS`, as `rdma_create_srq`.
 pub extern "C" fn softrdma_rdma_create_srq_ex(_id: *mut rdma_cm_id, _attr: *mut c_void) -> c_int {
-    set_errno(libc::ENOSYS);
-    -1
+    guard_neg(|| Err(libc::ENOSYS))
 }
 
 /// `rdma_destroy_srq`: nothing was created through rdma_cm.
-pub extern "C" fn softrdma_rdma_destroy_srq(_id: *mut rdma_cm_id) {}
+pub extern "C" fn softrdma_rdma_destroy_srq(_id: *mut rdma_cm_id) {
+    guard((), || {})
+}
 
 /// `rdma_get_remote_ece`: no ECE on iWARP (`EOPNOTSUPP`).
 pub extern "C" fn softrdma_rdma_get_remote_ece(_id: *mut rdma_cm_id, _ece: *mut c_void) -> c_int {
-    set_errno(libc::EOPNOTSUPP);
-    -1
+    guard_neg(|| Err(libc::EOPNOTSUPP))
 }
 
 /// `rdma_set_local_ece`: `EOPNOTSUPP`.
 pub extern "C" fn softrdma_rdma_set_local_ece(_id: *mut rdma_cm_id, _ece: *mut c_void) -> c_int {
-    set_errno(libc::EOPNOTSUPP);
-    -1
+    guard_neg(|| Err(libc::EOPNOTSUPP))
 }
 
 /// `rdma_reject_ece`: `EOPNOTSUPP`.
@@ -759,8 +759,7 @@ pub extern "C" fn softrdma_rdma_reject_ece(
     _pd: *const c_void,
     _len: u8,
 ) -> c_int {
-    set_errno(libc::EOPNOTSUPP);
-    -1
+    guard_neg(|| Err(libc::EOPNOTSUPP))
 }
 
 export!(

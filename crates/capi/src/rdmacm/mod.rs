@@ -647,8 +647,7 @@ fn from_engine(e: CmEvent) -> Option<(Arc<ChanShared>, Pending)> {
             } else {
                 obj.id.qp
             };
-            // SAFETY: id->qp, or the QP connect/accept found by number, is
-            // NULL or a live QP of this library.
+            // SAFETY: id->qp or the QP found by number: NULL or a live QP of ours.
             if let Some(q) = unsafe { qp_from_raw(qp) } {
                 match other.kind() {
                     CmEventKind::Established => q.set_state(IBV_QPS_RTS),

@@ -150,7 +150,7 @@ pub unsafe extern "C" fn softrdma_rrecv(
 /// As `rrecv`.
 pub unsafe extern "C" fn softrdma_rread(socket: c_int, buf: *mut c_void, len: usize) -> isize {
     // SAFETY: the caller's contract.
-    unsafe { softrdma_rrecv(socket, buf, len, 0) }
+    guard(-1, || unsafe { softrdma_rrecv(socket, buf, len, 0) })
 }
 
 /// `rwrite`.
@@ -159,7 +159,7 @@ pub unsafe extern "C" fn softrdma_rread(socket: c_int, buf: *mut c_void, len: us
 /// As `rsend`.
 pub unsafe extern "C" fn softrdma_rwrite(socket: c_int, buf: *const c_void, len: usize) -> isize {
     // SAFETY: the caller's contract.
-    unsafe { softrdma_rsend(socket, buf, len, 0) }
+    guard(-1, || unsafe { softrdma_rsend(socket, buf, len, 0) })
 }
 
 /// `rrecvfrom` (a stream: the source is the peer).
@@ -174,15 +174,17 @@ pub unsafe extern "C" fn softrdma_rrecvfrom(
     src: *mut libc::sockaddr,
     srclen: *mut libc::socklen_t,
 ) -> isize {
-    // SAFETY: the caller's contract.
-    let n = unsafe { softrdma_rrecv(socket, buf, len, flags) };
-    if n >= 0 {
-        if let Ok(peer) = super::peername(socket) {
-            // SAFETY: the caller's contract.
-            unsafe { sockaddr_write(&peer, src, srclen) };
+    guard(-1, || {
+        // SAFETY: the caller's contract.
+        let n = unsafe { softrdma_rrecv(socket, buf, len, flags) };
+        if n >= 0 {
+            if let Ok(peer) = super::peername(socket) {
+                // SAFETY: the caller's contract.
+                unsafe { sockaddr_write(&peer, src, srclen) };
+            }
         }
-    }
-    n
+        n
+    })
 }
 
 /// `rsendto` (a stream: the destination is ignored once connected, as
@@ -199,7 +201,7 @@ pub unsafe extern "C" fn softrdma_rsendto(
     _dstlen: libc::socklen_t,
 ) -> isize {
     // SAFETY: the caller's contract.
-    unsafe { softrdma_rsend(socket, buf, len, flags) }
+    guard(-1, || unsafe { softrdma_rsend(socket, buf, len, flags) })
 }
 
 /// # Safety
@@ -294,7 +296,7 @@ pub unsafe extern "C" fn softrdma_rreadv(
     cnt: c_int,
 ) -> isize {
     // SAFETY: the caller's contract.
-    unsafe { readv(socket, iov, cnt, 0) }
+    guard(-1, || unsafe { readv(socket, iov, cnt, 0) })
 }
 
 /// `rwritev`.
@@ -307,7 +309,7 @@ pub unsafe extern "C" fn softrdma_rwritev(
     cnt: c_int,
 ) -> isize {
     // SAFETY: the caller's contract.
-    unsafe { writev(socket, iov, cnt, 0) }
+    guard(-1, || unsafe { writev(socket, iov, cnt, 0) })
 }
 
 /// `rsendmsg` (no ancillary data).
@@ -319,18 +321,19 @@ pub unsafe extern "C" fn softrdma_rsendmsg(
     msg: *const libc::msghdr,
     flags: c_int,
 ) -> isize {
-    if msg.is_null() {
-        set_errno(libc::EFAULT);
-        return -1;
-    }
-    // SAFETY: the caller's contract.
-    let m = unsafe { &*msg };
-    if m.msg_controllen != 0 {
-        set_errno(libc::EOPNOTSUPP);
-        return -1;
-    }
-    // SAFETY: the caller's contract.
-    unsafe { writev(socket, m.msg_iov, m.msg_iovlen as c_int, flags) }
+    guard(-1, || {
+        // SAFETY: the caller's contract (NULL is checked).
+        let Some(m) = (unsafe { msg.as_ref() }) else {
+            set_errno(libc::EFAULT);
+            return -1;
+        };
+        if m.msg_controllen != 0 {
+            set_errno(libc::EOPNOTSUPP);
+            return -1;
+        }
+        // SAFETY: the caller's contract.
+        unsafe { writev(socket, m.msg_iov, m.msg_iovlen as c_int, flags) }
+    })
 }
 
 /// `rrecvmsg` (no ancillary data).
@@ -342,16 +345,17 @@ pub unsafe extern "C" fn softrdma_rrecvmsg(
     msg: *mut libc::msghdr,
     flags: c_int,
 ) -> isize {
-    if msg.is_null() {
-        set_errno(libc::EFAULT);
-        return -1;
-    }
-    // SAFETY: the caller's contract.
-    let m = unsafe { &mut *msg };
-    m.msg_controllen = 0;
-    m.msg_flags = 0;
-    // SAFETY: the caller's contract.
-    unsafe { readv(socket, m.msg_iov, m.msg_iovlen as c_int, flags) }
+    guard(-1, || {
+        // SAFETY: the caller's contract (NULL is checked).
+        let Some(m) = (unsafe { msg.as_mut() }) else {
+            set_errno(libc::EFAULT);
+            return -1;
+        };
+        m.msg_controllen = 0;
+        m.msg_flags = 0;
+        // SAFETY: the caller's contract.
+        unsafe { readv(socket, m.msg_iov, m.msg_iovlen as c_int, flags) }
+    })
 }
 
 /// `rpoll`.
