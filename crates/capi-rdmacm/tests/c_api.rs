@@ -51,6 +51,8 @@ fn rdmacm_api_edge_cases() {
             "ok: active: REJECTED with the passive side's private data",
             "ok: active: UD ESTABLISHED: qkey, QPN, AV, reply private data",
             "ok: active: rpoll mixes rsockets and ordinary descriptors",
+            "ok: main: rpoll on a fresh rsocket reports a hang-up at once; SOCK_DGRAM refused",
+            "ok: passive: rpoll on an idle listener times out",
             "ok: passive: stream intact up to the peer's shutdown, then end of stream",
             "ok: active: sent everything, shut down, got the answer and end of stream",
             "rdmacm_api: OK",

@@ -199,6 +199,9 @@ static void rsocket_server(int p, int ready_fd)
 	CHECK(rsetsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0, "SO_REUSEADDR");
 	CHECK(rbind(l, (struct sockaddr *)&a, sizeof a) == 0, "rbind");
 	CHECK(rlisten(l, 2) == 0, "rlisten");
+	struct pollfd lp = { .fd = l, .events = POLLIN };
+	CHECK(rpoll(&lp, 1, 50) == 0 && lp.revents == 0, "idle listener: rpoll times out");
+	OK("rpoll on an idle listener times out");
 	CHECK(write(ready_fd, "r", 1) == 1, "ready");
 	s = raccept(l, (struct sockaddr *)&peer, &len);
 	CHECK(s >= 0, "raccept");
@@ -354,6 +357,12 @@ int main(int argc, char **argv)
 	CHECK(rdma_create_id(NULL, &bad, NULL, (enum rdma_port_space)0x7777) == -1 && errno == EINVAL,
 	      "unknown port space");
 	OK("event names, rdma_getaddrinfo, non-blocking channel, bad port space");
+	int f = rsocket(AF_INET, SOCK_STREAM, 0);
+	struct pollfd fp = { .fd = f, .events = POLLIN };
+	CHECK(f >= 0 && rpoll(&fp, 1, 5000) == 1 && (fp.revents & POLLHUP), "fresh rsocket");
+	CHECK(rclose(f) == 0, "rclose fresh");
+	CHECK(rsocket(AF_INET, SOCK_DGRAM, 0) == -1 && errno == EOPNOTSUPP, "SOCK_DGRAM");
+	OK("rpoll on a fresh rsocket reports a hang-up at once; SOCK_DGRAM refused");
 
 	CHECK(pipe(ready) == 0, "pipe");
 	child = fork();

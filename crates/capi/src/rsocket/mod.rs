@@ -680,6 +680,17 @@ pub fn close(fd: i32) -> Res<()> {
     Ok(())
 }
 
+/// What to wait on for a change of `s`'s readiness (nothing: it cannot
+/// change by itself).
+fn wait_fds(s: &RSock) -> Vec<i32> {
+    match &s.st {
+        St::Listening { chan_fd, .. } => vec![*chan_fd],
+        St::Connecting { chan, conn, .. } => vec![chan.fd(), conn.wait_fd()],
+        St::Connected { conn, .. } => vec![conn.wait_fd()],
+        St::Fresh | St::Failed | St::Closed => Vec::new(),
+    }
+}
+
 fn revents(s: &RSock, events: i16) -> i16 {
     let mut r: i16 = 0;
     match &s.st {
@@ -688,7 +699,9 @@ fn revents(s: &RSock, events: i16) -> i16 {
                 r |= libc::POLLIN;
             }
         }
-        St::Connecting { .. } | St::Fresh => {}
+        St::Connecting { .. } => {}
+        // As an unconnected TCP socket: hung up, writable.
+        St::Fresh => r |= libc::POLLOUT | libc::POLLHUP,
         St::Connected { conn, .. } => {
             if conn.readable() || s.shut_rd {
                 r |= libc::POLLIN;
@@ -743,20 +756,14 @@ pub unsafe fn poll(fds: *mut libc::pollfd, nfds: usize, timeout: i32) -> Res<i32
             match get(p.fd) {
                 Ok(e) => {
                     let mut s = lock(&e.sock);
-                    let w = progress(&mut s);
+                    // Progress (and, for a connection, arming its CQ) first,
+                    // then the state decides.
+                    let _ = progress(&mut s);
                     p.revents = revents(&s, p.events);
                     if p.revents != 0 {
                         ready += 1;
-                    } else if w.is_empty() {
-                        // Something changed (connected, failed): look again.
-                        p.revents = revents(&s, p.events);
-                        if p.revents != 0 {
-                            ready += 1;
-                        } else {
-                            waits.push(-1);
-                        }
                     } else {
-                        waits.extend(w);
+                        waits.extend(wait_fds(&s));
                     }
                 }
                 Err(_) => real.push((
@@ -788,10 +795,6 @@ pub unsafe fn poll(fds: *mut libc::pollfd, nfds: usize, timeout: i32) -> Res<i32
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(0);
-        }
-        // An rsocket that asked to be looked at again at once: no sleep.
-        if waits.contains(&-1) {
-            continue;
         }
         let mut v: Vec<libc::pollfd> = real.iter().map(|r| r.1).collect();
         v.extend(waits.iter().map(|&fd| libc::pollfd {
