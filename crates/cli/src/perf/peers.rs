@@ -198,7 +198,14 @@ pub(crate) fn run_all(
             for &size in sizes {
                 progress(&format!("  peer ucx_perftest {t} {size} ..."));
                 let port = free_port().to_string();
-                let n = (iters_for(size) * if t == "tag_bw" { 2 } else { 1 }).to_string();
+                // A stream needs more messages than a ping-pong to leave
+                // its start-up behind (about 50 MB at 1 MiB).
+                let n = if t == "tag_bw" {
+                    (50usize << 20).div_ceil(size).clamp(200, 20_000)
+                } else {
+                    iters_for(size)
+                }
+                .to_string();
                 let s = size.to_string();
                 let mut srv = Command::new("ucx_perftest");
                 srv.env("UCX_TLS", "tcp")
