@@ -2,8 +2,11 @@
 //! (`docs/dc.md` §Measurements).
 //!
 //! ```sh
-//! cargo run --release -p softrdma-engine --example dc_bench -- [ITERS] [PEERS]
+//! cargo run --release -p softrdma-engine --example dc_bench -- [ITERS] [PEERS] [PARTS]
 //! ```
+//!
+//! PARTS: a comma list of `first`, `lat`, `post`, `bw`, `mem` (default
+//! all of them).
 //!
 //! * **first-message latency**: a DCI posts one 64 B Send to a DCT it has
 //!   never reached (a fresh DCT each trial): time from `post_send` to the
@@ -13,6 +16,11 @@
 //!   busy-polling (client DCI → server DCT, server DCI → client DCT),
 //!   half the round trip, ITERS (default 20 000) after 2 000 warm-up; the
 //!   same with two RC QPs connected by `cm`. Ratio DC / RC.
+//! * **post overhead**: one thread posts a 64 B RDMA Write and polls its
+//!   completion (a Write completes when written to the socket), ITERS
+//!   times, DC and RC alternately in 5 rounds: the software cost of the
+//!   sender's path (the receiving side's progress thread places the data).
+//!   Median per Write, ratio DC / RC.
 //! * **1 MiB RDMA Write bandwidth**: 16 outstanding, 1.5 s, DC and RC.
 //!   Ratio DC / RC.
 //! * **server memory at PEERS (default 1 000) peers**: a server process
@@ -245,6 +253,33 @@ fn wait(cq: &Cq, seen: &mut Seen, recvs: usize, sends: usize, repost: &dyn Fn(u6
     }
     seen.recvs -= recvs;
     seen.sends -= sends;
+}
+
+/// `iters` 64 B Writes, each posted and polled to completion by one
+/// thread: ns per Write.
+fn post_cost(post: &dyn Fn(SendWr), cq: &Cq, m: &Mem, raddr: u64, rkey: u32, iters: usize) -> f64 {
+    let mut buf = [NONE; 16];
+    let t0 = Instant::now();
+    for i in 0..iters {
+        post(SendWr {
+            wr_id: i as u64,
+            op: SendOp::Write {
+                remote_addr: raddr,
+                rkey,
+                imm: None,
+            },
+            payload: Payload::Sgl(m.sgl(0, 64)),
+            flags: SIG,
+        });
+        loop {
+            let n = cq.poll(&mut buf);
+            if n > 0 {
+                assert!(buf[..n].iter().all(|c| c.wc.status == WcStatus::Success));
+                break;
+            }
+        }
+    }
+    t0.elapsed().as_nanos() as f64 / iters as f64
 }
 
 /// Half round trip of `iters` 64 B ping-pongs, in ns (median, mean).
@@ -517,13 +552,20 @@ fn main() {
     }
     let iters: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(20_000);
     let peers: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000);
+    let parts = args
+        .get(3)
+        .cloned()
+        .unwrap_or_else(|| "first,lat,post,bw,mem".into());
+    let part = |p: &str| parts.split(',').any(|x| x == p);
 
-    let (fm_med, fm_p90) = first_message(50);
-    println!(
-        "DC first-message latency (post -> receive at a new DCT): median {:.1} us, p90 {:.1} us",
-        fm_med / 1e3,
-        fm_p90 / 1e3
-    );
+    if part("first") {
+        let (fm_med, fm_p90) = first_message(50);
+        println!(
+            "DC first-message latency (post -> receive at a new DCT): median {:.1} us, p90 {:.1} us",
+            fm_med / 1e3,
+            fm_p90 / 1e3
+        );
+    }
 
     // Steady-state latency.
     let mut a = DcEnd::new();
@@ -540,7 +582,6 @@ fn main() {
         }
     };
     let (ra, rb) = (repost(&a), repost(&b));
-    let (dc_med, dc_mean) = pingpong(&a, &b, &a.cq, &b.cq, &ra, &rb, &a.mem, &b.mem, iters);
     let (ra2, rb2) = rc_pair();
     let rep_rc = |e: &RcEnd| {
         let qp = e.qp.clone();
@@ -555,10 +596,12 @@ fn main() {
         }
     };
     let (rra, rrb) = (rep_rc(&ra2), rep_rc(&rb2));
-    let (rc_med, rc_mean) = pingpong(
-        &ra2, &rb2, &ra2.cq, &rb2.cq, &rra, &rrb, &ra2.mem, &rb2.mem, iters,
-    );
-    println!(
+    if part("lat") {
+        let (dc_med, dc_mean) = pingpong(&a, &b, &a.cq, &b.cq, &ra, &rb, &a.mem, &b.mem, iters);
+        let (rc_med, rc_mean) = pingpong(
+            &ra2, &rb2, &ra2.cq, &rb2.cq, &rra, &rrb, &ra2.mem, &rb2.mem, iters,
+        );
+        println!(
         "64 B Send latency (half RTT, busy-poll): DC median {:.2} us mean {:.2} us; RC median {:.2} us mean {:.2} us; DC/RC median {:.3}, mean {:.3}",
         dc_med / 1e3,
         dc_mean / 1e3,
@@ -567,38 +610,100 @@ fn main() {
         dc_med / rc_med,
         dc_mean / rc_mean
     );
+    }
+    // One side only (for `perf stat -e instructions`: counts do not
+    // depend on the machine's load).
+    if part("post_dc") || part("post_rc") {
+        let ns = if part("post_dc") {
+            post_cost(
+                &|wr| a.post(wr),
+                &a.cq,
+                &a.mem,
+                b.mem.ptr as u64 + 8192,
+                b.mem.stag,
+                iters,
+            )
+        } else {
+            post_cost(
+                &|wr| ra2.post(wr),
+                &ra2.cq,
+                &ra2.mem,
+                rb2.mem.ptr as u64 + 8192,
+                rb2.mem.stag,
+                iters,
+            )
+        };
+        println!(
+            "64 B Write post -> completion: {:.2} us ({parts})",
+            ns / 1e3
+        );
+    }
+    if part("post") {
+        let (mut d, mut r) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            d.push(post_cost(
+                &|wr| a.post(wr),
+                &a.cq,
+                &a.mem,
+                b.mem.ptr as u64 + 8192,
+                b.mem.stag,
+                iters,
+            ));
+            r.push(post_cost(
+                &|wr| ra2.post(wr),
+                &ra2.cq,
+                &ra2.mem,
+                rb2.mem.ptr as u64 + 8192,
+                rb2.mem.stag,
+                iters,
+            ));
+        }
+        d.sort_by(|x, y| x.partial_cmp(y).unwrap());
+        r.sort_by(|x, y| x.partial_cmp(y).unwrap());
+        println!(
+            "64 B Write post -> completion, one thread (median of 5 rounds): DC {:.2} us, RC {:.2} us, DC/RC {:.3}",
+            d[2] / 1e3,
+            r[2] / 1e3,
+            d[2] / r[2]
+        );
+    }
 
     // Bandwidth: 1 MiB Writes into the peer's buffer.
-    let big_a = Mem::new(&a._ctx, 1, 1 << 20);
-    let big_b = Mem::new(&b._ctx, 1, 1 << 20);
-    let dc_bw = write_bw(
-        &|wr| a.post(wr),
-        &a.cq,
-        &big_a,
-        big_b.ptr as u64,
-        big_b.stag,
-        1.5,
-    );
-    let big_ra = Mem::new(&ra2._ctx, 1, 1 << 20);
-    let big_rb = Mem::new(&rb2._ctx, 1, 1 << 20);
-    let rc_bw = write_bw(
-        &|wr| ra2.post(wr),
-        &ra2.cq,
-        &big_ra,
-        big_rb.ptr as u64,
-        big_rb.stag,
-        1.5,
-    );
-    println!(
+    if part("bw") {
+        let big_a = Mem::new(&a._ctx, 1, 1 << 20);
+        let big_b = Mem::new(&b._ctx, 1, 1 << 20);
+        let dc_bw = write_bw(
+            &|wr| a.post(wr),
+            &a.cq,
+            &big_a,
+            big_b.ptr as u64,
+            big_b.stag,
+            1.5,
+        );
+        let big_ra = Mem::new(&ra2._ctx, 1, 1 << 20);
+        let big_rb = Mem::new(&rb2._ctx, 1, 1 << 20);
+        let rc_bw = write_bw(
+            &|wr| ra2.post(wr),
+            &ra2.cq,
+            &big_ra,
+            big_rb.ptr as u64,
+            big_rb.stag,
+            1.5,
+        );
+        println!(
         "1 MiB RDMA Write bandwidth (16 outstanding): DC {dc_bw:.2} GB/s, RC {rc_bw:.2} GB/s, DC/RC {:.3}",
         dc_bw / rc_bw
     );
+    }
     a.peer = 0;
     drop(a);
     drop(b);
     drop(ra2);
     drop(rb2);
 
+    if !part("mem") {
+        return;
+    }
     let (dc_mem, dc_peak) = server_memory("dc", peers);
     let (rc_mem, rc_peak) = server_memory("rc", peers);
     println!(

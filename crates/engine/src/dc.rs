@@ -54,7 +54,7 @@
 //! entry locks. Threads that set up connections take the core lock only
 //! around table updates, never across a blocking call.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -62,7 +62,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Instant;
 
 use softrdma_proto::dc::{
-    ConnId, DcConfig, DcEvent, DcStats, DcTable, DcTarget, FailReason, RejectReason, MSG_LEN,
+    ConnId, DcConfig, DcEvent, DcStats, DcTable, DcTarget, FailReason, LocalMap, RejectReason,
+    MSG_LEN,
 };
 use softrdma_proto::memory::Access;
 use softrdma_proto::wr::{
@@ -284,11 +285,11 @@ struct TargetConn {
 
 struct Core {
     table: DcTable,
-    conns: HashMap<ConnId, Conn>,
-    dcis: HashMap<u32, DciState>,
+    conns: LocalMap<ConnId, Conn>,
+    dcis: LocalMap<u32, DciState>,
     next_dci: u32,
-    dcts: HashMap<u32, DctState>,
-    targets: HashMap<ConnId, TargetConn>,
+    dcts: LocalMap<u32, DctState>,
+    targets: LocalMap<ConnId, TargetConn>,
     /// Target connections being accepted (counted as RC QPs).
     accepting: usize,
     timer: Option<Instant>,
@@ -296,6 +297,8 @@ struct Core {
     max_rc: usize,
     /// Completions on their way to a DCI's CQ (reused buffer).
     scratch: Vec<Completion>,
+    /// Inline polls so far.
+    polls: u64,
 }
 
 /// The DC machinery of one context (see the module documentation).
@@ -316,6 +319,8 @@ pub struct DcService {
     inline_at: AtomicU64,
     epoch: Instant,
     listener: OnceLock<Arc<Listener>>,
+    /// The threads that open initiator connections.
+    connector: Arc<Connector>,
     core: Mutex<Core>,
 }
 
@@ -365,7 +370,16 @@ impl DcService {
         let shared = ctx.shared.clone();
         let channel = CompChannel::new()?;
         let ctl_cq = ctx.create_cq(4096, Some(channel.clone()));
-        let data_cq = ctx.create_cq(1 << 16, Some(channel.clone()));
+        // No inline progress of its own: a poll of a DCI's CQ progresses
+        // only the RC QPs with work in flight (`drive`), so that an idle
+        // connection costs the busy poller no system call.
+        let data_cq = Cq::new(
+            shared.next_cq.fetch_add(1, Ordering::Relaxed),
+            1 << 16,
+            Some(channel.clone()),
+            shared.events.clone(),
+            false,
+        );
         let ctl_pd = ctx.alloc_pd();
         let ctl_qp = ctx.create_ud_qp(
             ctl_pd,
@@ -406,23 +420,28 @@ impl DcService {
             inline_at: AtomicU64::new(0),
             epoch: Instant::now(),
             listener: OnceLock::new(),
+            connector: Arc::new(Connector::default()),
             core: Mutex::new(Core {
                 table,
-                conns: HashMap::new(),
-                dcis: HashMap::new(),
+                conns: LocalMap::default(),
+                dcis: LocalMap::default(),
                 next_dci: 1,
-                dcts: HashMap::new(),
-                targets: HashMap::new(),
+                dcts: LocalMap::default(),
+                targets: LocalMap::default(),
                 accepting: 0,
                 timer: None,
                 last_reap: None,
                 max_rc: 0,
                 scratch: Vec::with_capacity(64),
+                polls: 0,
             }),
         });
         shared
             .progress()?
             .register(channel.fd(), token, Arc::downgrade(&svc))?;
+        // One connector waits from the start: a first message pays no
+        // thread creation.
+        svc.connector.spawn_worker(&svc.this)?;
         ctl_cq.req_notify(false);
         data_cq.req_notify(false);
         Ok(svc)
@@ -709,31 +728,17 @@ impl DcService {
         };
         conn.qp = Some(qp.clone());
         core.max_rc = core.max_rc.max(rc_count(core));
-        let me = self.this.clone();
         let mut pd = PD_MAGIC.to_vec();
         pd.extend_from_slice(&cookie.to_be_bytes());
         pd.extend_from_slice(&target.addr.qpn.to_be_bytes());
         pd.extend_from_slice(&id.0.to_be_bytes());
-        let addr = SocketAddr::new(target.addr.ip, port);
-        let spawned = std::thread::Builder::new()
-            .name("softrdma-dc-connect".into())
-            .spawn(move || {
-                let ok = cm::connect(
-                    &ctx,
-                    &qp,
-                    addr,
-                    &ConnParams {
-                        private_data: pd,
-                        ird: 0,
-                        ord: 0,
-                    },
-                )
-                .is_ok();
-                if let Some(svc) = me.upgrade() {
-                    svc.on_connected(id, ok);
-                }
-            });
-        if spawned.is_err() {
+        let job = ConnectJob {
+            id,
+            qp,
+            addr: SocketAddr::new(target.addr.ip, port),
+            private_data: pd,
+        };
+        if self.connector.submit(job, &self.this).is_err() {
             core.table.connect_failed(id, Instant::now());
         }
     }
@@ -815,19 +820,23 @@ impl DcService {
     // Progress
     // ------------------------------------------------------------------
 
-    /// Drains both internal CQs and acts on what they held.
-    fn drive(&self, core: &mut Core, with_ud: bool) -> bool {
-        let now = Instant::now();
+    /// Drains both internal CQs and acts on what they held; `inline_rc`
+    /// (a busy poller): first reads and writes the sockets of the
+    /// initiator connections with work in flight.
+    fn drive(&self, core: &mut Core, with_ud: bool, inline_rc: bool) -> bool {
         let mut buf = [Completion {
             wc: WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0),
             qp_num: 0,
         }; 32];
+        let mut now = None;
         let mut any = false;
+        let mut progressed = !inline_rc;
         loop {
             let n = self.data_cq.poll(&mut buf);
             if n > 0 {
                 any = true;
-                self.on_data(core, &buf[..n], now);
+                let t = *now.get_or_insert_with(Instant::now);
+                self.on_data(core, &buf[..n], t);
             }
             let m = if with_ud {
                 self.ctl_cq.poll(&mut buf)
@@ -836,13 +845,21 @@ impl DcService {
             };
             if m > 0 {
                 any = true;
-                self.on_ctl(core, &buf[..m], now);
+                let t = *now.get_or_insert_with(Instant::now);
+                self.on_ctl(core, &buf[..m], t);
             }
             if n < buf.len() && m < buf.len() {
-                break;
+                // Completions already queued come first: a Send or Write
+                // completes when written, so after a post the connection
+                // is usually idle again and its socket need not be read.
+                if progressed || !progress_in_flight(core) {
+                    break;
+                }
+                progressed = true;
             }
         }
         if any {
+            let now = now.unwrap_or_else(Instant::now);
             self.pump(core, now);
             self.release(core);
         }
@@ -887,7 +904,7 @@ impl DcService {
         let mut c = self.lock();
         let core = &mut *c;
         core.timer = None;
-        self.drive(core, true);
+        self.drive(core, true, false);
         core.table.handle_timeout(now);
         if core.last_reap.is_none_or(|t| now >= t + REAP_EVERY) {
             reap(core, now);
@@ -924,7 +941,7 @@ impl DcService {
             if self.poller_idle() {
                 self.data_cq.req_notify(false);
             }
-            if !self.drive(&mut c, true) {
+            if !self.drive(&mut c, true, false) {
                 break;
             }
         }
@@ -942,10 +959,15 @@ impl DcService {
         let Ok(mut c) = self.core.try_lock() else {
             return;
         };
-        self.inline_at.store(
-            (self.epoch.elapsed().as_nanos() as u64).max(1),
-            Ordering::Relaxed,
-        );
+        // A clock read every 16th poll is recent enough for
+        // `poller_idle` (a poll takes microseconds, POLLER_IDLE is 1 ms).
+        c.polls = c.polls.wrapping_add(1);
+        if c.polls & 15 == 1 {
+            self.inline_at.store(
+                (self.epoch.elapsed().as_nanos() as u64).max(1),
+                Ordering::Relaxed,
+            );
+        }
         let with_ud = self.pending.load(Ordering::Relaxed) > 0;
         if with_ud {
             // Invitation timers at the poller's resolution (the progress
@@ -956,7 +978,7 @@ impl DcService {
                 self.pump(&mut c, now);
             }
         }
-        self.drive(&mut c, with_ud);
+        self.drive(&mut c, with_ud, true);
     }
 
     // ------------------------------------------------------------------
@@ -1118,6 +1140,7 @@ impl DcService {
 
 impl Drop for DcService {
     fn drop(&mut self) {
+        self.connector.close();
         if let Ok(p) = self.shared.progress() {
             p.unregister(self.channel.fd(), self.token);
         }
@@ -1147,6 +1170,22 @@ impl Source for DcService {
     fn on_timer(&self, now: Instant) {
         self.on_timer_now(now);
     }
+}
+
+/// Busy-poll progress (receive, transmit) of the initiator connections
+/// with work in flight (Read and atomic responses, a socket that pushed
+/// back, an error); the others are left to the progress thread. True if
+/// there was any.
+fn progress_in_flight(core: &Core) -> bool {
+    let mut any = false;
+    for conn in core.conns.values() {
+        if let (true, Some(qp)) = (conn.inflight > 0, conn.qp.as_ref()) {
+            // Lock order: the core lock (held), then the QP's.
+            qp.inner.progress_inline();
+            any = true;
+        }
+    }
+    any
 }
 
 fn rc_count(c: &Core) -> usize {
@@ -1197,6 +1236,125 @@ fn reap(core: &mut Core, now: Instant) {
     for id in gone {
         core.targets.remove(&id);
         core.table.closed(id, now);
+    }
+}
+
+/// Connector threads kept at most (more connections being opened at once
+/// wait for one).
+const MAX_CONNECTORS: usize = 8;
+/// A connector thread beyond the first ends after this long without work.
+const CONNECTOR_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// An initiator connection to open (after an Accept).
+struct ConnectJob {
+    id: ConnId,
+    qp: Qp,
+    addr: SocketAddr,
+    private_data: Vec<u8>,
+}
+
+#[derive(Default)]
+struct ConnectorState {
+    jobs: VecDeque<ConnectJob>,
+    workers: usize,
+    idle: usize,
+    closed: bool,
+}
+
+/// Persistent threads running the blocking [`cm::connect`] of initiator
+/// connections (one waits from the service's start; more are started
+/// while every one is busy, up to [`MAX_CONNECTORS`]), instead of a thread
+/// per connection.
+#[derive(Default)]
+struct Connector {
+    state: Mutex<ConnectorState>,
+    cv: std::sync::Condvar,
+}
+
+impl Connector {
+    fn lock(&self) -> MutexGuard<'_, ConnectorState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn submit(self: &Arc<Self>, job: ConnectJob, svc: &Weak<DcService>) -> io::Result<()> {
+        let mut st = self.lock();
+        st.jobs.push_back(job);
+        let spawn = st.idle < st.jobs.len() && st.workers < MAX_CONNECTORS;
+        drop(st);
+        self.cv.notify_one();
+        if spawn {
+            if let Err(e) = self.spawn_worker(svc) {
+                // Nobody may run it: take it back unless a worker exists.
+                let mut st = self.lock();
+                if st.workers == 0 {
+                    st.jobs.clear();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn spawn_worker(self: &Arc<Self>, svc: &Weak<DcService>) -> io::Result<()> {
+        self.lock().workers += 1;
+        let (me, svc) = (self.clone(), svc.clone());
+        std::thread::Builder::new()
+            .name("softrdma-dc-connect".into())
+            .spawn(move || me.work(svc))
+            .map(|_| ())
+            .inspect_err(|_| self.lock().workers -= 1)
+    }
+
+    fn close(&self) {
+        self.lock().closed = true;
+        self.cv.notify_all();
+    }
+
+    fn work(&self, svc: Weak<DcService>) {
+        loop {
+            let job = {
+                let mut st = self.lock();
+                loop {
+                    if st.closed {
+                        st.workers -= 1;
+                        return;
+                    }
+                    if let Some(j) = st.jobs.pop_front() {
+                        break j;
+                    }
+                    st.idle += 1;
+                    let (g, to) = self
+                        .cv
+                        .wait_timeout(st, CONNECTOR_IDLE)
+                        .unwrap_or_else(|p| p.into_inner());
+                    st = g;
+                    st.idle -= 1;
+                    if to.timed_out() && st.jobs.is_empty() && st.workers > 1 {
+                        st.workers -= 1;
+                        return;
+                    }
+                }
+            };
+            // The context only (not the service) across the blocking call:
+            // the service may go meanwhile.
+            let Some(ctx) = svc.upgrade().map(|s| s.ctx()) else {
+                continue;
+            };
+            let ok = cm::connect(
+                &ctx,
+                &job.qp,
+                job.addr,
+                &ConnParams {
+                    private_data: job.private_data,
+                    ird: 0,
+                    ord: 0,
+                },
+            )
+            .is_ok();
+            if let Some(s) = svc.upgrade() {
+                s.on_connected(job.id, ok);
+            }
+        }
     }
 }
 

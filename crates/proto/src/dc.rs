@@ -396,18 +396,62 @@ struct Entry {
     stamp: u64,
 }
 
+/// A fast hasher for maps keyed by values this side chose (connection
+/// ids, DCT and DCI numbers, the application's targets): a multiply-rotate
+/// mix, no per-map key, unlike `std`'s SipHash. Not for keys a peer
+/// controls (those maps keep SipHash: collision flooding).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LocalHasher(u64);
+
+impl LocalHasher {
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl std::hash::Hasher for LocalHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for c in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..c.len()].copy_from_slice(c);
+            self.add(u64::from_le_bytes(b));
+        }
+    }
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+    fn write_u16(&mut self, i: u16) {
+        self.add(u64::from(i));
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.add(u64::from(i));
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map with [`LocalHasher`].
+pub type LocalMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<LocalHasher>>;
+
 /// The connection table of one context with the invitation protocol of
 /// both roles.
 #[derive(Debug)]
 pub struct DcTable {
     cfg: DcConfig,
-    entries: HashMap<ConnId, Entry>,
-    by_target: HashMap<DcTarget, ConnId>,
+    entries: LocalMap<ConnId, Entry>,
+    by_target: LocalMap<DcTarget, ConnId>,
     waiting: VecDeque<ConnId>,
     /// Target side: (inviter, its connection id) → our entry.
     seen: HashMap<(DgramAddr, u64), ConnId>,
     cookies: HashMap<u64, ConnId>,
-    dcts: HashMap<u32, u64>,
+    dcts: LocalMap<u32, u64>,
     listen_port: u16,
     live: usize,
     next_stamp: u64,
@@ -427,12 +471,12 @@ impl DcTable {
         };
         DcTable {
             cfg,
-            entries: HashMap::new(),
-            by_target: HashMap::new(),
+            entries: LocalMap::default(),
+            by_target: LocalMap::default(),
             waiting: VecDeque::new(),
             seen: HashMap::new(),
             cookies: HashMap::new(),
-            dcts: HashMap::new(),
+            dcts: LocalMap::default(),
             listen_port: 0,
             live: 0,
             next_stamp: 1,
