@@ -8,6 +8,11 @@
 //! * **receive** runs on the context's progress thread (epoll, level
 //!   triggered) and inline from [`crate::Cq::poll`] when the CQ is empty, so
 //!   a busy-polling application sees completions without a thread hop.
+//!   While such a poller spins, the progress thread leaves the socket to it
+//!   (busy-poll parking, `progress` module docs) instead of waking for
+//!   every message; arming a CQ (`req_notify`) hands the socket back at
+//!   once. Whole FPDUs in the receive buffer are CRC-checked before any of
+//!   their octets are placed (`RcQp::handle_bytes` fast path).
 //!
 //! Before it is connected a QP only accepts receives (they are kept and
 //! handed to the connection); `post_send` on an unconnected QP is refused.
