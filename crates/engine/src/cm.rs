@@ -79,7 +79,7 @@ pub struct ConnParams {
     pub ord: u16,
 }
 
-fn mpa_config(ctx: &Context, p: &ConnParams) -> MpaConfig {
+pub(crate) fn mpa_config(ctx: &Context, p: &ConnParams) -> MpaConfig {
     let c = ctx.config();
     MpaConfig {
         rev: c.mpa_rev,
@@ -125,7 +125,12 @@ fn mss(sock: &TcpStream) -> usize {
 }
 
 /// The RC engine's parameters for a negotiated connection.
-fn rc_config(ctx: &Context, n: &Negotiated, initiator: bool, sock: &TcpStream) -> RcConfig {
+pub(crate) fn rc_config(
+    ctx: &Context,
+    n: &Negotiated,
+    initiator: bool,
+    sock: &TcpStream,
+) -> RcConfig {
     let kind = match n.rtr {
         Rtr::ZeroLengthWrite => Some(RtrKind::Write),
         Rtr::ZeroLengthRead => Some(RtrKind::Read),

@@ -55,8 +55,10 @@
 //! around table updates, never across a blocking call.
 
 use std::collections::VecDeque;
-use std::io;
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Instant;
@@ -66,15 +68,17 @@ use softrdma_proto::dc::{
     MSG_LEN,
 };
 use softrdma_proto::memory::Access;
+use softrdma_proto::mpa::{Initiator, Negotiated, Outcome};
 use softrdma_proto::wr::{
     DgramAddr, InlineData, Payload, RecvWr, SendFlags, SendOp, SendWr, SgList, WcOpcode, WcStatus,
     WorkCompletion,
 };
+use softrdma_wire::mpa::{frame_len as mpa_frame_len, HEADER_LEN};
 
 use crate::cm::{self, ConnParams, Listener};
 use crate::cq::{CompChannel, Completion, Cq, InlineProgress};
 use crate::dgram::{DgramError, DgramQpHandle, UdOptions};
-use crate::progress::Source;
+use crate::progress::{Parking, Source};
 use crate::{Context, Qp, QpCaps, QpError, QpLinkState, Shared, Srq};
 
 /// First octets of the MPA private data of a DC connection request.
@@ -266,6 +270,8 @@ struct Conn {
     dead: bool,
     /// The table knows it as live.
     up: bool,
+    /// The RC connection being opened without blocking.
+    opening: Option<Box<Opening>>,
 }
 
 struct DctState {
@@ -540,6 +546,7 @@ impl DcService {
                     inflight: 0,
                     dead: false,
                     up: false,
+                    opening: None,
                 },
             );
         }
@@ -727,20 +734,76 @@ impl DcService {
             }
         };
         conn.qp = Some(qp.clone());
-        core.max_rc = core.max_rc.max(rc_count(core));
         let mut pd = PD_MAGIC.to_vec();
         pd.extend_from_slice(&cookie.to_be_bytes());
         pd.extend_from_slice(&target.addr.qpn.to_be_bytes());
         pd.extend_from_slice(&id.0.to_be_bytes());
+        let addr = SocketAddr::new(target.addr.ip, port);
+        // Without blocking, driven by a busy poller and the progress
+        // thread (no thread hand-off); a connector thread if that cannot
+        // be set up.
+        match Opening::start(self, id, addr, &pd) {
+            Ok(o) => {
+                conn.opening = Some(o);
+                core.max_rc = core.max_rc.max(rc_count(core));
+                return;
+            }
+            Err(_) => core.max_rc = core.max_rc.max(rc_count(core)),
+        }
         let job = ConnectJob {
             id,
             qp,
-            addr: SocketAddr::new(target.addr.ip, port),
+            addr,
             private_data: pd,
         };
         if self.connector.submit(job, &self.this).is_err() {
             core.table.connect_failed(id, Instant::now());
         }
+    }
+
+    /// Takes the non-blocking opening of `id` one step (socket ready, a
+    /// poll, its deadline); on the MPA Reply the QP runs over the socket
+    /// and the backlog goes out. The caller pumps and releases.
+    fn advance_open(&self, core: &mut Core, id: ConnId, now: Instant) {
+        let Some(conn) = core.conns.get_mut(&id) else {
+            return;
+        };
+        let Some(op) = conn.opening.as_mut() else {
+            return;
+        };
+        let ok = match op.step(now) {
+            Step::Pending => return,
+            Step::Failed => false,
+            Step::Done(n) => {
+                let op = conn.opening.take().expect("opening");
+                let ctx = self.ctx();
+                let sock = op.into_socket();
+                let cfg = cm::rc_config(&ctx, &n, true, &sock);
+                conn.qp
+                    .as_ref()
+                    .is_some_and(|qp| qp.attach(sock, cfg, n.first_fpdu_not_before).is_ok())
+            }
+        };
+        conn.opening = None;
+        if ok {
+            conn.up = true;
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+            core.table.connected(id, now);
+            self.drain_backlog(core, id, now);
+        } else {
+            conn.qp = None;
+            core.table.connect_failed(id, now);
+        }
+    }
+
+    /// The progress thread: an opening's socket is ready or its deadline
+    /// passed.
+    fn on_open_ready(&self, id: ConnId) {
+        let now = Instant::now();
+        let mut c = self.lock();
+        self.advance_open(&mut c, id, now);
+        self.pump(&mut c, now);
+        self.release(&mut c);
     }
 
     fn on_connected(&self, id: ConnId, ok: bool) {
@@ -976,6 +1039,20 @@ impl DcService {
             if c.table.poll_timeout().is_some_and(|t| t <= now) {
                 c.table.handle_timeout(now);
                 self.pump(&mut c, now);
+            }
+            // Connections being opened, by this poller.
+            let opening: Vec<ConnId> = c
+                .conns
+                .iter()
+                .filter(|(_, x)| x.opening.is_some())
+                .map(|(&id, _)| id)
+                .collect();
+            if !opening.is_empty() {
+                for id in opening {
+                    self.advance_open(&mut c, id, now);
+                }
+                self.pump(&mut c, now);
+                self.release(&mut c);
             }
         }
         self.drive(&mut c, with_ud, true);
@@ -1237,6 +1314,253 @@ fn reap(core: &mut Core, now: Instant) {
         core.targets.remove(&id);
         core.table.closed(id, now);
     }
+}
+
+/// What one step of an [`Opening`] came to.
+enum Step {
+    /// Waiting for the socket.
+    Pending,
+    /// Refused, reset, timed out, rejected.
+    Failed,
+    /// The MPA Reply accepted the connection.
+    Done(Negotiated),
+}
+
+/// The progress thread's handle on an [`Opening`]'s socket.
+struct OpenSource {
+    svc: Weak<DcService>,
+    id: ConnId,
+}
+
+impl Source for OpenSource {
+    fn on_ready(&self, _readable: bool, _writable: bool) {
+        if let Some(s) = self.svc.upgrade() {
+            s.on_open_ready(self.id);
+        }
+    }
+
+    fn on_timer(&self, _now: Instant) {
+        if let Some(s) = self.svc.upgrade() {
+            s.on_open_ready(self.id);
+        }
+    }
+}
+
+/// An initiator RC connection opened without blocking: TCP connect in
+/// progress, then the MPA Request written, then the Reply read with exact
+/// lengths (header, then the rest of the frame: no FPDU octet is
+/// consumed), as [`cm::connect`] does with blocking calls. The socket is
+/// watched by the progress thread (writable until the Request is out,
+/// then readable) and stepped by busy pollers too.
+struct Opening {
+    shared: Arc<Shared>,
+    sock: Option<TcpStream>,
+    ini: Initiator,
+    /// Request octets not written yet.
+    out: Vec<u8>,
+    /// Reply octets read so far, and how many the frame has (the header's
+    /// length until it is in).
+    frame: Vec<u8>,
+    need: usize,
+    deadline: Instant,
+    park: Parking,
+    source: Arc<OpenSource>,
+}
+
+impl Opening {
+    fn start(svc: &DcService, id: ConnId, addr: SocketAddr, pd: &[u8]) -> io::Result<Box<Opening>> {
+        let ctx = svc.ctx();
+        let now = Instant::now();
+        let params = ConnParams {
+            private_data: pd.to_vec(),
+            ird: 0,
+            ord: 0,
+        };
+        let mut ini = Initiator::new(cm::mpa_config(&ctx, &params), now)
+            .map_err(|e| io::Error::other(format!("MPA: {e:?}")))?;
+        let mut out = Vec::new();
+        while let Some(b) = ini.poll_transmit() {
+            let n = b.len();
+            out.extend_from_slice(b);
+            ini.transmitted(n);
+        }
+        let sock = nb_connect(addr)?;
+        sock.set_nodelay(true)?;
+        let source = Arc::new(OpenSource {
+            svc: svc.this.clone(),
+            id,
+        });
+        let op = Box::new(Opening {
+            shared: svc.shared.clone(),
+            sock: Some(sock),
+            ini,
+            out,
+            frame: Vec::with_capacity(HEADER_LEN + 64),
+            need: HEADER_LEN,
+            deadline: now + ctx.config().mpa_timeout,
+            park: Parking::default(),
+            source,
+        });
+        let p = svc.shared.progress()?;
+        let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+        let fd = op.sock.as_ref().map(|s| s.as_raw_fd()).expect("socket");
+        op.park.register(p, fd, token, Arc::downgrade(&op.source))?;
+        op.park.watch_write(p, true)?;
+        p.set_timer(token, op.deadline);
+        Ok(op)
+    }
+
+    fn step(&mut self, now: Instant) -> Step {
+        if now >= self.deadline {
+            return Step::Failed;
+        }
+        let Some(sock) = self.sock.as_mut() else {
+            return Step::Failed;
+        };
+        while !self.out.is_empty() {
+            match sock.write(&self.out) {
+                Ok(n) => {
+                    self.out.drain(..n);
+                }
+                // Still connecting.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::NotConnected
+                    ) =>
+                {
+                    return Step::Pending
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return Step::Failed,
+            }
+            if self.out.is_empty() {
+                if let Ok(p) = self.shared.progress() {
+                    let _ = self.park.watch_write(p, false);
+                }
+            }
+        }
+        let mut tmp = [0u8; 512];
+        while self.frame.len() < self.need {
+            let want = (self.need - self.frame.len()).min(tmp.len());
+            match sock.read(&mut tmp[..want]) {
+                Ok(0) => return Step::Failed,
+                Ok(n) => {
+                    self.frame.extend_from_slice(&tmp[..n]);
+                    if self.need == HEADER_LEN && self.frame.len() == HEADER_LEN {
+                        self.need = mpa_frame_len(&self.frame).unwrap_or(HEADER_LEN);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::Pending,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return Step::Failed,
+            }
+        }
+        if self.ini.handle_bytes(&self.frame, now).is_err() {
+            return Step::Failed;
+        }
+        // Anything the initiator sends after the Reply (nothing today):
+        // a few octets on an idle socket.
+        while let Some(b) = self.ini.poll_transmit() {
+            let n = b.len();
+            if sock.write_all(b).is_err() {
+                return Step::Failed;
+            }
+            self.ini.transmitted(n);
+        }
+        match self.ini.poll_outcome() {
+            Some(Outcome::Negotiated(n)) => Step::Done(n),
+            _ => Step::Failed,
+        }
+    }
+
+    /// Stops watching the socket and hands it over.
+    fn into_socket(mut self: Box<Self>) -> TcpStream {
+        self.unwatch();
+        self.sock.take().expect("socket")
+    }
+
+    fn unwatch(&self) {
+        if let Ok(p) = self.shared.progress() {
+            self.park.unregister(p);
+        }
+    }
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        self.unwatch();
+    }
+}
+
+/// A TCP socket connecting to `addr` without blocking (`EINPROGRESS`).
+fn nb_connect(addr: SocketAddr) -> io::Result<TcpStream> {
+    let domain = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: socket(2) with constant arguments; the result is checked.
+    let fd = unsafe {
+        libc::socket(
+            domain,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nothing else owns; the stream
+    // closes it.
+    let sock = unsafe { TcpStream::from_raw_fd(fd) };
+    // SAFETY: all-zero octets are a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for
+            // sockaddr_in; `ss` is a local we own.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: as above, for sockaddr_in6.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    // SAFETY: `ss` holds a sockaddr of `len` octets of `fd`'s family.
+    let r = unsafe {
+        libc::connect(
+            fd,
+            (&ss as *const libc::sockaddr_storage).cast(),
+            len as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(e);
+        }
+    }
+    Ok(sock)
 }
 
 /// Connector threads kept at most (more connections being opened at once
