@@ -29,6 +29,14 @@ const LO: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 const KEY: u64 = 0x00dc_0000_cafe;
 const WAIT: Duration = Duration::from_secs(30);
 
+/// The tests of this file run one at a time: `one_dci_thousand_dcts_capacity_16`
+/// counts the descriptors of the whole process, which the other tests'
+/// connections would otherwise change under it.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn opts(capacity: usize, invite_timeout: Duration) -> DcOptions {
     DcOptions {
         table: DcConfig {
@@ -155,6 +163,7 @@ fn server(
 
 #[test]
 fn completion_order_and_per_target_errors() {
+    let _serial = serial();
     let srv = server(2, 256, 64, 0, KEY, 16);
     let ctx = Context::open().unwrap();
     let pd = ctx.alloc_pd();
@@ -257,6 +266,7 @@ fn completion_order_and_per_target_errors() {
 
 #[test]
 fn every_rc_operation_over_dc() {
+    let _serial = serial();
     let srv = server(1, 16, 256, 4096, KEY, 16);
     let ctx = Context::open().unwrap();
     let pd = ctx.alloc_pd();
@@ -382,6 +392,7 @@ fn fd_count() -> usize {
 
 #[test]
 fn one_dci_thousand_dcts_capacity_16() {
+    let _serial = serial();
     const N: usize = 1000;
     const SLOT: usize = 64;
     let srv = server(N, N + 16, SLOT, N * SLOT, KEY, 16);
@@ -523,6 +534,7 @@ fn one_dci_thousand_dcts_capacity_16() {
 
 #[test]
 fn many_dcis_one_dct() {
+    let _serial = serial();
     const PER: usize = 100;
     let srv = server(1, 2048, 64, 0, KEY, 64);
     let dct = srv.dcts[0].number();
@@ -589,6 +601,7 @@ fn drain_events(ctx: &Context) -> Vec<softrdma_verbs::AsyncEvent> {
 
 #[test]
 fn evictions_raise_no_async_events() {
+    let _serial = serial();
     // 40 DCTs through a 4-slot initiator table, two rounds: well over 70
     // graceful teardowns on each side, none of them an async error.
     const N: usize = 40;
