@@ -22,9 +22,13 @@
 //!   accept, served by one accept thread per service (the MPA exchange
 //!   blocks; as in [`crate::ibconn`]).
 //!
-//! An initiator opens an RC connection (after an Accept) on a short-lived
-//! thread running [`cm::connect`] (blocking MPA), then hands the queued
-//! work to the connection.
+//! An initiator opens an RC connection (after an Accept) without blocking
+//! (`Opening`: non-blocking TCP connect, MPA Request, Reply read with
+//! exact lengths), stepped by busy pollers and the progress thread, then
+//! hands the queued work to the connection; if that cannot be set up, a
+//! persistent connector thread runs the blocking [`cm::connect`]. The RC
+//! QPs of the service are internal ([`Qp::set_internal`]): no QP async
+//! events (evictions are normal operation; errors are completions).
 //!
 //! # Completion order
 //!
@@ -43,10 +47,11 @@
 //! # Progress
 //!
 //! Busy-polling the DCI's CQ drives the service inline (try-lock: skipped
-//! while another thread is at it): the RC QPs' sockets through the
-//! internal CQ, and the UD QP only while an invitation is outstanding (no
-//! extra system call in steady state). Everything else happens on the
-//! progress thread.
+//! while another thread is at it): the internal CQ, the sockets of the
+//! initiator connections with work in flight (an idle connection costs no
+//! system call), and the UD QP and the connections being opened only
+//! while an invitation or connection is outstanding. Everything else
+//! happens on the progress thread.
 //!
 //! # Locks
 //!
@@ -554,6 +559,12 @@ impl DcService {
         conn.backlog.push_back(internal);
         if conn.up {
             self.drain_backlog(core, id, now);
+            // A Send or Write completes when written: move its completion
+            // to the DCI's CQ now, so that the application's next poll
+            // finds it without walking (and progressing) the CQ's QPs.
+            if self.drive(core, false, false) {
+                return Ok(());
+            }
         }
         self.pump(core, now);
         self.release(core);
