@@ -34,7 +34,9 @@ const WAIT: Duration = Duration::from_secs(30);
 /// connections would otherwise change under it.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn opts(capacity: usize, invite_timeout: Duration) -> DcOptions {
