@@ -104,6 +104,9 @@ const REAP_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 const SEQ_BITS: u32 = 40;
 /// A busy poller counts as gone after this long without a poll.
 const POLLER_IDLE: std::time::Duration = std::time::Duration::from_millis(1);
+/// How often the progress thread looks whether a busy poller stopped
+/// without arming its CQ (arming hands over at once: `on_app_armed`).
+const POLLER_WATCH: std::time::Duration = std::time::Duration::from_millis(20);
 /// Key-rejection reports kept per DCT until read.
 const MAX_REJECTIONS: usize = 256;
 
@@ -497,6 +500,9 @@ impl DcService {
         }
         let now = Instant::now();
         let mut c = self.lock();
+        // A poster completes without polling when its completion is moved
+        // here: it counts as active (no channel wake-up per completion).
+        self.touch(&mut c);
         let core = &mut *c;
         let st = core.dcis.get_mut(&dci).ok_or(QpError::Invalid)?;
         if st.ring.len() >= st.depth {
@@ -994,7 +1000,7 @@ impl DcService {
         if self.poller_idle() {
             return;
         }
-        let at = Instant::now() + POLLER_IDLE;
+        let at = Instant::now() + POLLER_WATCH;
         if core.timer.is_none_or(|t| at < t) {
             core.timer = Some(at);
             if let Ok(p) = self.shared.progress() {
@@ -1022,6 +1028,35 @@ impl DcService {
         self.watch_poller(&mut c);
     }
 
+    /// A DCI's CQ was armed (its poller may block next): the progress
+    /// thread takes over at once — the data CQ armed, the initiator
+    /// sockets parked for the poller watched again — and what already
+    /// completed moves to the DCIs' CQs.
+    fn on_app_armed(&self) {
+        self.inline_at.store(0, Ordering::Relaxed);
+        self.data_cq.req_notify(false);
+        let mut c = self.lock();
+        for conn in c.conns.values() {
+            if let Some(qp) = &conn.qp {
+                qp.inner.notify_armed();
+            }
+        }
+        self.drive(&mut c, true, false);
+    }
+
+    /// Marks the application active (a poll or a post): the data CQ stays
+    /// unarmed. A clock read every 16th call is recent enough for
+    /// `poller_idle` (calls take microseconds, POLLER_IDLE is 1 ms).
+    fn touch(&self, core: &mut Core) {
+        core.polls = core.polls.wrapping_add(1);
+        if core.polls & 15 == 1 {
+            self.inline_at.store(
+                (self.epoch.elapsed().as_nanos() as u64).max(1),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
     /// True if no thread drove the service from a CQ poll recently.
     fn poller_idle(&self) -> bool {
         let last = self.inline_at.load(Ordering::Relaxed);
@@ -1033,15 +1068,7 @@ impl DcService {
         let Ok(mut c) = self.core.try_lock() else {
             return;
         };
-        // A clock read every 16th poll is recent enough for
-        // `poller_idle` (a poll takes microseconds, POLLER_IDLE is 1 ms).
-        c.polls = c.polls.wrapping_add(1);
-        if c.polls & 15 == 1 {
-            self.inline_at.store(
-                (self.epoch.elapsed().as_nanos() as u64).max(1),
-                Ordering::Relaxed,
-            );
-        }
+        self.touch(&mut c);
         let with_ud = self.pending.load(Ordering::Relaxed) > 0;
         if with_ud {
             // Invitation timers at the poller's resolution (the progress
@@ -1720,6 +1747,11 @@ impl InlineProgress for Hook {
     }
     fn progress_key(&self) -> usize {
         self.svc.as_ptr() as usize
+    }
+    fn notify_armed(&self) {
+        if let Some(s) = self.svc.upgrade() {
+            s.on_app_armed();
+        }
     }
 }
 
