@@ -44,6 +44,31 @@ fn rping_100_verified_pings() {
     assert_eq!(cd.stdout.matches("ping data: rdma-ping-").count(), 100);
 }
 
+/// `rping -q`: the application creates its own QP (`ibv_create_qp`) and
+/// moves it through INIT/RTR/RTS with `rdma_init_qp_attr` +
+/// `ibv_modify_qp` (iWARP attributes: RTR and RTS carry the state only);
+/// rdma_cm finds it by `conn_param.qp_num`.
+#[test]
+fn rping_own_qp() {
+    let port = free_port().to_string();
+    let common = ["-a", "127.0.0.1", "-p", &port, "-v", "-q", "-C", "20"];
+    let s: Vec<&str> = ["-s"].iter().chain(&common).copied().collect();
+    let c: Vec<&str> = ["-c"].iter().chain(&common).copied().collect();
+    let (sd, cd) = pair("rping", &s, &c, port.parse().unwrap());
+    cd.assert_ok(
+        "rping -q client",
+        &["ping data: rdma-ping-0: ", "ping data: rdma-ping-19: "],
+    );
+    sd.assert_ok(
+        "rping -q server",
+        &[
+            "server ping data: rdma-ping-0: ",
+            "server ping data: rdma-ping-19: ",
+        ],
+    );
+    assert_eq!(cd.stdout.matches("ping data: rdma-ping-").count(), 20);
+}
+
 #[test]
 fn ucmatose() {
     let port = free_port().to_string();

@@ -1117,6 +1117,16 @@ pub fn modify_qp_internal(q: &QpObj, a: &ibv_qp_attr, mask: c_int) -> Result<(),
     if !(IBV_QPS_RESET..=IBV_QPS_ERR).contains(&to) {
         return Err(libc::EINVAL);
     }
+    if mask & IBV_QP_STATE != 0 && rdma_cm_connected(q, to, mask) {
+        // rdma_cm connected this QP (`rping -q`: the application created
+        // it, handed `qp_num` to rdma_accept/rdma_connect, and then walks
+        // it through INIT/RTR/RTS with `rdma_init_qp_attr`'s iWARP
+        // attributes). The connection is rdma_cm's and already runs: the
+        // transition changes nothing (siw ignores it too) and the QP stays
+        // in RTS.
+        remember(q, a, mask);
+        return Ok(());
+    }
     if mask & IBV_QP_STATE != 0 && !state_name(from).can_move_to(state_name(to)) {
         return Err(libc::EINVAL);
     }
@@ -1134,6 +1144,11 @@ pub fn modify_qp_internal(q: &QpObj, a: &ibv_qp_attr, mask: c_int) -> Result<(),
                     );
                     return Err(libc::EOPNOTSUPP);
                 }
+                // Neither AV nor DEST_QPN: a QP that rdma_cm connects (an
+                // application that created its own QP moves it with the
+                // iWARP attributes of `rdma_init_qp_attr`, state only);
+                // rdma_cm connects the engine QP and sets RTS itself.
+                (IBV_QPS_INIT, IBV_QPS_RTR) if mask & (IBV_QP_AV | IBV_QP_DEST_QPN) == 0 => {}
                 (IBV_QPS_INIT, IBV_QPS_RTR) => {
                     if mask & IBV_QP_AV == 0 || mask & IBV_QP_DEST_QPN == 0 {
                         return Err(libc::EINVAL);
@@ -1172,6 +1187,29 @@ pub fn modify_qp_internal(q: &QpObj, a: &ibv_qp_attr, mask: c_int) -> Result<(),
             QpKind::Dgram(_) => {}
         }
     }
+    remember(q, a, mask);
+    if mask & IBV_QP_STATE != 0 {
+        q.set_state(to);
+    }
+    Ok(())
+}
+
+/// A move to INIT, RTR or RTS without a destination (neither `IBV_QP_AV`
+/// nor `IBV_QP_DEST_QPN`) of an RC QP that rdma_cm has already connected
+/// (not IB-style, the engine QP connected, the QP in RTS).
+fn rdma_cm_connected(q: &QpObj, to: c_int, mask: c_int) -> bool {
+    let QpKind::Rc(rc) = &q.kind else {
+        return false;
+    };
+    matches!(to, IBV_QPS_INIT | IBV_QPS_RTR | IBV_QPS_RTS)
+        && mask & (IBV_QP_AV | IBV_QP_DEST_QPN) == 0
+        && q.state() == IBV_QPS_RTS
+        && !q.ib_style.load(std::sync::atomic::Ordering::Acquire)
+        && rc.link_state() == engine::QpLinkState::Connected
+}
+
+/// Keeps the attributes of an `ibv_modify_qp` for `ibv_query_qp`.
+fn remember(q: &QpObj, a: &ibv_qp_attr, mask: c_int) {
     {
         let mut r = q.remembered.lock().unwrap_or_else(|p| p.into_inner());
         let m = &mut r.attr;
@@ -1221,10 +1259,6 @@ pub fn modify_qp_internal(q: &QpObj, a: &ibv_qp_attr, mask: c_int) -> Result<(),
             m.dest_qp_num = a.dest_qp_num;
         }
     }
-    if mask & IBV_QP_STATE != 0 {
-        q.set_state(to);
-    }
-    Ok(())
 }
 
 /// `ibv_query_qp`.
