@@ -215,6 +215,36 @@ pub fn connect(
     addr: impl ToSocketAddrs,
     params: &ConnParams,
 ) -> Result<Vec<u8>, CmError> {
+    connect_then(ctx, qp, addr, params, || {})
+}
+
+/// As [`connect`]; `tcp_done` runs once the TCP connection is made or
+/// could not be (before the MPA exchange). `cm_events` uses it to start
+/// the connects of one process in the order they were asked for, so a
+/// listener accepts (and reports) them in that order.
+pub(crate) fn connect_then(
+    ctx: &Context,
+    qp: &Qp,
+    addr: impl ToSocketAddrs,
+    params: &ConnParams,
+    tcp_done: impl FnOnce(),
+) -> Result<Vec<u8>, CmError> {
+    let mut hook = Some(tcp_done);
+    let res = connect_inner(ctx, qp, addr, params, &mut hook);
+    // Failed before the TCP connect was tried.
+    if let Some(f) = hook.take() {
+        f()
+    }
+    res
+}
+
+fn connect_inner<F: FnOnce()>(
+    ctx: &Context,
+    qp: &Qp,
+    addr: impl ToSocketAddrs,
+    params: &ConnParams,
+    tcp_done: &mut Option<F>,
+) -> Result<Vec<u8>, CmError> {
     if qp.link_state() != crate::QpLinkState::Unconnected {
         return Err(CmError::Busy);
     }
@@ -223,7 +253,11 @@ pub fn connect(
         .to_socket_addrs()?
         .next()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address"))?;
-    let mut sock = TcpStream::connect_timeout(&addr, timeout)?;
+    let sock = TcpStream::connect_timeout(&addr, timeout);
+    if let Some(f) = tcp_done.take() {
+        f()
+    }
+    let mut sock = sock?;
     sock.set_nodelay(true)?;
     let now = Instant::now();
     let deadline = now + timeout;
@@ -277,7 +311,22 @@ impl Listener {
 
     /// Waits for a connection and its MPA Request.
     pub fn accept(&self) -> Result<Incoming, CmError> {
-        let (mut sock, peer) = self.tcp.accept()?;
+        let (sock, peer) = self.accept_tcp()?;
+        self.handshake(sock, peer)
+    }
+
+    /// Waits for a TCP connection only ([`Listener::accept`]'s first half).
+    pub(crate) fn accept_tcp(&self) -> io::Result<(TcpStream, SocketAddr)> {
+        self.tcp.accept()
+    }
+
+    /// Reads the MPA Request on a connection from [`Listener::accept_tcp`]
+    /// ([`Listener::accept`]'s second half).
+    pub(crate) fn handshake(
+        &self,
+        mut sock: TcpStream,
+        peer: SocketAddr,
+    ) -> Result<Incoming, CmError> {
         sock.set_nodelay(true)?;
         let now = Instant::now();
         let timeout = self.ctx.config().mpa_timeout;

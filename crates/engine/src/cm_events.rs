@@ -37,10 +37,21 @@
 //! * **The fd is readable exactly while events are queued.** The eventfd is
 //!   signalled on every push and drained when the queue empties, both under
 //!   the queue lock.
-//! * **Acceptors.** A listening id runs up to [`ACCEPTORS`] threads, all
-//!   blocked in [`Listener::accept`] on the same socket, so a slow or silent
-//!   initiator holds up at most one of them (for the MPA timeout) instead
-//!   of every request behind it. Requests that fail MPA are dropped
+//! * **Acceptors.** A listening id runs up to [`ACCEPTORS`] threads that
+//!   take TCP connections from the same socket (one at a time) and read
+//!   their MPA Requests in parallel, so a slow or silent initiator holds up
+//!   at most one of them (for the MPA timeout) instead of every request
+//!   behind it.
+//! * **Order.** Connection requests are reported in the order the TCP
+//!   connections were accepted, and one process's [`CmId::connect`]s make
+//!   their TCP connections in the order they were called (each waits until
+//!   the one called before it is connected or failed). Applications that
+//!   connect several QPs one after the other and pair them by the order of
+//!   `CONNECT_REQUEST` on the server (perftest `-R -q N`: its iWARP credit
+//!   writes target the peer QP of the same index) rely on this; kernel
+//!   rdma_cm keeps that order too. A predecessor that takes longer than
+//!   [`ORDER_WAIT`] (a silent initiator, a remote host that does not
+//!   answer) is not waited for beyond that. Requests that fail MPA are dropped
 //!   silently, as rdma_cm does. Destroying the listener shuts the listening
 //!   socket down (`shutdown(SHUT_RD)`), which wakes the blocked `accept`s
 //!   and refuses new connections at once. The listen backlog is applied
@@ -91,6 +102,84 @@ pub const ACCEPTORS: usize = 4;
 /// Pause of an acceptor after a listening-socket error that would repeat at
 /// once (out of descriptors or memory).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Longest wait for an earlier connect or connection request to go first
+/// (module docs, "Order").
+pub const ORDER_WAIT: Duration = Duration::from_millis(250);
+
+/// Tickets handed out in one order, whose holders then act in that order:
+/// [`Order::wait_turn`] returns once every earlier ticket is
+/// [`Order::done`] (or after a bounded wait).
+#[derive(Debug)]
+struct Order {
+    st: Mutex<OrderState>,
+    cv: Condvar,
+}
+
+#[derive(Debug)]
+struct OrderState {
+    next_ticket: u64,
+    /// Every ticket below this one is done.
+    done_below: u64,
+    /// Done tickets above `done_below` (finished out of order).
+    done: std::collections::BTreeSet<u64>,
+}
+
+impl Order {
+    const fn new() -> Order {
+        Order {
+            st: Mutex::new(OrderState {
+                next_ticket: 0,
+                done_below: 0,
+                done: std::collections::BTreeSet::new(),
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// The next ticket; it must be passed to [`Order::done`] once.
+    fn ticket(&self) -> u64 {
+        let mut st = lock(&self.st);
+        let t = st.next_ticket;
+        st.next_ticket += 1;
+        t
+    }
+
+    /// Waits until every ticket before `t` is done, at most `max`.
+    fn wait_turn(&self, t: u64, max: Duration) {
+        let deadline = Instant::now() + max;
+        let mut st = lock(&self.st);
+        while st.done_below < t {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            st = self
+                .cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Ticket `t` has acted (or given up).
+    fn done(&self, t: u64) {
+        let mut st = lock(&self.st);
+        st.done.insert(t);
+        loop {
+            let below = st.done_below;
+            if !st.done.remove(&below) {
+                break;
+            }
+            st.done_below += 1;
+        }
+        drop(st);
+        self.cv.notify_all();
+    }
+}
+
+/// The order of this process's [`CmId::connect`]s.
+static CONNECTS: Order = Order::new();
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -469,6 +558,10 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 struct Acceptors {
     listener: Listener,
     stopped: AtomicBool,
+    /// Held while taking a TCP connection, so tickets follow accept order.
+    accepting: Mutex<()>,
+    /// Requests are reported in accept order.
+    order: Order,
 }
 
 impl Acceptors {
@@ -666,6 +759,8 @@ impl CmId {
         let acc = Arc::new(Acceptors {
             listener,
             stopped: AtomicBool::new(false),
+            accepting: Mutex::new(()),
+            order: Order::new(),
         });
         let threads = if backlog == 0 {
             ACCEPTORS
@@ -708,18 +803,22 @@ impl CmId {
             core.peer = Some(addr);
         }
         let (id, qp2, params) = (self.clone(), qp.clone(), params.clone());
+        // Taken on the caller's thread: connects start in call order.
+        let ticket = CONNECTS.ticket();
         let spawned = thread::Builder::new()
             .name("softrdma-cm-connect".into())
-            .spawn(move || id.run_connect(&qp2, addr, &params));
+            .spawn(move || id.run_connect(&qp2, addr, &params, ticket));
         if let Err(e) = spawned {
+            CONNECTS.done(ticket);
             self.inner.lock().state = State::Idle;
             return Err(CmError::Io(e));
         }
         Ok(())
     }
 
-    fn run_connect(&self, qp: &Qp, addr: SocketAddr, params: &ConnParams) {
-        let res = cm::connect(&self.inner.ctx, qp, addr, params);
+    fn run_connect(&self, qp: &Qp, addr: SocketAddr, params: &ConnParams, ticket: u64) {
+        CONNECTS.wait_turn(ticket, ORDER_WAIT);
+        let res = cm::connect_then(&self.inner.ctx, qp, addr, params, || CONNECTS.done(ticket));
         let mut core = self.inner.lock();
         let ours = matches!(&core.state,
             State::Connecting(w) if std::ptr::eq(w.as_ptr(), Arc::as_ptr(&qp.inner)));
@@ -902,17 +1001,22 @@ fn errno(e: &CmError) -> i32 {
 /// An acceptor thread: takes connection requests until the listener stops.
 fn run_acceptor(acc: &Acceptors, listen_id: &Weak<IdInner>) {
     while !acc.stopped.load(Ordering::Acquire) {
-        match acc.listener.accept() {
-            Ok(inc) => {
-                let Some(lid) = listen_id.upgrade() else {
-                    let _ = inc.reject(&[]);
-                    return;
-                };
-                on_request(&lid, acc, inc);
+        // One thread takes connections at a time, so tickets follow the
+        // kernel's accept order; the MPA Requests are read in parallel.
+        let accepted = {
+            let _one = lock(&acc.accepting);
+            if acc.stopped.load(Ordering::Acquire) {
+                return;
             }
+            acc.listener
+                .accept_tcp()
+                .map(|conn| (conn, acc.order.ticket()))
+        };
+        let ((sock, peer), ticket) = match accepted {
+            Ok(x) => x,
             // The listener is out of descriptors or memory (or was shut
             // down): the error would repeat at once.
-            Err(CmError::Io(e))
+            Err(e)
                 if matches!(
                     e.raw_os_error(),
                     Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EINVAL)
@@ -921,11 +1025,24 @@ fn run_acceptor(acc: &Acceptors, listen_id: &Weak<IdInner>) {
                 if !acc.stopped.load(Ordering::Acquire) {
                     thread::sleep(ACCEPT_BACKOFF);
                 }
+                continue;
             }
-            // A request that failed (bad MPA frame, silent or vanished
-            // initiator): dropped, as rdma_cm does.
-            Err(_) => {}
+            Err(_) => continue,
+        };
+        let res = acc.listener.handshake(sock, peer);
+        // Requests are reported in accept order (module docs, "Order").
+        acc.order.wait_turn(ticket, ORDER_WAIT);
+        // A request that failed (bad MPA frame, silent or vanished
+        // initiator) is dropped, as rdma_cm does.
+        if let Ok(inc) = res {
+            let Some(lid) = listen_id.upgrade() else {
+                let _ = inc.reject(&[]);
+                acc.order.done(ticket);
+                return;
+            };
+            on_request(&lid, acc, inc);
         }
+        acc.order.done(ticket);
     }
 }
 

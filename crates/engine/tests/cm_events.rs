@@ -493,3 +493,73 @@ fn silent_initiator_does_not_block_other_requests() {
     assert!(t.elapsed() < Duration::from_secs(2));
     drop(silent);
 }
+
+/// Connects made one after the other from one thread reach the listener's
+/// channel as requests in that order (perftest `-R -q N` pairs its QPs by
+/// that order; crossed pairs sent each QP's iWARP credits to the other
+/// one and both sides stalled). Several rounds, each with more requests
+/// than there are acceptor threads.
+#[test]
+fn requests_arrive_in_connect_order() {
+    const N: u8 = 8;
+    let sctx = Context::new().unwrap();
+    let cctx = Context::new().unwrap();
+    let sch = EventChannel::new().unwrap();
+    let cch = EventChannel::new().unwrap();
+    let listener = sch.listen(&sctx, "127.0.0.1:0", 0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    for round in 0..4u8 {
+        let clients: Vec<(Qp, Arc<Cq>)> = (0..N)
+            .map(|i| qp(&cctx, u32::from(round * N + i) + 1))
+            .collect();
+        let ids: Vec<CmId> = clients
+            .iter()
+            .enumerate()
+            .map(|(i, (q, _))| {
+                cch.connect(&cctx, q, addr, &params(&[round, i as u8]))
+                    .unwrap()
+            })
+            .collect();
+        let mut order = Vec::new();
+        let mut server_qps = Vec::new();
+        while order.len() < usize::from(N) {
+            match next(&sch, "server") {
+                CmEvent::ConnectRequest {
+                    id, private_data, ..
+                } => {
+                    assert_eq!(private_data[0], round);
+                    order.push(private_data[1]);
+                    let (q, cq) = qp(&sctx, u32::from(round * N) + order.len() as u32);
+                    id.accept(&q, &ConnParams::default()).unwrap();
+                    server_qps.push((q, cq));
+                }
+                CmEvent::Established { .. } => {}
+                ev => panic!("unexpected {ev:?}"),
+            }
+        }
+        assert_eq!(
+            order,
+            (0..N).collect::<Vec<_>>(),
+            "round {round}: requests out of connect order"
+        );
+        for _ in 0..N {
+            let ev = next(&cch, "client established");
+            assert_eq!(ev.kind(), CmEventKind::Established, "{ev:?}");
+        }
+        for id in &ids {
+            id.disconnect().unwrap();
+        }
+        // Drain the disconnects (and late server Established events).
+        let deadline = Instant::now() + WAIT;
+        let mut down = 0;
+        while down < N && Instant::now() < deadline {
+            if let Some(ev) = cch.get_event(Some(Duration::from_millis(100))) {
+                if ev.kind() == CmEventKind::Disconnected {
+                    down += 1;
+                }
+            }
+        }
+        while sch.get_event(Some(Duration::from_millis(50))).is_some() {}
+        drop(server_qps);
+    }
+}
