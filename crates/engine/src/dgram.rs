@@ -156,7 +156,7 @@ use softrdma_proto::wr::{DgramAddr, RecvWr, SendWr, WorkCompletion};
 use softrdma_wire::rd::Framing;
 
 use crate::cq::{AsyncEvent, Completion, Cq, InlineProgress};
-use crate::progress::{Parking, Source};
+use crate::progress::{Parking, Source, PARK_RECHECK};
 use crate::udp::{self, RxRing, RX_BATCH};
 use crate::{Context, QpCaps, QpError, Shared};
 
@@ -172,6 +172,14 @@ const RX_ROUNDS_INLINE: usize = 2;
 /// Progress-thread tokens of datagram sockets and QPs: above every RC QP's
 /// token (a u32 QPN).
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1 << 40);
+
+/// `at` as nanoseconds since a process-wide epoch, at least 1 (0 means
+/// "no deadline" in [`DgramQpShared`]'s atomic mirror of its timer).
+fn deadline_ns(at: Instant) -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let e = *EPOCH.get_or_init(Instant::now);
+    (at.saturating_duration_since(e).as_nanos() as u64).max(1)
+}
 
 fn next_token() -> u64 {
     NEXT_TOKEN.fetch_add(1, Ordering::Relaxed)
@@ -428,6 +436,12 @@ pub struct DgramQpStats {
     /// Async events not queued because [`crate::cq::MAX_LOSSY_EVENTS`]
     /// were waiting.
     pub events_dropped: u64,
+    /// Times the QP's protocol timers (RD retransmission, delayed ACK,
+    /// reassembly and Write-Record timeouts) ran from a busy poller's
+    /// inline progress ([`crate::Cq::poll`]).
+    pub timers_inline: u64,
+    /// Times they ran on the progress thread.
+    pub timers_thread: u64,
 }
 
 /// Counters of one UDP socket (shared by its QPs), or of the context's
@@ -1022,6 +1036,16 @@ pub(crate) struct DgramQpShared {
     in_groups: AtomicBool,
     /// Async events dropped (the event queue was full).
     events_dropped: AtomicU64,
+    /// The deadline armed with the progress thread ([`deadline_ns`]
+    /// stamp, 0: none), readable without the QP lock so that inline
+    /// progress can run due timers itself.
+    due_ns: AtomicU64,
+    /// Timer runs from inline progress and from the progress thread.
+    timers_inline: AtomicU64,
+    timers_thread: AtomicU64,
+    /// When inline progress last looked at this QP's timers (a
+    /// [`deadline_ns`] stamp, 0: never).
+    inline_ns: AtomicU64,
     core: Mutex<Core>,
 }
 
@@ -1100,6 +1124,7 @@ impl DgramQpShared {
     fn arm_at(&self, c: &mut Core, next: Instant) {
         if c.timer.is_none_or(|armed| next < armed) {
             c.timer = Some(next);
+            self.due_ns.store(deadline_ns(next), Ordering::Relaxed);
             if let Ok(p) = self.shared.progress() {
                 p.set_timer(self.token, next);
             }
@@ -1209,8 +1234,31 @@ impl Source for DgramQpShared {
     fn on_ready(&self, _readable: bool, _writable: bool) {}
 
     fn on_timer(&self, now: Instant) {
-        let mut c = self.lock();
+        let polled = self.inline_ns.load(Ordering::Relaxed);
+        if polled != 0 && deadline_ns(now).saturating_sub(polled) < PARK_RECHECK.as_nanos() as u64 {
+            // A busy poller runs this QP's due timers inline
+            // (`progress_inline`, which stamped `inline_ns` just now):
+            // taking the QP lock here would only contend with it (and, on
+            // a loaded machine, stall it behind this thread being
+            // preempted with the lock held). Look again when it may have
+            // stopped.
+            if let Ok(p) = self.shared.progress() {
+                p.set_timer(self.token, now + PARK_RECHECK);
+            }
+            return;
+        }
+        let c = self.lock();
+        self.run_timers(c, now);
+        bump(&self.timers_thread, 1);
+    }
+}
+
+impl DgramQpShared {
+    /// Runs the engine's timers due at `now` and settles what they
+    /// produced; re-arms the progress thread for the next deadline.
+    fn run_timers(&self, mut c: MutexGuard<'_, Core>, now: Instant) {
         c.timer = None;
+        self.due_ns.store(0, Ordering::Relaxed);
         c.qp.handle_timeout(now);
         // A deadline the engine still reports as due right after it ran
         // its timers is retried a millisecond later, not in a busy loop.
@@ -1231,9 +1279,32 @@ impl InlineProgress for DgramQpShared {
                 m.drain(false);
             }
         }
+        // Due timers (an RD retransmission, delayed ACK, probe) run here
+        // too, at once instead of at the progress thread's millisecond
+        // resolution, and without it taking the QP lock from the poller.
+        let due = self.due_ns.load(Ordering::Relaxed);
+        if due == 0 {
+            return;
+        }
+        let now_ns = deadline_ns(Instant::now());
+        self.inline_ns.store(now_ns, Ordering::Relaxed);
+        if now_ns >= due {
+            let c = match self.core.try_lock() {
+                Ok(c) => c,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
+            };
+            if c.timer.is_some_and(|t| t <= Instant::now()) {
+                self.run_timers(c, Instant::now());
+                bump(&self.timers_inline, 1);
+            }
+        }
     }
 
     fn notify_armed(&self) {
+        // Whoever polls may block now: the progress thread runs the
+        // timers again from its next tick on.
+        self.inline_ns.store(0, Ordering::Relaxed);
         self.socket.notify_armed();
         if self.in_groups.load(Ordering::Relaxed) {
             if let Some(m) = self.shared.dgram.mcast_if_open() {
@@ -1368,6 +1439,8 @@ impl DgramQpHandle {
             proto: c.qp.stats(),
             record: c.qp.record_tracker().stats(),
             events_dropped: self.inner.events_dropped.load(Ordering::Relaxed),
+            timers_inline: self.inner.timers_inline.load(Ordering::Relaxed),
+            timers_thread: self.inner.timers_thread.load(Ordering::Relaxed),
         }
     }
 
@@ -1600,6 +1673,10 @@ impl Context {
             token: next_token(),
             in_groups: AtomicBool::new(false),
             events_dropped: AtomicU64::new(0),
+            due_ns: AtomicU64::new(0),
+            timers_inline: AtomicU64::new(0),
+            timers_thread: AtomicU64::new(0),
+            inline_ns: AtomicU64::new(0),
             core: Mutex::new(Core {
                 qp,
                 out_send: Vec::with_capacity(64),

@@ -17,7 +17,10 @@
 //! * a peer process killed with SIGKILL (this binary re-executed as the
 //!   `peer` test, as in `failures.rs`): only the work requests to it fail,
 //!   with `RetryExcErr`, a `DgramPeerFailed` event names it, and traffic
-//!   to another peer keeps completing meanwhile and afterwards.
+//!   to another peer keeps completing meanwhile and afterwards;
+//! * a busy-polled RD QP runs its own due timers (retransmission) from
+//!   `Cq::poll`, not only on the progress thread's millisecond ticks
+//!   (`DgramQpStats::timers_inline`).
 //!
 //! Between two hosts (two network namespaces joined by veth,
 //! `softrdma_sim::netns::NetPair`, one process in each, MTU 9000 on the
@@ -1295,5 +1298,49 @@ fn rd_moves_256_mib_intact_and_in_order_under_5_percent_loss() {
     bulk_under_loss(
         "rd_moves_256_mib_intact_and_in_order_under_5_percent_loss",
         50,
+    );
+}
+
+/// A busy poller runs its RD QP's due timers itself: a Send to a socket
+/// that never answers is re-sent by the retransmission timer and finally
+/// fails (`RetryExcErr`); while the test thread spins on `Cq::poll`, those
+/// timer runs happen inline (`timers_inline`), not only on the progress
+/// thread (which, woken at its millisecond resolution and taking the QP
+/// lock from the poller, stalled busy-polled RD round trips by ~1 ms).
+#[test]
+fn busy_polled_rd_qp_runs_its_timers_inline() {
+    let silent = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let a = end(rd_opts(local(0), fast_rd()));
+    let src = Buf::with(&a.ctx, a.pd, pattern(7, 256), ALL);
+    let dest = DgramAddr {
+        ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        port: silent.local_addr().unwrap().port(),
+        qpn: u32::from(silent.local_addr().unwrap().port()) << 8,
+    };
+    a.qp.post_send(wr(1, send_op(None), src.sgl(0, 100)), dest)
+        .unwrap();
+    // fast_rd gives up after ~340 ms of silence; spin (no yield) until then.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut buf = [blank(); 4];
+    let got = loop {
+        let k = a.scq.poll(&mut buf);
+        if k > 0 {
+            break buf[..k].to_vec();
+        }
+        assert!(Instant::now() < deadline, "the Send never failed");
+    };
+    assert_eq!(statuses(&got), vec![(1, WcStatus::RetryExcErr)]);
+    let st = a.qp.stats();
+    let rd = rd_stats(&a.qp).rd;
+    assert!(rd.retransmitted >= 1, "{rd:?}");
+    assert!(
+        st.timers_inline >= 1,
+        "no timer ran from the busy poller: inline {}, thread {}, {rd:?}",
+        st.timers_inline,
+        st.timers_thread
+    );
+    println!(
+        "timer runs: inline {}, progress thread {}; {} retransmissions",
+        st.timers_inline, st.timers_thread, rd.retransmitted
     );
 }
