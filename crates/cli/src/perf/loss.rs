@@ -486,7 +486,7 @@ fn point(
             Some(n) if n != "0" => {
                 let _ = write!(
                     detail,
-                    ", {n} segments placed but not recorded (more than 16 holes in a message)"
+                    ", {n} segments placed but not recorded (a message with more holes than RecordConfig::max_fragments)"
                 );
             }
             _ => {}
