@@ -198,9 +198,9 @@ impl RecvBuf {
     fn new(shared: &Arc<Shared>, pd: u32, slots: usize) -> Result<RecvBuf, DcError> {
         let mut mem = vec![0u8; slots * SLOT].into_boxed_slice();
         let ptr = mem.as_mut_ptr();
-        // SAFETY: `mem` is a live heap allocation of `slots * SLOT` octets
-        // that is freed only after Drop deregisters the STag; moving the
-        // Box does not move its heap memory.
+        // `mem` is freed only after Drop deregisters the STag, and moving
+        // the Box does not move its heap memory.
+        // SAFETY: `mem` is a live heap allocation of `slots * SLOT` octets.
         let stag = unsafe {
             shared
                 .registry
@@ -230,10 +230,10 @@ impl RecvBuf {
         }
         let src = self.mem.as_ptr().wrapping_add(slot * SLOT);
         let mut out = [0u8; MSG_LEN];
-        // SAFETY: `src..src+MSG_LEN` lies inside `mem` (checked above);
-        // the engine wrote it through the registration before the
-        // completion was queued and does not write it again until the
-        // slot is reposted; a volatile-free copy of plain octets.
+        // The engine wrote the slot through the registration before the
+        // completion was queued and does not write it again until the slot
+        // is reposted, so a plain copy of octets is enough.
+        // SAFETY: `src..src+MSG_LEN` lies inside `mem` (checked above).
         unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), MSG_LEN) };
         Some(out)
     }
@@ -1549,8 +1549,8 @@ fn nb_connect(addr: SocketAddr) -> io::Result<TcpStream> {
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: `fd` is a fresh descriptor nothing else owns; the stream
-    // closes it.
+    // The stream closes the descriptor.
+    // SAFETY: `fd` is a fresh descriptor nothing else owns.
     let sock = unsafe { TcpStream::from_raw_fd(fd) };
     // SAFETY: all-zero octets are a valid sockaddr_storage.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
@@ -1564,8 +1564,7 @@ fn nb_connect(addr: SocketAddr) -> io::Result<TcpStream> {
                 },
                 sin_zero: [0; 8],
             };
-            // SAFETY: sockaddr_storage is larger than and aligned for
-            // sockaddr_in; `ss` is a local we own.
+            // SAFETY: `ss` is our local sockaddr_storage, larger and aligned for sockaddr_in.
             unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
             std::mem::size_of::<libc::sockaddr_in>()
         }

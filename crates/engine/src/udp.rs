@@ -324,8 +324,7 @@ impl RxRing {
             bufs: vec![0u8; RX_BATCH * RX_BUF].into_boxed_slice(),
             meta: [NO_META; RX_BATCH],
             units: Vec::with_capacity(RX_UNITS),
-            // SAFETY: all-zero is a valid value of these plain C structs
-            // (null pointers, zero lengths).
+            // SAFETY: all-zero (null pointers, zero lengths) is valid for these C structs.
             hdr: Box::new(unsafe { zeroed() }),
         }
     }

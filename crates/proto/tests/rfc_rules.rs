@@ -1319,7 +1319,7 @@ fn rfc5044_crc_error_in_header_is_still_a_crc_error() {
 /// CRC has not been verified. A Write to TO 0x1000 whose TO octet is corrupted to
 /// 0x1010 (still inside the region) must place nothing at 0x1010.
 #[test]
-#[ignore = "design: placement is cut-through (as in siw); a corrupted TO inside a permitted region is written before the CRC fails. Plan: verify-then-place via the whole-FPDU receive fast path (issue 5 / RC note)"]
+#[ignore = "design: an FPDU split across reads is still placed cut-through (as in siw), so a corrupted TO inside a permitted region is written before the CRC fails; whole FPDUs are verified before placement since the fast path. Plan: keep a partial FPDU in the engine receive buffer until complete (issue 5 note)"]
 fn rfc5044_corrupted_header_places_nothing() {
     let mut q = Qp::new(RcConfig::default());
     let w = q.region(0x1000, 64, ALL);
