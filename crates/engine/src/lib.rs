@@ -19,6 +19,7 @@
 //!   rejection and disconnection.
 //! * [`ibconn`]: daemonless IB-style connection by QP number.
 //! * [`config`]: the `SOFTRDMA_*` environment knobs.
+//! * [`rawudp`]: plain UDP with GSO/GRO, for `softrdma perf`'s raw baselines.
 
 pub mod cm;
 pub mod cm_events;
@@ -30,6 +31,7 @@ pub mod ibconn;
 pub mod mr;
 mod progress;
 pub mod qp;
+pub mod rawudp;
 pub mod srq;
 mod sys;
 mod udp;

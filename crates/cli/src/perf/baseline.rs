@@ -14,14 +14,21 @@
 //! * `udp_bw`: a blast of such datagrams; the figure is what arrives at
 //!   the receiver, timed from its first to its last datagram.
 //!
+//! UDP goes through [`softrdma_engine::rawudp`]: the datagrams of a
+//! message leave in UDP GSO runs (up to 64 datagrams per `sendmsg`) and
+//! arrive through `recvmmsg` with UDP GRO, the kernel features softrdma's
+//! datagram QPs use, so the ratio compares protocol work, not system
+//! call counts. The sockets get the engine's buffer sizes (4 MiB each
+//! way), so the raw blast and the QPs lose to the same receive buffer.
+//!
 //! Poll mode: non-blocking sockets, both ends spinning. Event mode:
-//! blocking sockets. UDP sockets get the engine's socket buffer sizes
-//! (`softrdma_engine::tune_udp_socket`, 4 MiB each way) so the raw blast
-//! and softrdma's datagram QPs lose to the same receive buffer.
+//! blocking sockets.
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
+
+use softrdma_engine::rawudp::{RawUdp, MAX_SEGMENTS, MAX_SEND};
 
 use super::cell::{Kind, Measured, Op, Spec, WaitMode, Watch, HANG};
 use super::ctrl::{Ctrl, Msg};
@@ -116,16 +123,18 @@ fn prepare_tcp(s: &TcpStream, wait: WaitMode) -> io::Result<()> {
     }
 }
 
-fn prepare_udp(s: &UdpSocket, wait: WaitMode) -> io::Result<()> {
-    // The socket buffers the engine gives its own UDP sockets: like for like.
-    softrdma_engine::tune_udp_socket(s)?;
+/// A baseline UDP socket bound to `ip`: GSO/GRO and the engine's
+/// buffer sizes ([`RawUdp`]), waiting as `wait` says.
+fn udp_bind(ip: IpAddr, wait: WaitMode) -> io::Result<RawUdp> {
+    let s = UdpSocket::bind((ip, 0))?;
     match wait {
-        WaitMode::Poll => s.set_nonblocking(true),
+        WaitMode::Poll => s.set_nonblocking(true)?,
         WaitMode::Event => {
             s.set_nonblocking(false)?;
-            s.set_read_timeout(Some(Duration::from_millis(5)))
+            s.set_read_timeout(Some(Duration::from_millis(5)))?
         }
     }
+    RawUdp::new(s)
 }
 
 /// The server (echo / sink) end of a baseline cell.
@@ -201,68 +210,98 @@ fn chunks(size: usize, payload: usize) -> io::Result<(usize, usize)> {
     Ok((cnt, p))
 }
 
-/// Sends message `seq` of `size` octets as datagrams to `to`.
+/// The datagrams of one message, laid out back to back (`[hdr | chunk]`
+/// each) for GSO runs.
+struct MsgBuf {
+    buf: Vec<u8>,
+}
+
+impl MsgBuf {
+    fn new() -> Self {
+        MsgBuf { buf: Vec::new() }
+    }
+}
+
+/// Sends message `seq` of `size` octets as datagrams to `to`, in GSO runs
+/// of at most [`MAX_SEGMENTS`] datagrams / [`MAX_SEND`] octets.
 fn send_msg(
-    s: &UdpSocket,
+    s: &mut RawUdp,
     to: SocketAddr,
-    dgram: &mut [u8],
+    mb: &mut MsgBuf,
     seq: u32,
     size: usize,
     payload: usize,
     w: &mut Watch,
 ) -> io::Result<()> {
     let (cnt, p) = chunks(size, payload)?;
-    for i in 0..cnt {
-        let len = if i + 1 == cnt { size - i * p } else { p };
-        put_hdr(dgram, seq, i as u16, cnt as u16);
+    let seg = UDP_HDR + p;
+    let per_run = (MAX_SEND / seg).clamp(1, MAX_SEGMENTS);
+    let mut i = 0;
+    while i < cnt {
+        let n = per_run.min(cnt - i);
+        mb.buf.clear();
+        for k in i..i + n {
+            let len = if k + 1 == cnt { size - k * p } else { p };
+            let at = mb.buf.len();
+            mb.buf.resize(at + UDP_HDR + len, 0);
+            put_hdr(&mut mb.buf[at..], seq, k as u16, cnt as u16);
+        }
         loop {
-            match s.send_to(&dgram[..UDP_HDR + len], to) {
-                Ok(_) => break,
+            match s.send_segments(to, &mb.buf, seg) {
+                Ok(()) => break,
                 Err(e) if would_block(&e) => w.check("UDP send room")?,
                 // Loopback reports a full receiver as ECONNREFUSED/ENOBUFS
-                // at times: the datagram is lost, like any other.
+                // at times: the datagrams are lost, like any other.
                 Err(e) if matches!(e.raw_os_error(), Some(105) | Some(111)) => break,
                 Err(e) => return Err(e),
             }
         }
+        i += n;
     }
     Ok(())
 }
 
 fn serve_udp(spec: &Spec, ctrl: &mut Ctrl, ip: IpAddr) -> io::Result<()> {
-    let s = UdpSocket::bind((ip, 0))?;
-    prepare_udp(&s, spec.wait)?;
-    ctrl.send(&Msg::new("READY").with("port", s.local_addr()?.port()))?;
-    let mut buf = vec![0u8; 65536];
-    let mut dgram = vec![0u8; UDP_HDR + spec.payload.max(1)];
+    let mut s = udp_bind(ip, spec.wait)?;
+    ctrl.send(&Msg::new("READY").with("port", s.socket().local_addr()?.port()))?;
+    let mut mb = MsgBuf::new();
     let (mut cur, mut got) = (u32::MAX, 0u16);
     let (mut octets, mut dgrams) = (0u64, 0u64);
     let (mut first, mut last): (Option<(Instant, usize)>, Instant) = (None, Instant::now());
     let mut idle = 0u32;
     let mut w = Watch::new(Duration::from_secs(3600));
+    let lat = spec.test.kind == Kind::Lat;
+    // Messages whose every datagram arrived (ping-pong): answered after
+    // the batch.
+    let mut complete: Vec<(u32, SocketAddr)> = Vec::new();
     loop {
-        match s.recv_from(&mut buf) {
-            Ok((n, from)) => {
-                idle = 0;
-                let now = Instant::now();
-                let Some((seq, _idx, cnt)) = get_hdr(&buf[..n]) else {
-                    continue;
-                };
-                dgrams += 1;
-                octets += (n - UDP_HDR) as u64;
-                if first.is_none() {
-                    first = Some((now, n - UDP_HDR));
+        let r = s.recv_batch(|d, from| {
+            let Some((seq, _idx, cnt)) = get_hdr(d) else {
+                return;
+            };
+            let now = Instant::now();
+            dgrams += 1;
+            octets += (d.len() - UDP_HDR) as u64;
+            if first.is_none() {
+                first = Some((now, d.len() - UDP_HDR));
+            }
+            last = now;
+            if lat {
+                if seq != cur {
+                    cur = seq;
+                    got = 0;
                 }
-                last = now;
-                if spec.test.kind == Kind::Lat {
-                    if seq != cur {
-                        cur = seq;
-                        got = 0;
-                    }
-                    got += 1;
-                    if got == cnt {
-                        send_msg(&s, from, &mut dgram, seq, spec.size, spec.payload, &mut w)?;
-                    }
+                got += 1;
+                if got == cnt {
+                    complete.push((seq, from));
+                }
+            }
+        });
+        match r {
+            Ok(_) => {
+                idle = 0;
+                for (seq, from) in complete.drain(..) {
+                    send_msg(&mut s, from, &mut mb, seq, spec.size, spec.payload, &mut w)?;
                 }
             }
             Err(e) if would_block(&e) => {
@@ -278,15 +317,15 @@ fn serve_udp(spec: &Spec, ctrl: &mut Ctrl, ip: IpAddr) -> io::Result<()> {
     ctrl.expect("END")?;
     // Take in what is still queued.
     let drain_end = Instant::now() + Duration::from_millis(20);
-    s.set_nonblocking(true)?;
+    s.socket().set_nonblocking(true)?;
     while Instant::now() < drain_end {
-        if let Ok((n, _)) = s.recv_from(&mut buf) {
-            if n >= UDP_HDR {
+        let _ = s.recv_batch(|d, _| {
+            if d.len() >= UDP_HDR {
                 dgrams += 1;
-                octets += (n - UDP_HDR) as u64;
+                octets += (d.len() - UDP_HDR) as u64;
                 last = Instant::now();
             }
-        }
+        });
     }
     let (secs, counted) = match first {
         Some((t0, n0)) => (last.duration_since(t0).as_secs_f64(), octets - n0 as u64),
@@ -384,17 +423,14 @@ fn tcp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
     })
 }
 
-fn udp_socket(spec: &Spec, ctrl: &Ctrl) -> io::Result<UdpSocket> {
-    let s = UdpSocket::bind((ctrl.local_addr()?.ip(), 0))?;
-    prepare_udp(&s, spec.wait)?;
-    Ok(s)
+fn udp_socket(spec: &Spec, ctrl: &Ctrl) -> io::Result<RawUdp> {
+    udp_bind(ctrl.local_addr()?.ip(), spec.wait)
 }
 
 fn udp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> {
-    let s = udp_socket(spec, ctrl)?;
+    let mut s = udp_socket(spec, ctrl)?;
     let mut w = Watch::new(HANG);
-    let mut dgram = vec![0u8; UDP_HDR + spec.payload.max(1)];
-    let mut buf = vec![0u8; 65536];
+    let mut mb = MsgBuf::new();
     let (cnt, _) = chunks(spec.size, spec.payload)?;
     let mut h = Histogram::new();
     let (mut lost, mut seq, mut warm) = (0u64, 0u32, 0u64);
@@ -402,21 +438,20 @@ fn udp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured>
     while warm < spec.warmup || spec.more(h.count(), t0) {
         seq = seq.wrapping_add(1);
         let a = Instant::now();
-        send_msg(&s, to, &mut dgram, seq, spec.size, spec.payload, &mut w)?;
+        send_msg(&mut s, to, &mut mb, seq, spec.size, spec.payload, &mut w)?;
         let mut got = 0usize;
         let mut spins = 0u32;
         let answered = loop {
-            match s.recv_from(&mut buf) {
-                Ok((n, _)) => {
-                    if let Some((sq, _, _)) = get_hdr(&buf[..n]) {
-                        if sq == seq {
-                            got += 1;
-                            if got == cnt {
-                                break true;
-                            }
-                        }
+            let r = s.recv_batch(|d, _| {
+                if let Some((sq, _, _)) = get_hdr(d) {
+                    if sq == seq {
+                        got += 1;
                     }
                 }
+            });
+            match r {
+                Ok(_) if got >= cnt => break true,
+                Ok(_) => {}
                 Err(e) if would_block(&e) => {
                     spins = spins.wrapping_add(1);
                     if (spec.wait == WaitMode::Event || spins & 255 == 0)
@@ -455,16 +490,16 @@ fn udp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured>
 }
 
 fn udp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> {
-    let s = udp_socket(spec, ctrl)?;
+    let mut s = udp_socket(spec, ctrl)?;
     let mut w = Watch::new(HANG);
-    let mut dgram = vec![0u8; UDP_HDR + spec.payload.max(1)];
+    let mut mb = MsgBuf::new();
     let mut sent = 0u64;
     let t0 = Instant::now();
     while spec.more(sent, t0) {
         send_msg(
-            &s,
+            &mut s,
             to,
-            &mut dgram,
+            &mut mb,
             sent as u32,
             spec.size,
             spec.payload,
@@ -492,7 +527,11 @@ fn udp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
         // As for UD: never faster than the sender ran.
         secs: secs.max(send_secs),
         lost: lost_msgs,
-        note: format!("counted at the receiver; {} octets/datagram", spec.payload),
+        note: format!(
+            "counted at the receiver; {} octets/datagram{}",
+            spec.payload,
+            if s.gso() { ", GSO" } else { "" }
+        ),
         ..Default::default()
     })
 }
