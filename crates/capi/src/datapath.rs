@@ -101,6 +101,16 @@ pub unsafe fn inline_from_sgl(sgl: &SgList) -> Result<InlineData, c_int> {
 /// `wr` must be a readable request whose scatter list is readable.
 pub unsafe fn send_wr_from_c(qp: &QpObj, wr: &ibv_send_wr) -> Result<SendWr, c_int> {
     // SAFETY: per the contract.
+    unsafe { send_wr_from_c_sig(wr, qp.sq_sig_all) }
+}
+
+/// [`send_wr_from_c`] for a send queue that is not a [`QpObj`] (the DC
+/// initiators of [`crate::sdc`]): `sig_all` is its `sq_sig_all`.
+///
+/// # Safety
+/// As for [`send_wr_from_c`].
+pub unsafe fn send_wr_from_c_sig(wr: &ibv_send_wr, sig_all: bool) -> Result<SendWr, c_int> {
+    // SAFETY: per the contract.
     let sgl = unsafe { sgl_from_c(wr.sg_list, wr.num_sge) }?;
     let imm = u32::from_be(wr.imm_data);
     // SAFETY: the union members are plain integers; reading the one the opcode names.
@@ -167,7 +177,7 @@ pub unsafe fn send_wr_from_c(qp: &QpObj, wr: &ibv_send_wr) -> Result<SendWr, c_i
         op,
         payload,
         flags: SendFlags {
-            signaled: qp.sq_sig_all || wr.send_flags & IBV_SEND_SIGNALED != 0,
+            signaled: sig_all || wr.send_flags & IBV_SEND_SIGNALED != 0,
             solicited: wr.send_flags & IBV_SEND_SOLICITED != 0,
             fence: wr.send_flags & IBV_SEND_FENCE != 0,
         },

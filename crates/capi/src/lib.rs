@@ -20,7 +20,8 @@
 //!   `ibv_cq_ex` polling.
 //! * [`stubs`]: the `IBVERBS_PRIVATE_34` names the system's provider
 //!   libraries import; [`ext`]: softrdma's own calls
-//!   (`include/softrdma/verbs.h`).
+//!   (`include/softrdma/verbs.h`); [`sdc`]: the SoftDC calls
+//!   (`ibv_sdc_*`, same header).
 
 // Every `pub unsafe extern "C" fn` here is a C entry point whose safety
 // contract is the rdma-core API's (pointers are the library's live objects
@@ -38,5 +39,6 @@ pub mod objects;
 pub mod qp_ex;
 pub mod rdmacm;
 pub mod rsocket;
+pub mod sdc;
 pub mod stubs;
 pub mod verbs_api;

@@ -8,7 +8,11 @@
 //!   (`ibv_query_device_ex`, `ibv_create_cq_ex` + `ibv_start_poll`,
 //!   `ibv_create_qp_ex` + `ibv_wr_*`, a completion channel fd that poll(2)
 //!   reports readable, an SRQ limit event read from a pollable `async_fd`,
-//!   `ibv_query_qp`).
+//!   `ibv_query_qp`);
+//! * `tests/c/sdc.c`: SoftDC's `ibv_sdc_*` calls (two DCTs on one SRQ and
+//!   CQ with a completion channel, one DCI): Send+imm, Write, Read and
+//!   fetch-add as one chain, per-WR destinations, a wrong DC key, bad
+//!   arguments.
 
 mod common;
 
@@ -62,4 +66,24 @@ fn write_record_example_compiles_and_runs() {
 #[test]
 fn extended_verbs_through_the_header_inlines() {
     compile_and_run("tests/c/verbs_ex.c", &["verbs_ex: OK"]);
+}
+
+#[test]
+fn softdc_calls_from_c() {
+    compile_and_run(
+        "tests/c/sdc.c",
+        &[
+            "sdc: bad arguments refused with EINVAL/EOPNOTSUPP/EAFNOSUPPORT",
+            "sdc: DCI completion wr_id 1 SEND",
+            "sdc: DCI completion wr_id 2 RDMA_WRITE",
+            "sdc: DCI completion wr_id 3 RDMA_READ",
+            "sdc: DCI completion wr_id 4 FETCH_ADD",
+            "sdc: write 200, read 200 octets, fetch-add 40+2 = 42: OK",
+            "sdc: DCT receive via completion channel: 29 octets, imm 0xdc0001",
+            "sdc: one chain to two DCTs: OK",
+            "sdc: wrong key: remote access error, DCT rejected 1",
+            "sdc: bad work requests refused, bad_wr set",
+            "sdc: OK",
+        ],
+    );
 }

@@ -79,3 +79,91 @@ fn exports_every_imported_symbol_with_its_version() {
         assert!(p.contains(node), "version node {node} not defined");
     }
 }
+
+/// Every function `include/softrdma/verbs.h` declares (not the `static
+/// inline` helpers) is exported under a public `SOFTRDMA_*` version node,
+/// the SoftDC calls under `SOFTRDMA_1.1`, and no such export is missing
+/// from the header.
+#[test]
+fn extension_header_matches_the_exports() {
+    let lib = common::target_dir().join("libibverbs.so");
+    common::softrdma();
+    let out = Command::new("objdump")
+        .arg("-T")
+        .arg(&lib)
+        .output()
+        .expect("objdump (binutils)");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut ours: HashSet<(String, String)> = HashSet::new();
+    for l in text.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() >= 6 && !l.contains("*UND*") && f[1] == "g" {
+            let ver = f[f.len() - 2].trim_matches(|c| c == '(' || c == ')');
+            // SOFTRDMA_PRIVATE_1: librdmacm.so.1's forwarding targets,
+            // not part of the header.
+            if ver.starts_with("SOFTRDMA_") && !ver.starts_with("SOFTRDMA_PRIVATE") {
+                ours.insert((ver.to_string(), f[f.len() - 1].to_string()));
+            }
+        }
+    }
+    // Declarations: a line that names `softrdma_x(` or `ibv_sdc_x(` after
+    // a return type, outside `static inline` definitions.
+    let header = include_str!("../include/softrdma/verbs.h");
+    let mut declared: HashSet<String> = HashSet::new();
+    let mut prev = "";
+    for l in header.lines() {
+        let t = l.trim_start();
+        let decl = !t.starts_with('*')
+            && !t.starts_with("/*")
+            && !t.starts_with("static")
+            && !prev.trim_start().starts_with("static");
+        if decl {
+            for prefix in ["softrdma_", "ibv_sdc_"] {
+                let mut rest = t;
+                while let Some(i) = rest.find(prefix) {
+                    let name: String = rest[i..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    let after = &rest[i + name.len()..];
+                    if after.starts_with('(') && i > 0 {
+                        declared.insert(name.clone());
+                    }
+                    rest = after;
+                }
+            }
+        }
+        prev = l;
+    }
+    let sdc = [
+        "ibv_sdc_create_dct",
+        "ibv_sdc_destroy_dct",
+        "ibv_sdc_create_qp",
+        "ibv_sdc_destroy_qp",
+        "ibv_sdc_create_ah",
+        "ibv_sdc_destroy_ah",
+        "ibv_sdc_post_send",
+        "ibv_sdc_query_dct",
+        "ibv_sdc_query_qp",
+    ];
+    for name in sdc {
+        assert!(declared.contains(name), "{name} not declared in verbs.h");
+        assert!(
+            ours.contains(&("SOFTRDMA_1.1".to_string(), name.to_string())),
+            "{name} not exported as {name}@@SOFTRDMA_1.1: {ours:?}"
+        );
+    }
+    for name in &declared {
+        assert!(
+            ours.iter().any(|(_, n)| n == name),
+            "{name} is declared in verbs.h but not exported: {ours:?}"
+        );
+    }
+    for (ver, name) in &ours {
+        assert!(
+            declared.contains(name),
+            "{name}@{ver} is exported but not declared in verbs.h"
+        );
+    }
+}
