@@ -82,6 +82,8 @@ fn softdc_calls_from_c() {
             "sdc: DCT receive via completion channel: 29 octets, imm 0xdc0001",
             "sdc: one chain to two DCTs: OK",
             "sdc: wrong key: remote access error, DCT rejected 1",
+            "sdc: no such DCT: error completion",
+            "sdc: DCI completion via completion channel",
             "sdc: bad work requests refused, bad_wr set",
             "sdc: OK",
         ],

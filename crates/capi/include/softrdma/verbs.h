@@ -128,9 +128,11 @@ int softrdma_record_set_partial_timeout(struct ibv_qp *qp, uint64_t usec);
  * connection that carried them, wc.src_qp is 0). ibv_poll_cq,
  * ibv_req_notify_cq and completion channels work on those CQs as on any.
  * A destination that cannot be reached, refuses the key (status
- * IBV_WC_REM_ACCESS_ERR), has no such DCT (IBV_WC_REM_INV_REQ_ERR) or does
- * not answer (IBV_WC_RETRY_EXC_ERR after the invitation timeout) fails
- * only its own work requests.
+ * IBV_WC_REM_ACCESS_ERR), has no such DCT (IBV_WC_REM_INV_REQ_ERR, or
+ * IBV_WC_RETRY_EXC_ERR when the invitation is dropped unanswered, as it is
+ * today for an unknown number at a live DCT's port) or does not answer
+ * (IBV_WC_RETRY_EXC_ERR after the invitation timeout) fails only its own
+ * work requests.
  *
  * Why a DCI is a struct ibv_sdc_qp and not a struct ibv_qp: it has no
  * state machine (it is ready when created), no receive queue and no

@@ -119,7 +119,7 @@ int main(void)
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	struct ibv_pd *pd2 = ibv_alloc_pd(ctx);
 	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
-	struct ibv_cq *dci_cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	struct ibv_cq *dci_cq = ibv_create_cq(ctx, 64, (void *)0x5c5d, ch, 0);
 	struct ibv_cq *dct_cq = ibv_create_cq(ctx, 64, (void *)0x7c7c, ch, 0);
 	struct ibv_srq_init_attr sa = { .attr = { .max_wr = 16, .max_sge = 1 } };
 	struct ibv_srq *srq = ibv_create_srq(pd, &sa);
@@ -378,12 +378,34 @@ int main(void)
 	printf("sdc: wrong key: %s, DCT rejected %llu\n",
 	       ibv_wc_status_str(wc.status),
 	       (unsigned long long)st.dct_rejected);
-	/* The right key still works after the rejection. */
+	/* A DCT number nobody has: an error completion too, not a hang. */
+	struct ibv_sdc_dest nobody = { .ah = ah,
+				       .dct_num = dct->dct_num + 0x70,
+				       .dc_key = KEY };
+	p[0].wr_id = 22;
+	CHECK(!ibv_sdc_post_send(dci, &p[0], &nobody, 1, &bad),
+	      "ibv_sdc_post_send(no such DCT)");
+	poll_one(dci_cq, &wc);
+	CHECK(wc.wr_id == 22 && (wc.status == IBV_WC_REM_INV_REQ_ERR ||
+				 wc.status == IBV_WC_RETRY_EXC_ERR),
+	      "no such DCT: wr_id %llu status %s",
+	      (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status));
+	printf("sdc: no such DCT: error completion (%s)\n",
+	       ibv_wc_status_str(wc.status));
+	/* The right key still works after the rejections; this time the
+	 * DCI's completion is waited for through the completion channel. */
+	CHECK(!ibv_req_notify_cq(dci_cq, 0), "ibv_req_notify_cq(DCI CQ)");
 	p[0].wr_id = 21;
 	CHECK(!ibv_sdc_post_send(dci, &p[0], &d, 1, &bad), "post after reject");
+	CHECK(poll(&pfd, 1, 10000) == 1, "channel not readable for the DCI");
+	CHECK(!ibv_get_cq_event(ch, &ev_cq, &ev_ctx), "ibv_get_cq_event");
+	CHECK(ev_cq == dci_cq && ev_ctx == (void *)0x5c5d,
+	      "DCI event CQ/context");
+	ibv_ack_cq_events(dci_cq, 1);
 	poll_one(dci_cq, &wc);
 	CHECK(wc.wr_id == 21 && wc.status == IBV_WC_SUCCESS,
 	      "after reject: status %s", ibv_wc_status_str(wc.status));
+	printf("sdc: DCI completion via completion channel\n");
 	poll_one(dct_cq, &wc);
 	CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 103,
 	      "after reject: receive");
