@@ -246,6 +246,30 @@ impl View<'_> {
     }
 }
 
+impl View<'_> {
+    /// Direct placement: the process address of `len` octets at `addr` of
+    /// region `key` that the engine may fill straight from a socket —
+    /// REMOTE_WRITE for a peer's STag (`remote`), LOCAL_WRITE for a local
+    /// key — after every check [`Memory::remote_write`] /
+    /// [`Memory::local_write`] would make. The address stays valid while
+    /// this view exists (the registry is read-locked, so the region cannot
+    /// be deregistered); writing through it is the caller's `unsafe`.
+    pub(crate) fn place_ptr(
+        &self,
+        key: u32,
+        addr: u64,
+        len: u64,
+        remote: bool,
+    ) -> Result<*mut u8, MemError> {
+        let need = if remote {
+            Access::REMOTE_WRITE
+        } else {
+            Access::LOCAL_WRITE
+        };
+        self.resolve(key, addr, len, need)
+    }
+}
+
 impl Memory for View<'_> {
     fn local_read(&self, lkey: u32, addr: u64, len: u64) -> Result<&[u8], MemError> {
         let p = self.resolve(lkey, addr, len, Access(0))?;

@@ -35,11 +35,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use softrdma_proto::rc::{CqKind, PostError, RcConfig, RcEvent, RcQp, RcState, RecvQueue};
-use softrdma_proto::wr::{RecvWr, SendWr};
+use softrdma_proto::rc::{
+    CqKind, DirectRx, PostError, RcConfig, RcEvent, RcQp, RcState, RecvQueue,
+};
+use softrdma_proto::wr::{RecvWr, SendWr, MAX_SGE};
 use softrdma_wire::rdmap::Layer;
 
 use crate::cq::{AsyncEvent, Completion, Cq};
+use crate::mr::View;
 use crate::progress::Parking;
 use crate::srq::Srq;
 use crate::{Context, Shared};
@@ -112,6 +115,10 @@ pub(crate) struct QpCore {
     /// Receives posted before the connection exists.
     early_rq: RecvQueue,
     rxbuf: Vec<u8>,
+    /// After a direct read: read at most this much into `rxbuf` (the next
+    /// FPDU's header), so its payload can be placed directly too.
+    rx_hint: Option<usize>,
+    rx_stats: RxStats,
     /// Completions gathered under the QP lock and handed to the CQs
     /// before it is released (in order).
     out_send: Vec<Completion>,
@@ -153,6 +160,66 @@ pub struct Qp {
 
 const RXBUF: usize = 256 * 1024;
 
+/// Payload octets left in an FPDU worth a direct read: below this the
+/// copy path's larger read, which also takes what follows, is cheaper.
+const DIRECT_MIN: usize = 2048;
+
+/// Where received payload went (counters since the QP was created).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RxStats {
+    /// Octets read from the socket straight into registered memory.
+    pub direct_octets: u64,
+    /// Octets read into the receive buffer (headers, trailers, and payload
+    /// placed by a copy: with CRC, small FPDUs, or a failed check).
+    pub copied_octets: u64,
+}
+
+/// One `readv` of the rest of an FPDU's payload into the memory `d`
+/// describes, and of what follows into `tail`. `None` if a piece fails its
+/// memory check (nothing read).
+fn read_direct(
+    fd: std::os::fd::RawFd,
+    v: &View<'_>,
+    d: &DirectRx,
+    tail: &mut [u8],
+) -> Option<io::Result<usize>> {
+    let empty = libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    };
+    let mut iov = [empty; MAX_SGE + 1];
+    let mut k = 0;
+    for p in d.pieces() {
+        if p.len == 0 {
+            continue;
+        }
+        let ptr = v.place_ptr(p.key, p.addr, p.len, p.remote).ok()?;
+        iov[k] = libc::iovec {
+            iov_base: ptr.cast(),
+            // Inside a region of the address space: fits usize.
+            iov_len: p.len as usize,
+        };
+        k += 1;
+    }
+    if !tail.is_empty() {
+        iov[k] = libc::iovec {
+            iov_base: tail.as_mut_ptr().cast(),
+            iov_len: tail.len(),
+        };
+        k += 1;
+    }
+    // SAFETY: every iovec is either a range `place_ptr` checked to lie in a
+    // live region registered with write access (kept alive by the view's
+    // read lock for the duration of the call), or `tail`, a live buffer we
+    // borrow mutably; the kernel writes at most iov_len octets to each.
+    let r = unsafe { libc::readv(fd, iov.as_ptr(), k as libc::c_int) };
+    Some(if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    })
+}
+
 /// How long after the first FPDU a silent non-softrdma responder gets a
 /// probe (see `RcQp::send_probe`).
 const PROBE_AFTER: std::time::Duration = std::time::Duration::from_millis(200);
@@ -193,6 +260,8 @@ impl Qp {
                 link: None,
                 early_rq: RecvQueue::new(caps.max_recv_wr),
                 rxbuf: Vec::new(),
+                rx_hint: None,
+                rx_stats: RxStats::default(),
                 out_send: Vec::with_capacity(caps.max_send_wr),
                 out_recv: Vec::with_capacity(caps.max_recv_wr),
                 errored: false,
@@ -243,6 +312,12 @@ impl Qp {
             Some(l) if l.rc.state() == RcState::Error => QpLinkState::Error,
             Some(_) => QpLinkState::Connected,
         }
+    }
+
+    /// Where received payload went so far: placed straight from the socket
+    /// or copied through the receive buffer.
+    pub fn rx_stats(&self) -> RxStats {
+        self.inner.lock().rx_stats
     }
 
     /// Posts a send work request and transmits what the socket takes.
@@ -428,45 +503,108 @@ impl QpShared {
     }
 
     /// Reads and processes everything the socket has (non-blocking).
+    ///
+    /// Without CRC, payload of an RDMA Write, Read Response or Send whose
+    /// header has arrived is read straight into registered memory
+    /// (`RcQp::rx_direct`): one `readv` takes the rest of the payload into
+    /// the destination and only the trailer plus the next FPDU's header
+    /// into `rxbuf`, so a stream of large FPDUs is placed with no copy
+    /// beyond the kernel's. Everything else goes through `rxbuf` and
+    /// `RcQp::handle_bytes` (with CRC: verify, then place).
     fn receive(&self, c: &mut QpCore) {
-        let QpCore { link, rxbuf, .. } = c;
+        let QpCore {
+            link,
+            rxbuf,
+            rx_hint,
+            rx_stats,
+            ..
+        } = c;
         let Some(link) = link.as_mut() else { return };
         if link.closed {
             return;
         }
+        let pd = self.pd;
         loop {
-            match link.sock.read(rxbuf) {
-                Ok(0) => {
+            let direct = link.rc.rx_direct().filter(|d| d.len >= DIRECT_MIN);
+            // The direct read that happened, if any.
+            let mut used: Option<DirectRx> = None;
+            let res = match direct {
+                Some(d) => {
+                    let tail = (d.trailer + d.next_header).min(rxbuf.len());
+                    let fd = link.sock.as_raw_fd();
+                    let r = self
+                        .shared
+                        .registry
+                        .with_view(pd, |v| read_direct(fd, v, &d, &mut rxbuf[..tail]));
+                    match r {
+                        Some(r) => {
+                            used = Some(d);
+                            r.map(|n| (n, d.len + tail))
+                        }
+                        // A piece failed its check: the copy path reports it.
+                        None => link.sock.read(rxbuf).map(|n| (n, rxbuf.len())),
+                    }
+                }
+                None => {
+                    let limit = rx_hint.unwrap_or(rxbuf.len()).min(rxbuf.len());
+                    link.sock.read(&mut rxbuf[..limit]).map(|n| (n, limit))
+                }
+            };
+            let (n, offered) = match res {
+                Ok((0, _)) => {
                     link.rc.handle_llp_closed();
                     break;
                 }
-                Ok(n) => {
-                    let pd = self.pd;
-                    let rc = &mut link.rc;
-                    let data = &rxbuf[..n];
-                    match &self.srq {
-                        // Lock order: QP core (held), SRQ, registry.
-                        Some(srq) => {
-                            let mut q = srq.lock();
-                            self.shared
-                                .registry
-                                .with_view(pd, |v| rc.handle_bytes_with_srq(data, v, &mut q));
-                        }
-                        None => self
-                            .shared
-                            .registry
-                            .with_view(pd, |v| rc.handle_bytes(data, v)),
-                    }
-                    if n < rxbuf.len() {
-                        break;
-                    }
-                }
+                Ok(x) => x,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => {
                     link.rc.handle_llp_closed();
                     break;
                 }
+            };
+            // With a direct read the first octets are already in place.
+            let placed = used.map_or(0, |d| n.min(d.len));
+            if let Some(d) = used {
+                let ok = link.rc.rx_direct_placed(placed);
+                debug_assert!(ok, "rx_direct offered the octets");
+                rx_stats.direct_octets += placed as u64;
+                // Enough to reach the next payload from anywhere in this
+                // FPDU's trailer (a few payload octets more are harmless).
+                *rx_hint = Some(d.trailer + d.next_header);
+            }
+            let data = &rxbuf[..n - placed];
+            if !data.is_empty() {
+                rx_stats.copied_octets += data.len() as u64;
+                let rc = &mut link.rc;
+                match &self.srq {
+                    // Lock order: QP core (held), SRQ, registry.
+                    Some(srq) => {
+                        let mut q = srq.lock();
+                        self.shared
+                            .registry
+                            .with_view(pd, |v| rc.handle_bytes_with_srq(data, v, &mut q));
+                    }
+                    None => self
+                        .shared
+                        .registry
+                        .with_view(pd, |v| rc.handle_bytes(data, v)),
+                }
+                // Keep reading header-sized pieces only while they lead to
+                // direct placement (a short read may have cut the header).
+                if placed == 0
+                    && n == offered
+                    && link
+                        .rc
+                        .rx_direct()
+                        .filter(|d| d.len >= DIRECT_MIN)
+                        .is_none()
+                {
+                    *rx_hint = None;
+                }
+            }
+            if n < offered {
+                break;
             }
         }
     }

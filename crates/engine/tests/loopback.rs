@@ -182,3 +182,143 @@ fn reject_carries_private_data() {
         other => panic!("expected a rejection, got {other}"),
     }
 }
+
+fn side_with(cfg: softrdma_engine::config::Config, len: usize) -> Side {
+    let ctx = Context::with_config(cfg).unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(256, None);
+    let qp = ctx.create_qp(1, pd, QpCaps::default(), cq.clone(), cq.clone());
+    let mut buf = vec![0u8; len];
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    // SAFETY: as in `side`.
+    let stag = unsafe {
+        ctx.registry()
+            .register(buf.as_mut_ptr(), len, buf.as_ptr() as u64, access, pd)
+    }
+    .unwrap();
+    Side {
+        ctx,
+        cq,
+        qp,
+        buf,
+        stag,
+    }
+}
+
+/// Without CRC, large Write, Read Response and Send payloads are read
+/// from the socket straight into registered memory (no copy through the
+/// receive buffer); with CRC nothing is (verify, then place). Data is
+/// checked either way, including a Send scattered over three pieces.
+#[test]
+fn direct_placement_without_crc_only() {
+    for crc in [false, true] {
+        let cfg = softrdma_engine::config::Config {
+            mpa_crc: crc,
+            ..Default::default()
+        };
+        let len = 8 << 20;
+        let mut server = side_with(cfg.clone(), len);
+        let mut client = side_with(cfg, len);
+        let listener = Listener::bind(&server.ctx, "127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (sbase, cbase) = (server.buf.as_ptr() as u64, client.buf.as_ptr() as u64);
+        // A receive in three pieces for a 300 000-octet Send.
+        let pieces = [(0u64, 100_000u32), (1 << 20, 150_000), (2 << 20, 50_000)];
+        let sges: Vec<_> = pieces
+            .iter()
+            .map(|&(o, l)| softrdma_proto::wr::Sge {
+                addr: sbase + (5 << 20) + o,
+                length: l,
+                lkey: server.stag,
+            })
+            .collect();
+        server
+            .qp
+            .post_recv(RecvWr {
+                wr_id: 1,
+                sgl: SgList::from_slice(&sges).unwrap(),
+            })
+            .unwrap();
+        let sqp = server.qp.clone();
+        let acceptor = thread::spawn(move || {
+            let inc = listener.accept().unwrap();
+            inc.accept(&sqp, &ConnParams::default()).unwrap();
+        });
+        cm::connect(&client.ctx, &client.qp, addr, &ConnParams::default()).unwrap();
+        acceptor.join().unwrap();
+        for (i, b) in client.buf.iter_mut().enumerate() {
+            *b = (i * 13 + 5) as u8;
+        }
+        let flags = SendFlags {
+            signaled: true,
+            ..Default::default()
+        };
+        let write = |id: u64, off: u64, n: u64| SendWr {
+            wr_id: id,
+            op: SendOp::Write {
+                remote_addr: sbase + off,
+                rkey: server.stag,
+                imm: None,
+            },
+            payload: Payload::Sgl(SgList::single(cbase + off, n as u32, client.stag)),
+            flags,
+        };
+        client.qp.post_send(write(1, 0, 3 << 20)).unwrap();
+        client.qp.post_send(write(2, 3 << 20, 1 << 20)).unwrap();
+        client
+            .qp
+            .post_send(SendWr {
+                wr_id: 3,
+                op: SendOp::Send {
+                    imm: None,
+                    invalidate: None,
+                },
+                payload: Payload::Sgl(SgList::single(cbase + 77, 300_000, client.stag)),
+                flags,
+            })
+            .unwrap();
+        // Read the first 2 MiB back into the client's upper half.
+        client
+            .qp
+            .post_send(SendWr {
+                wr_id: 4,
+                op: SendOp::Read {
+                    remote_addr: sbase,
+                    rkey: server.stag,
+                },
+                payload: Payload::Sgl(SgList::single(cbase + (6 << 20), 2 << 20, client.stag)),
+                flags,
+            })
+            .unwrap();
+        for id in 1..=4 {
+            let c = wait_one(&client.cq);
+            assert_eq!((c.wc.wr_id, c.wc.status), (id, WcStatus::Success));
+        }
+        let r = wait_one(&server.cq);
+        assert_eq!(
+            (r.wc.wr_id, r.wc.status, r.wc.byte_len),
+            (1, WcStatus::Success, 300_000)
+        );
+        assert!(server.buf[..4 << 20] == client.buf[..4 << 20], "crc {crc}");
+        let mut at = 77;
+        for &(o, l) in &pieces {
+            let s = (5 << 20) + o as usize;
+            assert!(
+                server.buf[s..s + l as usize] == client.buf[at..at + l as usize],
+                "send piece at {o}, crc {crc}"
+            );
+            at += l as usize;
+        }
+        assert!(client.buf[6 << 20..(6 << 20) + (2 << 20)] == client.buf[..2 << 20]);
+        let (s, c) = (server.qp.rx_stats(), client.qp.rx_stats());
+        if crc {
+            assert_eq!((s.direct_octets, c.direct_octets), (0, 0));
+        } else {
+            // Most payload (the reads of FPDUs already whole in the
+            // socket at the first read are copied).
+            assert!(s.direct_octets > 2 << 20, "server {s:?}");
+            assert!(c.direct_octets > 1 << 20, "client {c:?}");
+        }
+        let _ = (&mut server.buf, &mut client.buf);
+    }
+}

@@ -4,8 +4,8 @@
 
 use std::io;
 
-use softrdma_proto::memory::{Access, VecMemory};
-use softrdma_proto::rc::{CqKind, RcConfig, RcEvent, RcQp, RcState, RtrKind, RtrRole};
+use softrdma_proto::memory::{Access, Memory, VecMemory};
+use softrdma_proto::rc::{CqKind, DirectRx, RcConfig, RcEvent, RcQp, RcState, RtrKind, RtrRole};
 use softrdma_proto::wr::{
     InlineData, Payload, RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus,
     WorkCompletion,
@@ -103,6 +103,31 @@ struct Pair {
     a: End,
     b: End,
     rng: Rng,
+    /// Receivers place payload directly where `RcQp::rx_direct` says (as
+    /// the engine does from its socket) whenever it is offered.
+    direct: bool,
+    /// Octets placed that way.
+    direct_octets: u64,
+}
+
+/// Places `data` (a prefix of the octets `d` describes) into `mem`, as the
+/// engine's direct receive does with one vectored read.
+fn place_direct(mem: &mut VecMemory, d: &DirectRx, data: &[u8]) {
+    let mut at = 0;
+    for piece in d.pieces() {
+        if at == data.len() {
+            break;
+        }
+        let n = (piece.len as usize).min(data.len() - at);
+        let r = if piece.remote {
+            mem.remote_write(piece.key, piece.addr, &data[at..at + n])
+        } else {
+            mem.local_write(piece.key, piece.addr, &data[at..at + n])
+        };
+        r.expect("rx_direct offers only checked memory");
+        at += n;
+    }
+    assert_eq!(at, data.len(), "pieces cover the payload");
 }
 
 impl Pair {
@@ -111,7 +136,20 @@ impl Pair {
             a: End::new(a),
             b: End::new(b),
             rng: Rng(seed | 1),
+            direct: false,
+            direct_octets: 0,
         }
+    }
+
+    /// A pair without CRC whose receivers place payload directly.
+    fn direct(seed: u64) -> Pair {
+        let cfg = RcConfig {
+            crc: false,
+            ..RcConfig::default()
+        };
+        let mut p = Pair::new(seed, cfg, cfg);
+        p.direct = true;
+        p
     }
 
     fn rc(seed: u64) -> Pair {
@@ -142,6 +180,15 @@ impl Pair {
                     let chunk: Vec<u8> = dst.wire_in.drain(..n).collect();
                     let mut at = 0;
                     while at < chunk.len() {
+                        if let Some(d) = dst.qp.rx_direct().filter(|_| self.direct) {
+                            let n =
+                                (1 + self.rng.below(d.len as u64) as usize).min(chunk.len() - at);
+                            place_direct(&mut dst.mem, &d, &chunk[at..at + n]);
+                            assert!(dst.qp.rx_direct_placed(n));
+                            self.direct_octets += n as u64;
+                            at += n;
+                            continue;
+                        }
                         let k = 1 + self.rng.below((chunk.len() - at) as u64) as usize;
                         dst.qp.handle_bytes(&chunk[at..at + k], &mut dst.mem);
                         at += k;
@@ -252,7 +299,17 @@ fn sends_of_every_size_arrive_intact_under_random_splits() {
 
 #[test]
 fn multi_sge_gather_and_scatter_and_inline() {
-    let mut p = Pair::rc(11);
+    multi_sge(Pair::rc(11));
+    let mut p = Pair::direct(11);
+    p = multi_sge(p);
+    assert!(
+        p.direct_octets > 2000,
+        "scattered directly: {}",
+        p.direct_octets
+    );
+}
+
+fn multi_sge(mut p: Pair) -> Pair {
     let a = p.a.mem.register(0, 0x1000, 4096, RW);
     p.a.mem.bytes_mut(a).copy_from_slice(&pattern(4096, 3));
     let b = p.b.mem.register(0, 0x9000, 4096, RW);
@@ -353,11 +410,19 @@ fn multi_sge_gather_and_scatter_and_inline() {
     assert_eq!(p.b.recv_wc.len(), 2);
     assert_eq!(p.b.recv_wc[0].byte_len, 2107);
     assert_eq!(p.b.recv_wc[1].byte_len, 7);
+    p
 }
 
 #[test]
 fn write_read_and_atomics() {
-    let mut p = Pair::rc(21);
+    write_read_atomics(Pair::rc(21));
+    let p = write_read_atomics(Pair::direct(21));
+    // Payload of Write and Read Response segments whose header ended a
+    // delivered piece (the random splits decide how much).
+    assert!(p.direct_octets > 16 << 10, "{}", p.direct_octets);
+}
+
+fn write_read_atomics(mut p: Pair) -> Pair {
     let a = p.a.mem.register(0, 0x1000, 1 << 20, RW);
     let b = p.b.mem.register(0, 0x5_0000, 1 << 20, RW);
     p.a.mem.bytes_mut(a).copy_from_slice(&pattern(1 << 20, 1));
@@ -451,6 +516,7 @@ fn write_read_and_atomics() {
         p.b.recv_wc.is_empty(),
         "one-sided operations consume no receive"
     );
+    p
 }
 
 #[test]
@@ -831,8 +897,18 @@ fn disconnect_flushes_everything() {
 
 #[test]
 fn random_operation_mix_is_exact() {
+    assert_eq!(random_mix(Pair::rc), 0);
+}
+
+#[test]
+fn random_operation_mix_is_exact_with_direct_placement() {
+    assert!(random_mix(Pair::direct) > 0);
+}
+
+fn random_mix(make: fn(u64) -> Pair) -> u64 {
+    let mut direct = 0;
     for seed in 1..30u64 {
-        let mut p = Pair::rc(seed * 1_000_003);
+        let mut p = make(seed * 1_000_003);
         let mut rng = Rng(seed);
         let a = p.a.mem.register(0, 0, 1 << 18, RW);
         let b = p.b.mem.register(0, 1 << 32, 1 << 18, RW);
@@ -897,7 +973,9 @@ fn random_operation_mix_is_exact() {
                 .map(|w| (w.wr_id, w.byte_len as usize))
                 .collect();
         assert_eq!(got, expect_recv);
+        direct += p.direct_octets;
     }
+    direct
 }
 
 #[test]

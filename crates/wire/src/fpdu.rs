@@ -506,6 +506,35 @@ impl Deframer {
         )))
     }
 
+    /// Direct placement (a receiver that moves payload from the transport
+    /// straight into its destination instead of through [`Deframer::decode`]):
+    /// when the stream has no CRC and no markers and an FPDU's payload is
+    /// being received, `Some((payload octets left, trailer octets))` where
+    /// the trailer is the pad and the (ignored) CRC field that follow the
+    /// payload. `None` otherwise — with a CRC every octet must pass through
+    /// the deframer so the FPDU is verified before it counts.
+    pub fn direct_payload(&self) -> Option<(usize, usize)> {
+        if self.crc_enabled || self.markers || self.state != RxState::Payload {
+            return None;
+        }
+        Some((self.payload_left, pad_len(self.ulpdu_len) + CRC_LEN))
+    }
+
+    /// Accounts for `n` payload octets that the caller placed itself (see
+    /// [`Deframer::direct_payload`]) as if they had passed through
+    /// [`Deframer::decode`] as [`Event::Payload`]. Refused (`false`,
+    /// nothing changed) unless `direct_payload` allows at least `n`.
+    pub fn skip_payload(&mut self, n: usize) -> bool {
+        match self.direct_payload() {
+            Some((left, _)) if n <= left => {
+                self.payload_left -= n;
+                self.pos += n as u64;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Consumes octets from `input` and reports at most one event.
     ///
     /// Returns the number of octets consumed (possibly less than
@@ -932,6 +961,41 @@ mod tests {
         // With CRC off the same octets pass, and a zero CRC field is fine.
         let mut d = Deframer::new(false, false);
         assert_eq!(deframe(&mut d, &fpdu, &[]).0.len(), 1);
+    }
+
+    #[test]
+    fn skipped_payload_counts_as_decoded() {
+        // A tagged header (14 octets) with 1001 payload octets (pad 3).
+        let payload = vec![0x5a; 1001];
+        let ulpdu = (14 + payload.len()) as u16;
+        let mut hdr = [0u8; 16];
+        hdr[..2].copy_from_slice(&ulpdu.to_be_bytes());
+        hdr[2] = 0xc1;
+        hdr[3] = 0x40;
+        let mut stream = Vec::new();
+        let mut f = Framer::new(false, false);
+        f.frame_to_vec(&hdr, &[&payload], &mut stream).unwrap();
+        f.frame_to_vec(&hdr, &[&payload], &mut stream).unwrap();
+        let mut d = Deframer::new(false, false);
+        assert_eq!(d.direct_payload(), None, "between FPDUs");
+        let (n, ev) = d.decode(&stream[..16]).unwrap();
+        assert_eq!((n, ev), (16, Some(Event::Header(&hdr[2..]))));
+        assert_eq!(d.direct_payload(), Some((1001, 3 + CRC_LEN)));
+        assert!(!d.skip_payload(1002), "more than is left");
+        assert!(d.skip_payload(1000));
+        assert!(d.skip_payload(1));
+        assert_eq!(d.direct_payload(), Some((0, 3 + CRC_LEN)));
+        // The trailer and the next FPDU decode as usual.
+        let (seen, err) = deframe(&mut d, &stream[16 + 1001..], &[]);
+        assert_eq!(err, None);
+        assert_eq!(d.stream_position(), stream.len() as u64);
+        assert_eq!(seen.len(), 1 + 1, "end of the first, all of the second");
+        assert_eq!(seen[1].payload, payload);
+        // With a CRC nothing may bypass the deframer.
+        let mut d = Deframer::new(true, false);
+        d.decode(&stream[..16]).unwrap();
+        assert_eq!(d.direct_payload(), None);
+        assert!(!d.skip_payload(1));
     }
 
     #[test]
