@@ -1,7 +1,7 @@
 /*
  * sdc.c - SoftDC's C API (ibv_sdc_* of softrdma/verbs.h) in one process on
  * softrdma_lo: two DC targets sharing an SRQ and a CQ (with a completion
- * channel), one DC initiator reaching them through one address handle.
+ * channel), DC initiators reaching them through one address handle.
  *
  *   cc -Wall -Werror -o sdc sdc.c -I crates/capi/include \
  *      -L target/debug -libverbs
@@ -10,9 +10,10 @@
  * Checks: Send with immediate, RDMA Write, RDMA Read and fetch-and-add
  * posted as one chain (data, completion opcodes, byte_len, imm, wr_id and
  * order); a chain with a destination per work request; a wrong DC key
- * (error completion, counted at the DCT); bad arguments (errno values,
- * bad_wr). Prints one "sdc: ..." line per check and "sdc: OK" at the end,
- * exits 1 at the first failure.
+ * (error completion, counted at the DCT); an unknown DCT number; bad
+ * arguments (errno values, bad_wr, a full send queue); completions through
+ * a completion channel on both sides. Prints one "sdc: ..." line per
+ * check and "sdc: OK" at the end, exits 1 at the first failure.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -378,18 +379,31 @@ int main(void)
 	printf("sdc: wrong key: %s, DCT rejected %llu\n",
 	       ibv_wc_status_str(wc.status),
 	       (unsigned long long)st.dct_rejected);
-	/* A DCT number nobody has: an error completion too, not a hang. */
+	/* A DCT number nobody has: an error completion too, not a hang. On a
+	 * second DCI with a one-entry send queue, which is full meanwhile. */
+	struct ibv_sdc_qp_init_attr ia1 = { .send_cq = dci_cq,
+					    .cap = { .max_send_wr = 1 } };
+	struct ibv_sdc_qp *dci1 = ibv_sdc_create_qp(pd, &ia1);
+	CHECK(dci1 && dci1->qp_num != dci->qp_num, "second DCI: %s",
+	      strerror(errno));
 	struct ibv_sdc_dest nobody = { .ah = ah,
 				       .dct_num = dct->dct_num + 0x70,
 				       .dc_key = KEY };
 	p[0].wr_id = 22;
-	CHECK(!ibv_sdc_post_send(dci, &p[0], &nobody, 1, &bad),
+	p[0].next = NULL;
+	CHECK(!ibv_sdc_post_send(dci1, &p[0], &nobody, 1, &bad),
 	      "ibv_sdc_post_send(no such DCT)");
+	p[1].wr_id = 23;
+	bad = NULL;
+	CHECK(ibv_sdc_post_send(dci1, &p[1], &nobody, 1, &bad) == ENOMEM &&
+		      bad == &p[1], "post_send(send queue full)");
 	poll_one(dci_cq, &wc);
-	CHECK(wc.wr_id == 22 && (wc.status == IBV_WC_REM_INV_REQ_ERR ||
-				 wc.status == IBV_WC_RETRY_EXC_ERR),
+	CHECK(wc.wr_id == 22 && wc.qp_num == dci1->qp_num &&
+		      (wc.status == IBV_WC_REM_INV_REQ_ERR ||
+		       wc.status == IBV_WC_RETRY_EXC_ERR),
 	      "no such DCT: wr_id %llu status %s",
 	      (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status));
+	CHECK(!ibv_sdc_destroy_qp(dci1), "destroy second DCI");
 	printf("sdc: no such DCT: error completion (%s)\n",
 	       ibv_wc_status_str(wc.status));
 	/* The right key still works after the rejections; this time the
