@@ -188,7 +188,7 @@ int main(void)
 	struct ibv_sdc_attr attr = {
 		.comp_mask = IBV_SDC_ATTR_CAPACITY | IBV_SDC_ATTR_INVITE_TIMEOUT,
 		.capacity = 16,
-		.invite_timeout_ms = 3000,
+		.invite_timeout_ms = 5000, /* the unknown DCT waits this long */
 	};
 	struct ibv_sdc_dct *dct = ibv_sdc_create_dct(pd, dct_cq, srq, KEY, &attr);
 	CHECK(dct, "ibv_sdc_create_dct: %s", strerror(errno));
