@@ -136,7 +136,8 @@
 //! (through `create_dgram_qp`, which does the socket, slot, CQ and
 //! progress wiring for any kind). The runtime calls
 //! [`DatagramQp::set_now`] before `post_send` and `poll_transmit` (RD
-//! reads its clock there: RTO samples, ACK timing); UD ignores it.
+//! reads its clock there: RTO samples, ACK timing) when the QP
+//! [`DatagramQp::wants_now`]; UD does not, so its sends read no clock.
 //!
 //! An RD QP's retransmission, delayed-ACK, probe and expiry deadlines are
 //! ordinary `poll_timeout` deadlines (see Timers), so a peer that stops
@@ -312,6 +313,11 @@ macro_rules! dgram_kinds {
             fn set_now(&mut self, now: Instant) {
                 match self {
                     $(AnyQp::$kind(q) => DatagramQp::set_now(q, now)),+
+                }
+            }
+            fn wants_now(&self) -> bool {
+                match self {
+                    $(AnyQp::$kind(q) => DatagramQp::wants_now(q)),+
                 }
             }
         }
@@ -1099,7 +1105,9 @@ impl DgramQpShared {
         if c.tx_waiting {
             return;
         }
-        c.qp.set_now(Instant::now());
+        if c.qp.wants_now() {
+            c.qp.set_now(Instant::now());
+        }
         let mut sink = SockSink {
             sock: &self.socket,
             blocked: false,
@@ -1159,8 +1167,8 @@ impl DgramQpShared {
     /// Moves completions into the CQs (under the QP lock, in order), then,
     /// after the lock is released, events into the async event queue.
     fn flush(&self, mut c: MutexGuard<'_, Core>) {
-        let mut events: [Option<AsyncEvent>; 8] = [None; 8];
-        let mut ne = 0;
+        // Events are rare (errors): no storage is set up until one comes.
+        let mut events: Vec<AsyncEvent> = Vec::new();
         {
             let Core {
                 qp,
@@ -1179,13 +1187,7 @@ impl DgramQpShared {
                 }
             }
             while let Some(ev) = qp.poll_event() {
-                let ae = self.async_event(ev);
-                if ne < events.len() {
-                    events[ne] = Some(ae);
-                    ne += 1;
-                } else {
-                    self.raise(ae);
-                }
+                events.push(self.async_event(ev));
             }
         }
         if !c.out_send.is_empty() {
@@ -1197,8 +1199,8 @@ impl DgramQpShared {
             c.out_recv.clear();
         }
         drop(c);
-        for e in events[..ne].iter().flatten() {
-            self.raise(*e);
+        for e in events {
+            self.raise(e);
         }
     }
 
@@ -1375,7 +1377,9 @@ impl DgramQpHandle {
     /// refuses the rest ([`QpError::Unsupported`]).
     pub fn post_send(&self, wr: SendWr, dest: DgramAddr) -> Result<(), QpError> {
         let mut c = self.inner.lock();
-        c.qp.set_now(Instant::now());
+        if c.qp.wants_now() {
+            c.qp.set_now(Instant::now());
+        }
         c.qp.post_send(wr, dest)?;
         self.inner.transmit(&mut c);
         self.inner.arm(&mut c);
@@ -1385,9 +1389,10 @@ impl DgramQpHandle {
 
     /// Posts a receive.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), QpError> {
-        let mut c = self.inner.lock();
-        c.qp.post_recv(wr)?;
-        self.inner.flush(c);
+        // Posting a receive completes nothing and raises no event (UD and
+        // RD only queue it), and every other call flushes what it
+        // produced: nothing to flush here.
+        self.inner.lock().qp.post_recv(wr)?;
         Ok(())
     }
 

@@ -301,11 +301,18 @@ pub(crate) struct RxRing {
     /// `recvmmsg`'s headers, kept between calls so that a poll finding
     /// nothing does not clear and rebuild kilobytes of them.
     hdr: Box<RxHeaders>,
+    /// Headers `0..stale` must be set up before the next call: the
+    /// kernel wrote lengths and flags into those the last call filled
+    /// (all of them at first, or after a change of `hdr_cmsg`).
+    stale: usize,
+    /// Whether the headers point at control buffers.
+    hdr_cmsg: bool,
 }
 
-/// The `recvmmsg` argument arrays of one [`RxRing`]. Their pointer
-/// fields are rewritten by every [`recv_batch`] before the call (never
-/// trusted from before), so moving the ring between threads is harmless.
+/// The `recvmmsg` argument arrays of one [`RxRing`]. Their pointers point
+/// into the ring's two boxes (`bufs`, and this one), whose heap memory
+/// never moves or changes size while the ring lives, so the headers stay
+/// valid between calls and when the ring moves between threads.
 struct RxHeaders {
     hdrs: [libc::mmsghdr; RX_BATCH],
     addrs: [libc::sockaddr_storage; RX_BATCH],
@@ -326,6 +333,8 @@ impl RxRing {
             units: Vec::with_capacity(RX_UNITS),
             // SAFETY: all-zero (null pointers, zero lengths) is valid for these C structs.
             hdr: Box::new(unsafe { zeroed() }),
+            stale: RX_BATCH,
+            hdr_cmsg: false,
         }
     }
 
@@ -350,6 +359,10 @@ impl RxRing {
 /// datagrams they hold (a `UDP_GRO` buffer holds several: it is split at
 /// its segment size). `cmsg`: the socket has `IP_PKTINFO` or `UDP_GRO` on.
 pub(crate) fn recv_batch(fd: RawFd, ring: &mut RxRing, cmsg: bool) -> io::Result<usize> {
+    if ring.hdr_cmsg != cmsg {
+        ring.hdr_cmsg = cmsg;
+        ring.stale = RX_BATCH;
+    }
     let RxHeaders {
         hdrs,
         addrs,
@@ -360,7 +373,9 @@ pub(crate) fn recv_batch(fd: RawFd, ring: &mut RxRing, cmsg: bool) -> io::Result
     // once the arrays are no longer touched by index.
     let bufs = ring.bufs.as_mut_ptr();
     let (iov_p, addr_p, cmsg_p) = (iovs.as_mut_ptr(), addrs.as_mut_ptr(), cmsgs.as_mut_ptr());
-    for (i, h) in hdrs.iter_mut().enumerate() {
+    // Only the headers the last call filled are set up again: an empty
+    // busy poll (EAGAIN: the kernel wrote nothing) costs no set-up.
+    for (i, h) in hdrs.iter_mut().enumerate().take(ring.stale) {
         // SAFETY: `i < RX_BATCH`, so every offset stays inside its array (`bufs` is RX_BATCH * RX_BUF long).
         unsafe {
             *iov_p.add(i) = libc::iovec {
@@ -382,21 +397,31 @@ pub(crate) fn recv_batch(fd: RawFd, ring: &mut RxRing, cmsg: bool) -> io::Result
             h.msg_flags = 0;
         }
     }
+    ring.stale = 0;
+    // The system call directly, not libc's `recvmmsg`: the wrapper is a
+    // thread cancellation point and brackets every call (each empty busy
+    // poll) with enabling and disabling asynchronous cancellation, which
+    // nothing here uses.
     // SAFETY: every header points at live buffers of the sizes it states (the ring's, `addrs`, `cmsgs`), all outliving the call; the kernel writes at most those sizes.
     let n = unsafe {
-        libc::recvmmsg(
+        libc::syscall(
+            libc::SYS_recvmmsg,
             fd,
             hdrs.as_mut_ptr(),
             RX_BATCH as libc::c_uint,
             libc::MSG_DONTWAIT,
-            std::ptr::null_mut(),
+            std::ptr::null_mut::<libc::timespec>(),
         )
     };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
+    let n = (n as usize).min(RX_BATCH);
+    // The kernel wrote lengths and flags into the headers it filled (and,
+    // to be safe, the one after, where it stopped).
+    ring.stale = (n + 1).min(RX_BATCH);
     ring.units.clear();
-    for (i, mh) in hdrs.iter().enumerate().take(n as usize) {
+    for (i, mh) in hdrs.iter().enumerate().take(n) {
         let h = &mh.msg_hdr;
         let mut dst = None;
         let mut seg = 0usize;
@@ -442,7 +467,7 @@ pub(crate) fn recv_batch(fd: RawFd, ring: &mut RxRing, cmsg: bool) -> io::Result
             }
         }
     }
-    Ok(n as usize)
+    Ok(n)
 }
 
 fn dgram_len(d: &Datagram<'_>) -> usize {
@@ -624,8 +649,17 @@ pub(crate) fn send_one(
     h.msg_namelen = len;
     h.msg_iov = bufs.as_ptr() as *mut libc::iovec;
     h.msg_iovlen = bufs.len() as _;
+    // The system call directly (see `recv_batch`: libc's wrapper is a
+    // cancellation point, which costs every latency-bound send).
     // SAFETY: `h` points at a live address and at the caller's IoSlices (ABI-compatible with iovec), read only.
-    let r = unsafe { libc::sendmsg(fd, &h, libc::MSG_DONTWAIT) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sendmsg,
+            fd,
+            &h as *const libc::msghdr,
+            libc::MSG_DONTWAIT,
+        )
+    };
     if r < 0 {
         Err(io::Error::last_os_error())
     } else {

@@ -110,6 +110,11 @@ pub trait DatagramQp {
     /// argument (`post_send`, `poll_transmit`); QPs without timers on
     /// those paths ignore it.
     fn set_now(&mut self, _now: Instant) {}
+    /// True if the QP reads the time given by [`DatagramQp::set_now`];
+    /// a runtime may skip reading its clock for one that does not.
+    fn wants_now(&self) -> bool {
+        true
+    }
 }
 
 impl DatagramQp for UdQp {
@@ -156,5 +161,9 @@ impl DatagramQp for UdQp {
     }
     fn record_tracker(&mut self) -> &mut Tracker {
         UdQp::record_tracker(self)
+    }
+    /// UD has no timer on its post or transmit paths.
+    fn wants_now(&self) -> bool {
+        false
     }
 }

@@ -15,7 +15,8 @@
 //! Receiving: [`parse`] checks the CRC before it looks at any header field, so
 //! every corrupted datagram is [`Error::BadCrc`], whatever octet was hit.
 //! Sending: [`emit_header`] writes the header, the payload stays where it is
-//! (a gather list), and [`trailer`] computes the CRC over both without a copy.
+//! (a gather list), and [`trailer`] computes the CRC over both without a copy;
+//! or, for a small payload copied behind the header, [`seal`] appends it.
 
 use crate::crc::{self, Crc32c};
 use crate::ddp::Mode;
@@ -74,6 +75,19 @@ pub fn trailer(header: &[u8], payload: &[&[u8]]) -> [u8; CRC_LEN] {
         c.update(p);
     }
     c.wire_bytes()
+}
+
+/// Appends the CRC trailer to a segment already laid out contiguously in
+/// `buf[..len]` (header, then payload): writes it at `buf[len..len + 4]`
+/// and returns the datagram length. One CRC pass, for small datagrams that
+/// are cheaper to copy than to gather.
+///
+/// # Panics
+/// If `buf` is shorter than `len + 4`.
+pub fn seal(buf: &mut [u8], len: usize) -> usize {
+    let c = crc::to_wire(crc::crc32c(&buf[..len]));
+    buf[len..len + CRC_LEN].copy_from_slice(&c);
+    len + CRC_LEN
 }
 
 /// Size of the UDP payload for `repr` carrying `payload_len` octets.
@@ -167,6 +181,24 @@ mod tests {
         // CRC over everything before it, LSB first.
         assert_eq!(d[29..], crc::to_wire(crc::crc32c(&d[..29])));
         assert_eq!(parse(d), Ok((r, &b"abc"[..])));
+    }
+
+    #[test]
+    fn seal_equals_the_gathered_trailer() {
+        for r in [write_record(), send_q()] {
+            let payload: Vec<u8> = (0..77u8).collect();
+            let mut gathered = [0u8; 128];
+            let n = emit_into(&r, &payload, &mut gathered);
+            let mut sealed = [0u8; 128];
+            let h = emit_header(&r, &mut sealed);
+            sealed[h..h + payload.len()].copy_from_slice(&payload);
+            assert_eq!(seal(&mut sealed, h + payload.len()), n);
+            assert_eq!(sealed[..n], gathered[..n]);
+            assert_eq!(parse(&sealed[..n]), Ok((r, &payload[..])));
+            // A flipped payload octet no longer matches the sealed CRC.
+            sealed[h] ^= 1;
+            assert_eq!(parse(&sealed[..n]), Err(Error::BadCrc));
+        }
     }
 
     #[test]
