@@ -353,6 +353,95 @@ impl PendingFpdu {
     }
 }
 
+/// One FPDU was framed into the transmit ring (or framing failed and the QP
+/// is in the error state): what the framing steps return instead of the
+/// FPDU itself, which never moves once built.
+struct Built;
+
+/// The FPDUs framed and not yet completely written: [`TX_BATCH`] slots,
+/// each built in place by `RcQp::build` and written from there, so an FPDU
+/// (header, inline data, span list: some 600 octets) is neither zeroed nor
+/// moved on its way to the socket.
+#[derive(Debug)]
+struct TxRing {
+    slots: Vec<PendingFpdu>,
+    head: usize,
+    len: usize,
+}
+
+impl TxRing {
+    fn new() -> Self {
+        TxRing {
+            slots: vec![PendingFpdu::new(); TX_BATCH],
+            head: 0,
+            len: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    fn at(&self, i: usize) -> usize {
+        (self.head + i) % TX_BATCH
+    }
+
+    fn front(&self) -> Option<&PendingFpdu> {
+        (self.len > 0).then(|| &self.slots[self.head])
+    }
+
+    fn front_mut(&mut self) -> Option<&mut PendingFpdu> {
+        (self.len > 0).then(|| &mut self.slots[self.head])
+    }
+
+    fn back(&self) -> Option<&PendingFpdu> {
+        (self.len > 0).then(|| &self.slots[self.at(self.len - 1)])
+    }
+
+    fn pop_front(&mut self) {
+        if self.len > 0 {
+            self.head = self.at(1);
+            self.len -= 1;
+        }
+    }
+
+    fn pop_back(&mut self) {
+        self.len = self.len.saturating_sub(1);
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &PendingFpdu> + '_ {
+        (0..self.len).map(|i| &self.slots[self.at(i)])
+    }
+
+    /// The free slot behind the last FPDU (the ring is not full: callers
+    /// frame at most `TX_BATCH`), reset; [`TxRing::commit`] adds it.
+    fn next_slot(&mut self) -> &mut PendingFpdu {
+        debug_assert!(self.len < TX_BATCH);
+        let i = self.at(self.len.min(TX_BATCH - 1));
+        let p = &mut self.slots[i];
+        p.hdr_len = 0;
+        p.nspans = 0;
+        p.trailer_len = 0;
+        p.total = 0;
+        p.written = 0;
+        p.owned = None;
+        p.done = Done::Nothing;
+        p
+    }
+
+    fn commit(&mut self) {
+        self.len = (self.len + 1).min(TX_BATCH);
+    }
+}
+
 /// FPDUs batched into one vectored write.
 const TX_BATCH: usize = 16;
 /// Octets batched into one vectored write (more is not worth waiting for).
@@ -454,7 +543,7 @@ pub struct RcQp {
     /// Message source currently being framed: true = inbound read queue.
     in_ird_message: bool,
     ird_served_in_row: usize,
-    pending: VecDeque<PendingFpdu>,
+    pending: TxRing,
     marker_buf: Vec<u8>,
     rtr_to_send: Option<RtrKind>,
     terminate: Option<TerminateRepr>,
@@ -511,7 +600,7 @@ impl RcQp {
             next_atomic_id: 1,
             in_ird_message: false,
             ird_served_in_row: 0,
-            pending: VecDeque::with_capacity(TX_BATCH),
+            pending: TxRing::new(),
             marker_buf: if cfg.markers_tx {
                 Vec::with_capacity(max_fpdu + max_fpdu / 128 + 16)
             } else {
@@ -908,8 +997,9 @@ impl RcQp {
             p.written += take;
             n -= take;
             if p.written == p.total {
-                let p = self.pending.pop_front().expect("front exists");
-                match p.done {
+                let (done, owned) = (p.done, p.owned);
+                self.pending.pop_front();
+                match done {
                     Done::Nothing => {}
                     Done::SqComplete(seq) => {
                         let len = self
@@ -920,7 +1010,7 @@ impl RcQp {
                     }
                     Done::Terminate => {}
                 }
-                if p.owned.is_some() && self.pending.iter().all(|q| q.owned.is_none()) {
+                if owned.is_some() && self.pending.iter().all(|q| q.owned.is_none()) {
                     self.marker_buf.clear();
                 }
             }
@@ -942,21 +1032,27 @@ impl RcQp {
         // time so the buffer never moves under a pending FPDU.
         let cap = if self.cfg.markers_tx { 1 } else { TX_BATCH };
         while self.pending.len() < cap && bytes < TX_BATCH_BYTES {
-            let Some(p) = self.next_fpdu(mem) else { break };
-            bytes += p.total;
-            self.pending.push_back(p);
+            let before = self.pending.len();
+            if self.next_fpdu(mem).is_none() {
+                break;
+            }
+            match self.pending.back() {
+                Some(p) if self.pending.len() == before + 1 => bytes += p.total - p.written,
+                // Framing failed (the QP dropped FPDUs not yet started).
+                _ => bytes = self.pending.iter().map(|p| p.total - p.written).sum(),
+            }
         }
     }
 
     /// The queued Terminate as an FPDU (QN 2, MSN 1, MO 0, L), if any.
-    fn terminate_fpdu<M: Memory>(&mut self, mem: &mut M) -> Option<PendingFpdu> {
+    fn terminate_fpdu<M: Memory>(&mut self, mem: &mut M) -> Option<Built> {
         let t = self.terminate.take()?;
         let repr = SegmentRepr::untagged(Opcode::Terminate, 2, 1, 0, true, RdmapBody::Terminate(t));
         Some(self.build(mem, &repr, &Body::None, Done::Terminate))
     }
 
     /// Builds the next FPDU to send, if any.
-    fn next_fpdu<M: Memory>(&mut self, mem: &mut M) -> Option<PendingFpdu> {
+    fn next_fpdu<M: Memory>(&mut self, mem: &mut M) -> Option<Built> {
         if let Some(p) = self.terminate_fpdu(mem) {
             return Some(p);
         }
@@ -1001,7 +1097,7 @@ impl RcQp {
         }
     }
 
-    fn build_rtr<M: Memory>(&mut self, mem: &mut M, kind: RtrKind) -> PendingFpdu {
+    fn build_rtr<M: Memory>(&mut self, mem: &mut M, kind: RtrKind) -> Built {
         let repr = match kind {
             RtrKind::Write => SegmentRepr::tagged(Opcode::RdmaWrite, 1, 0, true),
             RtrKind::Send => {
@@ -1044,7 +1140,7 @@ impl RcQp {
         m
     }
 
-    fn next_ird_fpdu<M: Memory>(&mut self, mem: &mut M) -> Option<PendingFpdu> {
+    fn next_ird_fpdu<M: Memory>(&mut self, mem: &mut M) -> Option<Built> {
         let entry = *self.ird.front()?;
         match entry {
             IrdEntry::Atomic { req_id, orig } => {
@@ -1099,7 +1195,7 @@ impl RcQp {
         }
     }
 
-    fn next_sq_fpdu<M: Memory>(&mut self, mem: &mut M) -> Option<PendingFpdu> {
+    fn next_sq_fpdu<M: Memory>(&mut self, mem: &mut M) -> Option<Built> {
         let idx = self.sq_cursor;
         let e = *self.sq.get(idx)?;
         let SqState::Sending { stage, framed } = e.state else {
@@ -1347,137 +1443,38 @@ impl RcQp {
         }
     }
 
-    /// Frames one FPDU: header from `repr`, payload from `body`. A local
-    /// gather failure fails the QP (local protection error); a remote
-    /// source failure (Read Response) terminates.
+    /// Frames one FPDU into the transmit ring: header from `repr`, payload
+    /// from `body`. A local gather failure fails the QP (local protection
+    /// error); a remote source failure (Read Response) terminates; either
+    /// way nothing is added to the ring.
     fn build<M: Memory>(
         &mut self,
         mem: &mut M,
         repr: &SegmentRepr,
         body: &Body,
         done: Done,
-    ) -> PendingFpdu {
-        let mut p = PendingFpdu::new();
-        p.done = done;
-        let hlen = repr.header_len();
-        repr.emit(&mut p.hdr[fpdu::LEN_FIELD..fpdu::LEN_FIELD + hlen]);
-        p.hdr_len = fpdu::LEN_FIELD + hlen;
-        // Resolve the payload into spans (or copy inline data).
-        let mut payload_len = 0u64;
-        let mut bad: Option<MemError> = None;
-        let mut remote_bad = false;
-        match *body {
-            Body::None => {}
-            Body::Local {
-                payload: Payload::Inline(d),
-                offset,
-                len,
-            } => {
-                let s = &d.as_slice()[offset as usize..(offset + len) as usize];
-                p.hdr[p.hdr_len..p.hdr_len + s.len()].copy_from_slice(s);
-                p.hdr_len += s.len();
-                payload_len = len;
-            }
-            Body::Local {
-                payload: Payload::Sgl(sgl),
-                offset,
-                len,
-            } => {
-                let spans = &mut p.spans;
-                let mut k = 0;
-                sgl.for_range(offset, len, |sge, off, n| {
-                    if bad.is_none() {
-                        if let Err(e) = mem.local_read(sge.lkey, sge.addr.wrapping_add(off), n) {
-                            bad = Some(e);
-                        }
-                    }
-                    spans[k] = Span {
-                        key: sge.lkey,
-                        addr: sge.addr.wrapping_add(off),
-                        len: n,
-                        remote: false,
-                    };
-                    k += 1;
-                });
-                p.nspans = k;
-                payload_len = len;
-            }
-            Body::Remote { stag, to, len } => {
-                if len > 0 {
-                    if let Err(e) = mem.remote_read(stag, to, len) {
-                        bad = Some(e);
-                        remote_bad = true;
-                    }
-                    p.spans[0] = Span {
-                        key: stag,
-                        addr: to,
-                        len,
-                        remote: true,
-                    };
-                    p.nspans = 1;
-                }
-                payload_len = len;
-            }
-        }
-        if let Some(e) = bad {
-            if remote_bad {
+    ) -> Built {
+        let cfg = self.cfg;
+        let p = self.pending.next_slot();
+        match build_into(
+            p,
+            &cfg,
+            &mut self.framer,
+            &mut self.marker_buf,
+            mem,
+            repr,
+            body,
+            done,
+        ) {
+            Ok(()) => self.pending.commit(),
+            Err((e, true)) => {
                 // The region went away between the Read Request and now.
                 let t = TerminateRepr::new(e.terminate_cause(false));
                 self.fail(Some(t), false, None);
-            } else {
-                self.fail(None, false, Some(e.local_status()));
             }
-            p.total = 0;
-            return p;
+            Err((e, false)) => self.fail(None, false, Some(e.local_status())),
         }
-        let ulpdu = hlen as u64 + payload_len;
-        // The slot counts the header plus all payload, inline or gathered.
-        fpdu::set_ulpdu_len(&mut p.hdr[..fpdu::LEN_FIELD + hlen], payload_len as usize)
-            .expect("ULPDU within max_ulpdu");
-        if self.cfg.markers_tx {
-            // Markers: copy the FPDU through the framer into the buffer.
-            let start = self.marker_buf.len();
-            let mut pieces: [&[u8]; MAX_SGE + 1] = [&[]; MAX_SGE + 1];
-            pieces[0] = &p.hdr[fpdu::LEN_FIELD + hlen..p.hdr_len];
-            for (i, s) in p.spans[..p.nspans].iter().enumerate() {
-                pieces[i + 1] = span_slice(mem, s);
-            }
-            let n = self
-                .framer
-                .frame_to_vec(
-                    &p.hdr[..fpdu::LEN_FIELD + hlen],
-                    &pieces[..p.nspans + 1],
-                    &mut self.marker_buf,
-                )
-                .expect("valid FPDU");
-            p.owned = Some(start);
-            p.total = n;
-            return p;
-        }
-        // No markers: CRC over length, header, payload and pad; the payload
-        // is read in place, never copied.
-        let pad = fpdu::pad_len(ulpdu as usize);
-        let mut crc = Crc32c::new();
-        if self.cfg.crc {
-            crc.update(&p.hdr[..p.hdr_len]);
-            for s in &p.spans[..p.nspans] {
-                crc.update(span_slice(mem, s));
-            }
-            crc.update(&[0u8; 3][..pad]);
-        }
-        p.trailer[..pad].fill(0);
-        let c = if self.cfg.crc {
-            crc.wire_bytes()
-        } else {
-            [0; 4]
-        };
-        p.trailer[pad..pad + 4].copy_from_slice(&c);
-        p.trailer_len = pad + fpdu::CRC_LEN;
-        p.total = fpdu::fpdu_len(ulpdu as usize);
-        // Keep the framer's stream position in step (markers are off, so
-        // only the count matters to it).
-        let _ = self.framer.stream_position();
-        p
+        Built
     }
 
     // ------------------------------------------------------------------
@@ -2231,6 +2228,129 @@ enum RxEv {
     End,
 }
 
+/// Frames one FPDU into `p` (a reset ring slot): header from `repr`,
+/// payload from `body`, read in place (spans) unless inline or with
+/// markers. `Err((error, remote source))` if the payload cannot be read.
+#[allow(clippy::too_many_arguments)]
+fn build_into<M: Memory>(
+    p: &mut PendingFpdu,
+    cfg: &RcConfig,
+    framer: &mut Framer,
+    marker_buf: &mut Vec<u8>,
+    mem: &M,
+    repr: &SegmentRepr,
+    body: &Body,
+    done: Done,
+) -> Result<(), (MemError, bool)> {
+    p.done = done;
+    let hlen = repr.header_len();
+    repr.emit(&mut p.hdr[fpdu::LEN_FIELD..fpdu::LEN_FIELD + hlen]);
+    p.hdr_len = fpdu::LEN_FIELD + hlen;
+    // Resolve the payload into spans (or copy inline data).
+    let mut payload_len = 0u64;
+    let mut bad: Option<MemError> = None;
+    let mut remote_bad = false;
+    match *body {
+        Body::None => {}
+        Body::Local {
+            payload: Payload::Inline(d),
+            offset,
+            len,
+        } => {
+            let s = &d.as_slice()[offset as usize..(offset + len) as usize];
+            p.hdr[p.hdr_len..p.hdr_len + s.len()].copy_from_slice(s);
+            p.hdr_len += s.len();
+            payload_len = len;
+        }
+        Body::Local {
+            payload: Payload::Sgl(sgl),
+            offset,
+            len,
+        } => {
+            let spans = &mut p.spans;
+            let mut k = 0;
+            sgl.for_range(offset, len, |sge, off, n| {
+                if bad.is_none() {
+                    if let Err(e) = mem.local_read(sge.lkey, sge.addr.wrapping_add(off), n) {
+                        bad = Some(e);
+                    }
+                }
+                spans[k] = Span {
+                    key: sge.lkey,
+                    addr: sge.addr.wrapping_add(off),
+                    len: n,
+                    remote: false,
+                };
+                k += 1;
+            });
+            p.nspans = k;
+            payload_len = len;
+        }
+        Body::Remote { stag, to, len } => {
+            if len > 0 {
+                if let Err(e) = mem.remote_read(stag, to, len) {
+                    bad = Some(e);
+                    remote_bad = true;
+                }
+                p.spans[0] = Span {
+                    key: stag,
+                    addr: to,
+                    len,
+                    remote: true,
+                };
+                p.nspans = 1;
+            }
+            payload_len = len;
+        }
+    }
+    if let Some(e) = bad {
+        return Err((e, remote_bad));
+    }
+    let ulpdu = hlen as u64 + payload_len;
+    // The slot counts the header plus all payload, inline or gathered.
+    fpdu::set_ulpdu_len(&mut p.hdr[..fpdu::LEN_FIELD + hlen], payload_len as usize)
+        .expect("ULPDU within max_ulpdu");
+    if cfg.markers_tx {
+        // Markers: copy the FPDU through the framer into the buffer.
+        let start = marker_buf.len();
+        let mut pieces: [&[u8]; MAX_SGE + 1] = [&[]; MAX_SGE + 1];
+        pieces[0] = &p.hdr[fpdu::LEN_FIELD + hlen..p.hdr_len];
+        for (i, s) in p.spans[..p.nspans].iter().enumerate() {
+            pieces[i + 1] = span_slice(mem, s);
+        }
+        let n = framer
+            .frame_to_vec(
+                &p.hdr[..fpdu::LEN_FIELD + hlen],
+                &pieces[..p.nspans + 1],
+                marker_buf,
+            )
+            .expect("valid FPDU");
+        p.owned = Some(start);
+        p.total = n;
+        return Ok(());
+    }
+    // No markers: CRC over length, header, payload and pad; the payload
+    // is read in place, never copied.
+    let pad = fpdu::pad_len(ulpdu as usize);
+    let mut crc = Crc32c::new();
+    if cfg.crc {
+        crc.update(&p.hdr[..p.hdr_len]);
+        for s in &p.spans[..p.nspans] {
+            crc.update(span_slice(mem, s));
+        }
+        crc.update(&[0u8; 3][..pad]);
+    }
+    p.trailer[..pad].fill(0);
+    let c = if cfg.crc { crc.wire_bytes() } else { [0; 4] };
+    p.trailer[pad..pad + 4].copy_from_slice(&c);
+    p.trailer_len = pad + fpdu::CRC_LEN;
+    p.total = fpdu::fpdu_len(ulpdu as usize);
+    // Keep the framer's stream position in step (markers are off, so
+    // only the count matters to it).
+    let _ = framer.stream_position();
+    Ok(())
+}
+
 /// Payload source of an FPDU being built (a short-lived stack value, so the
 /// inline-data variant's size does not matter).
 #[allow(clippy::large_enum_variant)]
@@ -2267,7 +2387,7 @@ fn span_slice<'m, M: Memory>(mem: &'m M, s: &Span) -> &'m [u8] {
 /// io-vectors with one vectored write; returns (octets written, octets
 /// offered).
 fn write_pending<M: Memory, W: io::Write, const N: usize>(
-    pending: &VecDeque<PendingFpdu>,
+    pending: &TxRing,
     marker_buf: &[u8],
     mem: &M,
     out: &mut W,
