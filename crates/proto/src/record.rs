@@ -95,7 +95,10 @@
 //! are dropped and counted). Messages in progress are capped by
 //! `max_in_progress`, remembered messages by `dedup_window`.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use crate::wr::{
@@ -243,7 +246,26 @@ pub fn msn_newer(a: u32, b: u32) -> bool {
     d != 0 && d < 0x8000_0000
 }
 
-type Key = (DgramAddr, u32);
+/// (source, STag): what a message in progress and the history are keyed
+/// on. Hashed as three words (address, port and QPN, STag) rather than
+/// field by field: every Write-Record segment looks keys up several times,
+/// and the (keyed, peer-proof) SipHash of the derived field-by-field form
+/// was most of a small message's cost. Equality still compares the whole
+/// key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Key(DgramAddr, u32);
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        let ip = match self.0.ip {
+            IpAddr::V4(a) => u128::from(u32::from(a)),
+            IpAddr::V6(a) => u128::from(a),
+        };
+        h.write_u128(ip);
+        h.write_u64((u64::from(self.0.port) << 32) | u64::from(self.0.qpn));
+        h.write_u32(self.1);
+    }
+}
 
 /// The placed ranges of one message: sorted, disjoint, non-adjacent
 /// `[start, end)` offsets from the message base. The vector is reused
@@ -453,24 +475,39 @@ impl History {
         if cap == 0 {
             return;
         }
-        if let Some(c) = self.outcome.get_mut(&(key, msn)) {
-            *c |= completed;
-            return;
+        // One lookup of (key, MSN): known already, or inserted here; the
+        // oldest entries are forgotten afterwards (never the one just
+        // inserted: it is at the back of a FIFO longer than one).
+        match self.outcome.entry((key, msn)) {
+            Entry::Occupied(mut o) => {
+                *o.get_mut() |= completed;
+                return;
+            }
+            Entry::Vacant(v) => {
+                v.insert(completed);
+            }
         }
-        while self.fifo.len() >= cap {
+        self.fifo.push_back((key, msn));
+        while self.fifo.len() > cap {
             let Some((k, m)) = self.fifo.pop_front() else {
                 break;
             };
             self.outcome.remove(&(k, m));
-            if self.latest.get(&k) == Some(&m) {
-                self.latest.remove(&k);
+            if let Entry::Occupied(o) = self.latest.entry(k) {
+                if *o.get() == m {
+                    o.remove();
+                }
             }
         }
-        self.fifo.push_back((key, msn));
-        self.outcome.insert((key, msn), completed);
-        let l = self.latest.entry(key).or_insert(msn);
-        if msn_newer(msn, *l) {
-            *l = msn;
+        match self.latest.entry(key) {
+            Entry::Occupied(mut o) => {
+                if msn_newer(msn, *o.get()) {
+                    *o.get_mut() = msn;
+                }
+            }
+            Entry::Vacant(v) => {
+                v.insert(msn);
+            }
         }
     }
 
@@ -567,7 +604,7 @@ impl Tracker {
             self.stats.malformed += 1;
             return Placed::Stale;
         };
-        let key = (src, stag);
+        let key = Key(src, stag);
         let map_on = self.cfg.mode.map();
         // The common case first, with one lookup: the next segment of the
         // message in progress. (An MSN in progress is never in the

@@ -1318,12 +1318,7 @@ impl UdQp {
             port,
             qpn: rsvd_ulp,
         };
-        // No message in reassembly (the common single-datagram case): no
-        // hashing.
-        if let Some(&i) = (!self.slot_map.is_empty())
-            .then(|| self.slot_map.get(&(src, msn)))
-            .flatten()
-        {
+        if let Some(&i) = self.slot_map.get(&(src, msn)) {
             self.rx_continue(i, &seg, payload, mem);
             return;
         }
