@@ -118,6 +118,9 @@ pub(crate) struct QpCore {
     /// After a direct read: read at most this much into `rxbuf` (the next
     /// FPDU's header), so its payload can be placed directly too.
     rx_hint: Option<usize>,
+    /// With CRC: the FPDU length of the stream, so reads take whole FPDUs
+    /// (0: not known).
+    rx_align: usize,
     rx_stats: RxStats,
     /// Completions gathered under the QP lock and handed to the CQs
     /// before it is released (in order).
@@ -261,6 +264,7 @@ impl Qp {
                 early_rq: RecvQueue::new(caps.max_recv_wr),
                 rxbuf: Vec::new(),
                 rx_hint: None,
+                rx_align: 0,
                 rx_stats: RxStats::default(),
                 out_send: Vec::with_capacity(caps.max_send_wr),
                 out_recv: Vec::with_capacity(caps.max_recv_wr),
@@ -516,6 +520,7 @@ impl QpShared {
             link,
             rxbuf,
             rx_hint,
+            rx_align,
             rx_stats,
             ..
         } = c;
@@ -528,6 +533,8 @@ impl QpShared {
             let direct = link.rc.rx_direct().filter(|d| d.len >= DIRECT_MIN);
             // The direct read that happened, if any.
             let mut used: Option<DirectRx> = None;
+            // Octets offered to the rest of a partial FPDU (CRC).
+            let mut stash_need = 0;
             let res = match direct {
                 Some(d) => {
                     let tail = (d.trailer + d.next_header).min(rxbuf.len());
@@ -546,8 +553,29 @@ impl QpShared {
                     }
                 }
                 None => {
-                    let limit = rx_hint.unwrap_or(rxbuf.len()).min(rxbuf.len());
-                    link.sock.read(&mut rxbuf[..limit]).map(|n| (n, limit))
+                    let mut limit = rx_hint.unwrap_or(rxbuf.len()).min(rxbuf.len());
+                    // Whole FPDUs per read: none is split, none kept.
+                    if let Some(k) = limit.checked_div(*rx_align) {
+                        limit = k.max(1) * *rx_align;
+                    }
+                    if let Some(l) = link.rc.rx_stash_fpdu_len() {
+                        *rx_align = if l <= rxbuf.len() / 2 { l } else { 0 };
+                    }
+                    match link.rc.rx_stash_space() {
+                        // With CRC, the rest of a partial FPDU goes straight
+                        // behind its start, what follows into rxbuf.
+                        Some(space) => {
+                            stash_need = space.len();
+                            let mut iov = [
+                                io::IoSliceMut::new(space),
+                                io::IoSliceMut::new(&mut rxbuf[..limit]),
+                            ];
+                            link.sock
+                                .read_vectored(&mut iov)
+                                .map(|n| (n, stash_need + limit))
+                        }
+                        None => link.sock.read(&mut rxbuf[..limit]).map(|n| (n, limit)),
+                    }
                 }
             };
             let (n, offered) = match res {
@@ -573,7 +601,25 @@ impl QpShared {
                 // FPDU's trailer (a few payload octets more are harmless).
                 *rx_hint = Some(d.trailer + d.next_header);
             }
-            let data = &rxbuf[..n - placed];
+            let stashed = n.min(stash_need);
+            if stashed > 0 {
+                rx_stats.copied_octets += stashed as u64;
+                let rc = &mut link.rc;
+                let ok = match &self.srq {
+                    Some(srq) => {
+                        let mut q = srq.lock();
+                        self.shared
+                            .registry
+                            .with_view(pd, |v| rc.rx_stash_filled_with_srq(stashed, v, &mut q))
+                    }
+                    None => self
+                        .shared
+                        .registry
+                        .with_view(pd, |v| rc.rx_stash_filled(stashed, v)),
+                };
+                debug_assert!(ok, "rx_stash_space offered the room");
+            }
+            let data = &rxbuf[..n - placed - stashed];
             if !data.is_empty() {
                 rx_stats.copied_octets += data.len() as u64;
                 let rc = &mut link.rc;

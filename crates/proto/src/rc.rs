@@ -551,6 +551,12 @@ pub struct RcQp {
     tx_closed: bool,
     // --- receive ---
     deframer: Deframer,
+    /// With CRC (and no markers): the start of an FPDU that arrived only in
+    /// part, kept until it is complete so it is verified before any of it
+    /// is acted on. `rx_stash[..rx_stash_len]` is valid; the vector only
+    /// grows (to the largest FPDU seen), so refilling it costs no zeroing.
+    rx_stash: Vec<u8>,
+    rx_stash_len: usize,
     rq: RecvQueue,
     rx_msn: [u32; 4],
     rx_seg: Option<RxSeg>,
@@ -611,6 +617,8 @@ impl RcQp {
             terminate_queued: false,
             tx_closed: false,
             deframer: Deframer::new(cfg.crc, cfg.markers_rx),
+            rx_stash: Vec::new(),
+            rx_stash_len: 0,
             rq: RecvQueue::new(cfg.rq_depth),
             rx_msn: [1; 4],
             rx_seg: None,
@@ -1512,24 +1520,27 @@ impl RcQp {
                 // call that consumed its last octet).
                 return;
             }
+            // A partial FPDU waits: complete it first.
+            if self.rx_stash_len > 0 {
+                let need = self.rx_stash_need();
+                let take = need.min(data.len());
+                self.stash(&data[..take]);
+                data = &data[take..];
+                self.rx_stash_complete(mem, srq.as_deref_mut());
+                continue;
+            }
             // Fast path: a whole FPDU at the front is verified (CRC) before
             // any of it is acted on, then handled in one go.
             match self.deframer.decode_whole(data) {
                 Ok(Some((n, w))) => {
                     data = &data[n..];
-                    self.rx_any = true;
-                    self.rx_header(w.header, w.ulpdu_len, mem, srq.as_deref_mut());
-                    if self.state == RcState::Error {
-                        return;
-                    }
-                    if !w.payload.is_empty() {
-                        self.rx_payload(w.payload, mem);
-                        if self.state == RcState::Error {
-                            return;
-                        }
-                    }
-                    self.rx_fpdu_end(mem, srq.as_deref_mut());
+                    self.rx_whole(w, mem, srq.as_deref_mut());
                     continue;
+                }
+                Ok(None) if self.stashes() => {
+                    // Only part of an FPDU: kept until the rest arrives.
+                    self.stash(data);
+                    return;
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -1574,6 +1585,154 @@ impl RcQp {
                 Some(RxEv::End) => self.rx_fpdu_end(mem, srq.as_deref_mut()),
             }
         }
+    }
+
+    /// Acts on a whole FPDU whose CRC was verified.
+    fn rx_whole<M: Memory>(
+        &mut self,
+        w: fpdu::WholeFpdu<'_>,
+        mem: &mut M,
+        mut srq: Option<&mut RecvQueue>,
+    ) {
+        self.rx_any = true;
+        self.rx_header(w.header, w.ulpdu_len, mem, srq.as_deref_mut());
+        if self.state == RcState::Error {
+            return;
+        }
+        if !w.payload.is_empty() {
+            self.rx_payload(w.payload, mem);
+            if self.state == RcState::Error {
+                return;
+            }
+        }
+        self.rx_fpdu_end(mem, srq);
+    }
+
+    /// Partial FPDUs are kept until complete (verify, then place) rather
+    /// than streamed: with CRC and without markers. (Markers are rare —
+    /// siw interoperation — and keep the streaming path.)
+    fn stashes(&self) -> bool {
+        self.cfg.crc && !self.cfg.markers_rx && self.deframer.at_boundary()
+    }
+
+    /// Octets the stashed partial FPDU still lacks (to learn its length:
+    /// up to the length field; then to its end). 0 when nothing is kept.
+    fn rx_stash_need(&self) -> usize {
+        let have = self.rx_stash_len;
+        if have == 0 {
+            return 0;
+        }
+        if have < fpdu::LEN_FIELD {
+            return fpdu::LEN_FIELD - have;
+        }
+        let ulpdu = usize::from(u16::from_be_bytes([self.rx_stash[0], self.rx_stash[1]]));
+        fpdu::fpdu_len(ulpdu).saturating_sub(have)
+    }
+
+    /// Makes room for `n` more stashed octets (the vector only grows).
+    fn stash_reserve(&mut self, n: usize) {
+        let end = self.rx_stash_len + n;
+        if self.rx_stash.len() < end {
+            self.rx_stash.resize(end, 0);
+        }
+    }
+
+    fn stash(&mut self, bytes: &[u8]) {
+        self.stash_reserve(bytes.len());
+        let at = self.rx_stash_len;
+        self.rx_stash[at..at + bytes.len()].copy_from_slice(bytes);
+        self.rx_stash_len += bytes.len();
+    }
+
+    /// If the stashed FPDU is complete, verifies and handles it.
+    fn rx_stash_complete<M: Memory>(&mut self, mem: &mut M, srq: Option<&mut RecvQueue>) {
+        if self.rx_stash_len < fpdu::LEN_FIELD || self.rx_stash_need() > 0 {
+            return;
+        }
+        let stash = std::mem::take(&mut self.rx_stash);
+        let len = std::mem::take(&mut self.rx_stash_len);
+        let mut srq = srq;
+        match self.deframer.decode_whole(&stash[..len]) {
+            Ok(Some((n, w))) => {
+                debug_assert_eq!(n, len, "the stash holds exactly one FPDU");
+                self.rx_whole(w, mem, srq.as_deref_mut());
+            }
+            Ok(None) => {
+                // Cannot happen (complete, at a boundary, no markers); fail
+                // safe rather than act on unverified octets.
+                self.rx_stream_error(WireError::Truncated);
+            }
+            Err(e) => {
+                if e == WireError::BadCrc {
+                    self.rx_crc_failed_send(&stash[..len], srq);
+                }
+                self.rx_stream_error(e);
+            }
+        }
+        self.rx_stash = stash;
+    }
+
+    /// With CRC: the room for the rest of a partial FPDU kept by
+    /// [`RcQp::handle_bytes`] (`None` if none is kept, or its length is
+    /// not known yet), so a receiver can read the rest of it straight into
+    /// place; report the octets read with [`RcQp::rx_stash_filled`].
+    pub fn rx_stash_space(&mut self) -> Option<&mut [u8]> {
+        if self.rx_stash_len < fpdu::LEN_FIELD || self.state == RcState::Error {
+            return None;
+        }
+        let need = self.rx_stash_need();
+        if need == 0 {
+            return None;
+        }
+        self.stash_reserve(need);
+        let at = self.rx_stash_len;
+        Some(&mut self.rx_stash[at..at + need])
+    }
+
+    /// The length of the FPDU kept in part (see [`RcQp::rx_stash_space`]),
+    /// once known. FPDUs of a bulk transfer are usually of one length, so a
+    /// receiver that reads whole multiples of it splits none.
+    pub fn rx_stash_fpdu_len(&self) -> Option<usize> {
+        (self.rx_stash_len >= fpdu::LEN_FIELD).then(|| self.rx_stash_len + self.rx_stash_need())
+    }
+
+    /// `n` octets were written at the start of [`RcQp::rx_stash_space`]:
+    /// as if they had arrived through [`RcQp::handle_bytes`]. Refused
+    /// (`false`, nothing changed) if more than the space.
+    pub fn rx_stash_filled<M: Memory>(&mut self, n: usize, mem: &mut M) -> bool {
+        self.rx_stash_filled_from(n, mem, None)
+    }
+
+    /// As [`RcQp::rx_stash_filled`], taking receives from a shared receive
+    /// queue.
+    pub fn rx_stash_filled_with_srq<M: Memory>(
+        &mut self,
+        n: usize,
+        mem: &mut M,
+        srq: &mut RecvQueue,
+    ) -> bool {
+        self.rx_stash_filled_from(n, mem, Some(srq))
+    }
+
+    fn rx_stash_filled_from<M: Memory>(
+        &mut self,
+        n: usize,
+        mem: &mut M,
+        srq: Option<&mut RecvQueue>,
+    ) -> bool {
+        if n == 0 {
+            return true;
+        }
+        if self.rx_stash_len < fpdu::LEN_FIELD
+            || self.state == RcState::Error
+            || n > self.rx_stash_need()
+            || self.rx_stash.len() < self.rx_stash_len + n
+        {
+            return false;
+        }
+        self.rx_stash_len += n;
+        self.rx_stash_complete(mem, srq);
+        true
     }
 
     /// The FPDU ended (CRC checked): a rule its header broke is reported
