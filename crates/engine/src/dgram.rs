@@ -185,6 +185,10 @@ pub use softrdma_proto::ud::MCAST_QPN;
 const RX_ROUNDS_THREAD: usize = 8;
 /// `recvmmsg` calls per inline poll.
 const RX_ROUNDS_INLINE: usize = 2;
+/// When the transmit a busy poller's receive deferred goes out through
+/// the timer if no poll or post came first (`DgramQpShared::receive`).
+/// A quarter of RD's smallest RTO (2 ms).
+const DEFERRED_TX_FALLBACK: Duration = Duration::from_micros(500);
 /// Progress-thread tokens of datagram sockets and QPs: above every RC QP's
 /// token (a u32 QPN).
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1 << 40);
@@ -819,7 +823,7 @@ impl DgramSocket {
             if mcast {
                 self.dispatch_mcast(&mut rx, units, now);
             } else {
-                self.dispatch(&rx.ring, units, now);
+                self.dispatch(&rx.ring, units, now, !wait);
             }
             if n < RX_BATCH {
                 break;
@@ -828,7 +832,7 @@ impl DgramSocket {
     }
 
     /// Hands datagrams `0..n` to their QPs, runs for the same QP at once.
-    fn dispatch(&self, ring: &RxRing, n: usize, now: Instant) {
+    fn dispatch(&self, ring: &RxRing, n: usize, now: Instant, inline: bool) {
         let mut i = 0;
         while i < n {
             let (data, m) = ring.get(i);
@@ -848,7 +852,7 @@ impl DgramSocket {
                 j += 1;
             }
             match self.slot_qp(slot) {
-                Some(qp) => qp.receive(ring, i..j, now),
+                Some(qp) => qp.receive(ring, i..j, now, inline),
                 None => bump(&self.stats.rx_no_qp, (j - i) as u64),
             }
             i = j;
@@ -1067,6 +1071,10 @@ pub(crate) struct DgramQpShared {
     /// When inline progress last looked at this QP's timers (a
     /// [`deadline_ns`] stamp, 0: never).
     inline_ns: AtomicU64,
+    /// What a receive by inline progress made the engine owe (an RD ACK,
+    /// a response) waits for the next inline poll or `post_send` (see
+    /// [`DgramQpShared::receive`]).
+    tx_deferred: AtomicBool,
     core: Mutex<Core>,
 }
 
@@ -1076,7 +1084,17 @@ impl DgramQpShared {
     }
 
     /// Datagrams `range` of `ring`, all for this QP.
-    fn receive(&self, ring: &RxRing, range: Range<usize>, now: Instant) {
+    /// Hands datagrams `range` of `ring` to the engine.
+    ///
+    /// `inline` (a busy poller is receiving, [`crate::Cq::poll`]): what
+    /// the engine wants to send in answer (an RD ACK a P flag asked for, a
+    /// Read or Atomic Response, a Terminate) is not sent now but on the
+    /// poller's next inline poll, or by the next `post_send`. A ping-pong
+    /// application answers in between, and its answer carries the ACK:
+    /// one datagram per message instead of a data datagram and an ACK
+    /// datagram (RD 64 B `send_lat`: two `sendmsg` per message before).
+    /// If nobody polls again, the timer armed here sends it.
+    fn receive(&self, ring: &RxRing, range: Range<usize>, now: Instant, inline: bool) {
         let mut c = self.lock();
         let qp = &mut c.qp;
         self.shared.registry.with_view(self.pd, |v| {
@@ -1087,6 +1105,13 @@ impl DgramQpShared {
                 }
             }
         });
+        if inline && !c.tx_waiting && c.qp.wants_transmit() {
+            self.tx_deferred.store(true, Ordering::Relaxed);
+            self.arm_at(&mut c, now + DEFERRED_TX_FALLBACK);
+            self.arm(&mut c);
+            self.flush(c);
+            return;
+        }
         self.settle(c);
     }
 
@@ -1102,6 +1127,9 @@ impl DgramQpShared {
     /// Hands the engine's datagrams to the socket until it is done or the
     /// socket pushes back (then waits for writability).
     fn transmit(&self, c: &mut Core) {
+        // Whatever a receive deferred goes now (under the QP lock, so a
+        // poller seeing the flag clear finds nothing owed).
+        self.tx_deferred.store(false, Ordering::Relaxed);
         if c.tx_waiting {
             return;
         }
@@ -1289,6 +1317,18 @@ impl DgramQpShared {
 impl InlineProgress for DgramQpShared {
     fn progress_inline(&self) {
         self.socket.park.busy.polled();
+        // What the previous inline receive left to send (see
+        // `DgramQpShared::receive`), before reading more.
+        if self.tx_deferred.load(Ordering::Relaxed) {
+            let mut c = self.lock();
+            if c.qp.wants_transmit() {
+                self.transmit(&mut c);
+            } else {
+                self.tx_deferred.store(false, Ordering::Relaxed);
+            }
+            self.arm(&mut c);
+            self.flush(c);
+        }
         self.socket.drain(false);
         if self.in_groups.load(Ordering::Relaxed) {
             if let Some(m) = self.shared.dgram.mcast_if_open() {
@@ -1694,6 +1734,7 @@ impl Context {
             in_groups: AtomicBool::new(false),
             events_dropped: AtomicU64::new(0),
             due_ns: AtomicU64::new(0),
+            tx_deferred: AtomicBool::new(false),
             timers_inline: AtomicU64::new(0),
             timers_thread: AtomicU64::new(0),
             inline_ns: AtomicU64::new(0),

@@ -118,15 +118,19 @@ pub trait DatagramQp {
 }
 
 impl DatagramQp for UdQp {
+    #[inline]
     fn qpn(&self) -> u32 {
         UdQp::qpn(self)
     }
+    #[inline]
     fn post_send(&mut self, wr: SendWr, dest: DgramAddr) -> Result<(), PostError> {
         UdQp::post_send(self, wr, dest)
     }
+    #[inline]
     fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
         UdQp::post_recv(self, wr)
     }
+    #[inline]
     fn handle_datagram<M: Memory>(
         &mut self,
         src_ip: IpAddr,
@@ -137,6 +141,7 @@ impl DatagramQp for UdQp {
     ) {
         UdQp::handle_datagram(self, src_ip, src_port, data, mem, now)
     }
+    #[inline]
     fn poll_transmit<M: Memory, S: DatagramSink>(
         &mut self,
         mem: &M,
@@ -144,25 +149,32 @@ impl DatagramQp for UdQp {
     ) -> io::Result<usize> {
         UdQp::poll_transmit(self, mem, sink)
     }
+    #[inline]
     fn wants_transmit(&self) -> bool {
         UdQp::wants_transmit(self)
     }
+    #[inline]
     fn poll_completion(&mut self) -> Option<(CqKind, WorkCompletion)> {
         UdQp::poll_completion(self)
     }
+    #[inline]
     fn poll_event(&mut self) -> Option<DgramEvent> {
         UdQp::poll_event(self).map(DgramEvent::from)
     }
+    #[inline]
     fn poll_timeout(&self) -> Option<Instant> {
         UdQp::poll_timeout(self)
     }
+    #[inline]
     fn handle_timeout(&mut self, now: Instant) {
         UdQp::handle_timeout(self, now)
     }
+    #[inline]
     fn record_tracker(&mut self) -> &mut Tracker {
         UdQp::record_tracker(self)
     }
     /// UD has no timer on its post or transmit paths.
+    #[inline]
     fn wants_now(&self) -> bool {
         false
     }
