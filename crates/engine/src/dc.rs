@@ -65,7 +65,7 @@ use std::net::TcpStream;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
 use softrdma_proto::dc::{
@@ -86,8 +86,15 @@ use crate::dgram::{DgramError, DgramQpHandle, UdOptions};
 use crate::progress::{Parking, Source};
 use crate::{Context, Qp, QpCaps, QpError, QpLinkState, Shared, Srq};
 
-/// First octets of the MPA private data of a DC connection request.
+/// First octets of the MPA private data of a DC connection request that
+/// presents an Accept's cookie: magic, cookie (8), DCT number (4), the
+/// initiator's connection id (8).
 pub const PD_MAGIC: [u8; 4] = *b"sDC1";
+/// First octets of the MPA private data of a direct DC connection request
+/// (made in parallel with the invitation, to the DCT's UDP port number):
+/// magic, DC key (8), DCT number (4), the initiator's connection id (8),
+/// the initiator's invitation UD QPN (4) and UDP port (2).
+pub const PD_MAGIC_DIRECT: [u8; 4] = *b"sDCd";
 
 /// Receive slot size of the invitation UD QPs (messages are [`MSG_LEN`]).
 const SLOT: usize = 64;
@@ -280,6 +287,8 @@ struct Conn {
     up: bool,
     /// The RC connection being opened without blocking.
     opening: Option<Box<Opening>>,
+    /// `opening` is the direct attempt (no cookie).
+    direct: bool,
 }
 
 struct DctState {
@@ -332,7 +341,15 @@ pub struct DcService {
     /// When a CQ poll last drove the service (ns since `epoch`; 0: never).
     inline_at: AtomicU64,
     epoch: Instant,
-    listener: OnceLock<Arc<Listener>>,
+    /// The TCP listeners (the first one's port is the one Accepts name
+    /// unless a DCT's own UDP port number has one), watched by the
+    /// progress thread.
+    listeners: Mutex<Vec<Arc<ListenSource>>>,
+    /// A QP number reserved at creation for the first RC QP.
+    spare_qpn: Mutex<Option<u32>>,
+    /// The thread that finishes MPA exchanges whose Request had not fully
+    /// arrived when the connection was accepted (started on first use).
+    handshakes: Mutex<Option<std::sync::mpsc::Sender<Handshake>>>,
     /// The threads that open initiator connections.
     connector: Arc<Connector>,
     core: Mutex<Core>,
@@ -433,7 +450,9 @@ impl DcService {
             pending: AtomicUsize::new(0),
             inline_at: AtomicU64::new(0),
             epoch: Instant::now(),
-            listener: OnceLock::new(),
+            listeners: Mutex::new(Vec::new()),
+            handshakes: Mutex::new(None),
+            spare_qpn: Mutex::new(ctx.ib_conn().reserve().ok()),
             connector: Arc::new(Connector::default()),
             core: Mutex::new(Core {
                 table,
@@ -459,6 +478,18 @@ impl DcService {
         ctl_cq.req_notify(false);
         data_cq.req_notify(false);
         Ok(svc)
+    }
+
+    /// A QP number for an RC QP of the service: the one reserved when the
+    /// service was created (so that the first connection does not pay
+    /// for the numbering's listener and thread), then fresh ones.
+    fn reserve_qpn(&self, ib: &crate::ibconn::IbConn) -> Result<u32, crate::ibconn::IbConnError> {
+        let spare = self
+            .spare_qpn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        spare.map_or_else(|| ib.reserve(), Ok)
     }
 
     /// The options in force.
@@ -558,6 +589,7 @@ impl DcService {
                     dead: false,
                     up: false,
                     opening: None,
+                    direct: false,
                 },
             );
         }
@@ -627,6 +659,12 @@ impl DcService {
     fn pump(&self, core: &mut Core, now: Instant) {
         loop {
             let mut any = false;
+            // Events first: a direct connection request goes out before
+            // the invitation it runs in parallel with.
+            while let Some(ev) = core.table.poll_event() {
+                any = true;
+                self.on_event(core, ev, now);
+            }
             while let Some(tx) = core.table.poll_transmit() {
                 any = true;
                 let wr = SendWr {
@@ -649,10 +687,6 @@ impl DcService {
                 if let Some(qp) = qp {
                     let _ = qp.post_send(wr, tx.to);
                 }
-            }
-            while let Some(ev) = core.table.poll_event() {
-                any = true;
-                self.on_event(core, ev, now);
             }
             if !any {
                 break;
@@ -680,7 +714,10 @@ impl DcService {
                 target,
                 port,
                 cookie,
-            } => self.start_connect(core, id, target, port, cookie),
+            } => self.start_connect(core, id, target, port, Some(cookie)),
+            DcEvent::ConnectDirect { id, target, port } => {
+                self.start_connect(core, id, target, port, None)
+            }
             DcEvent::Failed { id, reason, .. } => {
                 let status = match reason {
                     FailReason::Timeout | FailReason::ConnectFailed => WcStatus::RetryExcErr,
@@ -720,52 +757,94 @@ impl DcService {
         }
     }
 
-    /// Creates the RC QP of initiator connection `id` and connects it to
-    /// the target's listener on a helper thread.
-    fn start_connect(&self, core: &mut Core, id: ConnId, target: DcTarget, port: u16, cookie: u64) {
+    /// Creates the RC QP of initiator connection `id` (unless it has one
+    /// not connected yet) and connects it to the target's listener at
+    /// `port`, presenting `cookie`, or (`None`: the direct attempt, in
+    /// parallel with the invitation) the DC key.
+    fn start_connect(
+        &self,
+        core: &mut Core,
+        id: ConnId,
+        target: DcTarget,
+        port: u16,
+        cookie: Option<u64>,
+    ) {
+        let now = Instant::now();
         let Some(conn) = core.conns.get_mut(&id) else {
             return;
         };
-        let ctx = self.ctx();
-        let ib = ctx.ib_conn();
-        let qp = match ib.reserve() {
-            Ok(qpn) => {
-                let qp = ctx.create_qp(
-                    qpn,
-                    conn.pd,
-                    QpCaps {
-                        max_send_wr: RC_SQ,
-                        max_recv_wr: 1,
-                    },
-                    self.data_cq.clone(),
-                    self.data_cq.clone(),
-                );
-                // Eviction is normal operation, not an async error.
-                qp.set_internal();
-                let _ = ib.bind(qpn, &qp);
-                qp
-            }
-            Err(_) => {
-                core.table.connect_failed(id, Instant::now());
-                return;
+        // A direct attempt still under way (it went to another port than
+        // the Accept names) is dropped: the cookie decides.
+        conn.opening = None;
+        let qp = match conn.qp.clone() {
+            Some(qp) if qp.link_state() == QpLinkState::Unconnected => qp,
+            _ => {
+                let ctx = self.ctx();
+                let ib = ctx.ib_conn();
+                match self.reserve_qpn(&ib) {
+                    Ok(qpn) => {
+                        let qp = ctx.create_qp(
+                            qpn,
+                            conn.pd,
+                            QpCaps {
+                                max_send_wr: RC_SQ,
+                                max_recv_wr: 1,
+                            },
+                            self.data_cq.clone(),
+                            self.data_cq.clone(),
+                        );
+                        // Eviction is normal operation, not an async error.
+                        qp.set_internal();
+                        let _ = ib.bind(qpn, &qp);
+                        conn.qp = Some(qp.clone());
+                        qp
+                    }
+                    Err(_) => {
+                        match cookie {
+                            Some(_) => core.table.connect_failed(id, now),
+                            None => core.table.direct_failed(id, now),
+                        }
+                        return;
+                    }
+                }
             }
         };
-        conn.qp = Some(qp.clone());
-        let mut pd = PD_MAGIC.to_vec();
-        pd.extend_from_slice(&cookie.to_be_bytes());
-        pd.extend_from_slice(&target.addr.qpn.to_be_bytes());
-        pd.extend_from_slice(&id.0.to_be_bytes());
+        let pd = match cookie {
+            Some(cookie) => {
+                let mut pd = PD_MAGIC.to_vec();
+                pd.extend_from_slice(&cookie.to_be_bytes());
+                pd.extend_from_slice(&target.addr.qpn.to_be_bytes());
+                pd.extend_from_slice(&id.0.to_be_bytes());
+                pd
+            }
+            None => {
+                let src = self.ctl_qp.local_addr();
+                let mut pd = PD_MAGIC_DIRECT.to_vec();
+                pd.extend_from_slice(&target.key.to_be_bytes());
+                pd.extend_from_slice(&target.addr.qpn.to_be_bytes());
+                pd.extend_from_slice(&id.0.to_be_bytes());
+                pd.extend_from_slice(&src.qpn.to_be_bytes());
+                pd.extend_from_slice(&src.port.to_be_bytes());
+                pd
+            }
+        };
         let addr = SocketAddr::new(target.addr.ip, port);
+        conn.direct = cookie.is_none();
+        core.max_rc = core.max_rc.max(rc_count(core));
+        let conn = core.conns.get_mut(&id).expect("present");
         // Without blocking, driven by a busy poller and the progress
         // thread (no thread hand-off); a connector thread if that cannot
-        // be set up.
+        // be set up (not for the direct attempt: the invitation goes on).
         match Opening::start(self, id, addr, &pd) {
             Ok(o) => {
                 conn.opening = Some(o);
-                core.max_rc = core.max_rc.max(rc_count(core));
                 return;
             }
-            Err(_) => core.max_rc = core.max_rc.max(rc_count(core)),
+            Err(_) if cookie.is_none() => {
+                core.table.direct_failed(id, now);
+                return;
+            }
+            Err(_) => {}
         }
         let job = ConnectJob {
             id,
@@ -774,7 +853,7 @@ impl DcService {
             private_data: pd,
         };
         if self.connector.submit(job, &self.this).is_err() {
-            core.table.connect_failed(id, Instant::now());
+            core.table.connect_failed(id, now);
         }
     }
 
@@ -807,6 +886,11 @@ impl DcService {
             self.pending.fetch_sub(1, Ordering::Relaxed);
             core.table.connected(id, now);
             self.drain_backlog(core, id, now);
+        } else if conn.direct {
+            // The invitation goes on; the QP (never attached) is kept for
+            // the cookie connection.
+            conn.direct = false;
+            core.table.direct_failed(id, now);
         } else {
             conn.qp = None;
             core.table.connect_failed(id, now);
@@ -1100,42 +1184,118 @@ impl DcService {
     // Target
     // ------------------------------------------------------------------
 
-    fn listener(&self) -> Result<(), DcError> {
-        if self.listener.get().is_some() {
-            return Ok(());
+    /// A TCP listener on port `port` (the UDP port of a DCT's socket:
+    /// the port direct connection requests go to), watched by the
+    /// progress thread; the first listener's port is the one Accepts name
+    /// by default. If `port` is taken, the first listener binds any port
+    /// (direct requests to that DCT then fail and its invitations
+    /// decide). True if a listener of ours is on `port`.
+    fn listener(&self, port: u16) -> Result<bool, DcError> {
+        let mut ls = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
+        if ls.iter().any(|l| l.port == port) {
+            return Ok(true);
         }
-        let l = Arc::new(Listener::bind(
-            &self.ctx(),
-            SocketAddr::new(self.opts.bind_ip, 0),
-        )?);
-        let port = l.local_addr()?.port();
-        if self.listener.set(l.clone()).is_err() {
-            return Ok(());
+        let first = ls.is_empty();
+        let l = match Listener::bind(&self.ctx(), SocketAddr::new(self.opts.bind_ip, port)) {
+            Ok(l) => l,
+            Err(_) if first => Listener::bind(&self.ctx(), SocketAddr::new(self.opts.bind_ip, 0))?,
+            Err(_) => return Ok(false),
+        };
+        let lport = l.local_addr()?.port();
+        let fd = l.as_raw_fd();
+        // Accepted by the progress thread: never blocks.
+        // SAFETY: fcntl on the listener's own descriptor, kept open by `l`.
+        if unsafe { libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK) } < 0 {
+            return Err(io::Error::last_os_error().into());
         }
-        self.lock().table.set_listen_port(port);
-        let me = self.this.clone();
-        std::thread::Builder::new()
-            .name(format!("softrdma-dc-{port}"))
-            .spawn(move || accept_loop(me, l))?;
-        Ok(())
+        let src = Arc::new(ListenSource {
+            svc: self.this.clone(),
+            listener: Arc::new(l),
+            port: lport,
+            token: NEXT_TOKEN.fetch_add(1, Ordering::Relaxed),
+        });
+        self.shared
+            .progress()?
+            .register(fd, src.token, Arc::downgrade(&src))?;
+        ls.push(src);
+        if first {
+            self.lock().table.set_listen_port(lport);
+        }
+        Ok(lport == port)
+    }
+
+    /// A TCP connection accepted by the progress thread: if its MPA
+    /// Request is all there, answered at once (no thread hand-off);
+    /// otherwise the handshake thread waits for it.
+    fn on_incoming(&self, sock: TcpStream, peer: SocketAddr, l: &Arc<Listener>) {
+        let mut buf = [0u8; 512];
+        let complete = sock.set_nonblocking(true).is_ok()
+            && match sock.peek(&mut buf) {
+                Ok(n) if n >= HEADER_LEN => {
+                    mpa_frame_len(&buf[..HEADER_LEN]).is_some_and(|len| len <= n)
+                }
+                _ => false,
+            };
+        if sock.set_nonblocking(false).is_err() {
+            return;
+        }
+        if complete {
+            if let Ok(inc) = l.handshake(sock, peer) {
+                self.on_request(inc);
+            }
+            return;
+        }
+        let mut hs = self.handshakes.lock().unwrap_or_else(|p| p.into_inner());
+        if hs.is_none() {
+            let (tx, rx) = std::sync::mpsc::channel::<Handshake>();
+            let me = self.this.clone();
+            let spawned = std::thread::Builder::new()
+                .name("softrdma-dc-mpa".into())
+                .spawn(move || {
+                    for (sock, peer, l) in rx {
+                        let Some(svc) = me.upgrade() else { return };
+                        if let Ok(inc) = l.handshake(sock, peer) {
+                            svc.on_request(inc);
+                        }
+                    }
+                });
+            if spawned.is_err() {
+                // Dropped: the initiator sees the connection close.
+                return;
+            }
+            *hs = Some(tx);
+        }
+        if let Some(tx) = hs.as_ref() {
+            let _ = tx.send((sock, peer, l.clone()));
+        }
     }
 
     /// Handles one RC connection request to a DCT.
     fn on_request(&self, inc: cm::Incoming) {
-        let pd = inc.private_data().to_vec();
-        if pd.len() < 24 || pd[..4] != PD_MAGIC {
+        let Some(req) = parse_request(inc.private_data(), inc.peer_addr().ip()) else {
             let _ = inc.reject(b"softrdma: not a DC connection request");
             return;
-        }
-        let cookie = u64::from_be_bytes(pd[4..12].try_into().expect("8 octets"));
-        let dct = u32::from_be_bytes(pd[12..16].try_into().expect("4 octets"));
-        let conn = u64::from_be_bytes(pd[16..24].try_into().expect("8 octets"));
+        };
+        let dct = req.dct;
         let ctx = self.ctx();
         let ib = ctx.ib_conn();
         let (qp, id) = {
             let mut c = self.lock();
             let core = &mut *c;
-            let Some(id) = core.table.target_attach(cookie, dct, conn) else {
+            let now = Instant::now();
+            let id = match req.auth {
+                Auth::Cookie(cookie) => core.table.target_attach(cookie, dct, req.conn),
+                Auth::Key { key, src } => {
+                    if core.table.live() >= core.table.config().capacity {
+                        reap(core, now);
+                    }
+                    let id = core.table.target_direct(now, src, dct, key, req.conn);
+                    // An eviction to make room: its Teardown.
+                    self.pump(core, now);
+                    id
+                }
+            };
+            let Some(id) = id else {
                 drop(c);
                 let _ = inc.reject(b"softrdma: unknown DC invitation");
                 return;
@@ -1146,7 +1306,7 @@ impl DcService {
                 let _ = inc.reject(b"softrdma: no such DCT");
                 return;
             };
-            let Ok(qpn) = ib.reserve() else {
+            let Ok(qpn) = self.reserve_qpn(&ib) else {
                 core.table.closed(id, Instant::now());
                 drop(c);
                 let _ = inc.reject(b"softrdma: no QP number");
@@ -1194,7 +1354,6 @@ impl DcService {
     }
 
     fn add_dct(&self, pd: u32, cq: Arc<Cq>, srq: Arc<Srq>, key: u64) -> Result<u32, DcError> {
-        self.listener()?;
         let ctx = self.ctx();
         let ud = ctx.create_ud_qp(
             self.ctl_pd,
@@ -1214,8 +1373,13 @@ impl DcService {
             ud.post_recv(buf.wr(i)).map_err(|_| DcError::Register)?;
         }
         let num = ud.qpn();
+        let port = (num >> 8) as u16;
+        let own = self.listener(port)?;
         let mut c = self.lock();
         c.table.add_dct(num, key);
+        if own {
+            c.table.set_dct_listen_port(num, port);
+        }
         c.dcts.insert(
             num,
             DctState {
@@ -1259,11 +1423,16 @@ impl Drop for DcService {
         if let Ok(p) = self.shared.progress() {
             p.unregister(self.channel.fd(), self.token);
         }
-        if let Some(l) = self.listener.get() {
-            // Wakes the accept thread (its `accept` fails); it then finds
-            // the service gone and returns, dropping the listener.
-            // SAFETY: shutdown on a descriptor this Arc keeps open.
-            unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+        // The handshake thread ends when its queue closes.
+        self.handshakes
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let ls = self.listeners.get_mut().unwrap_or_else(|p| p.into_inner());
+        for l in ls.drain(..) {
+            if let Ok(p) = self.shared.progress() {
+                p.unregister(l.listener.as_raw_fd(), l.token);
+            }
         }
         let c = self.core.get_mut().unwrap_or_else(|p| p.into_inner());
         for (_, conn) in c.conns.drain() {
@@ -1336,6 +1505,52 @@ fn finish_wc(core: &mut Core, wc: &WorkCompletion, now: Instant) -> Option<ConnI
 fn fail_backlog(core: &mut Core, conn: &mut Conn, status: WcStatus, now: Instant) {
     while let Some(wr) = conn.backlog.pop_front() {
         finish(core, wr.wr_id, status, WcOpcode::of(&wr.op), now);
+    }
+}
+
+/// How a DC connection request proves it may connect.
+enum Auth {
+    /// An Accept's cookie.
+    Cookie(u64),
+    /// The DC key (a direct request) and the initiator's invitation
+    /// address (to find the reservation its invitation may have made).
+    Key { key: u64, src: DgramAddr },
+}
+
+/// A DC connection request's private data.
+struct Request {
+    auth: Auth,
+    dct: u32,
+    conn: u64,
+}
+
+/// Parses the private data of a DC connection request ([`PD_MAGIC`] or
+/// [`PD_MAGIC_DIRECT`]) from `peer`.
+fn parse_request(pd: &[u8], peer: IpAddr) -> Option<Request> {
+    let u64_at = |i: usize| Some(u64::from_be_bytes(pd.get(i..i + 8)?.try_into().ok()?));
+    let u32_at = |i: usize| Some(u32::from_be_bytes(pd.get(i..i + 4)?.try_into().ok()?));
+    match pd.get(..4)? {
+        m if m == PD_MAGIC => Some(Request {
+            auth: Auth::Cookie(u64_at(4)?),
+            dct: u32_at(12)?,
+            conn: u64_at(16)?,
+        }),
+        m if m == PD_MAGIC_DIRECT => {
+            let port = u16::from_be_bytes(pd.get(28..30)?.try_into().ok()?);
+            Some(Request {
+                auth: Auth::Key {
+                    key: u64_at(4)?,
+                    src: DgramAddr {
+                        ip: peer,
+                        port,
+                        qpn: u32_at(24)?,
+                    },
+                },
+                dct: u32_at(12)?,
+                conn: u64_at(16)?,
+            })
+        }
+        _ => None,
     }
 }
 
@@ -1445,15 +1660,21 @@ impl Opening {
         op.park.register(p, fd, token, Arc::downgrade(&op.source))?;
         op.park.watch_write(p, true)?;
         p.set_timer(token, op.deadline);
+        let mut op = op;
+        // A loopback connect is usually made by now: the Request goes out
+        // at once (the Reply is read by later steps).
+        if !op.flush() {
+            return Err(io::Error::other("DC connection request failed"));
+        }
         Ok(op)
     }
 
-    fn step(&mut self, now: Instant) -> Step {
-        if now >= self.deadline {
-            return Step::Failed;
-        }
+    /// Writes what is left of the Request. False if the socket failed;
+    /// `out` is empty once it is all written (else: still connecting, or
+    /// the socket pushed back).
+    fn flush(&mut self) -> bool {
         let Some(sock) = self.sock.as_mut() else {
-            return Step::Failed;
+            return false;
         };
         while !self.out.is_empty() {
             match sock.write(&self.out) {
@@ -1467,10 +1688,10 @@ impl Opening {
                         io::ErrorKind::WouldBlock | io::ErrorKind::NotConnected
                     ) =>
                 {
-                    return Step::Pending
+                    return true
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return Step::Failed,
+                Err(_) => return false,
             }
             if self.out.is_empty() {
                 if let Ok(p) = self.shared.progress() {
@@ -1478,6 +1699,22 @@ impl Opening {
                 }
             }
         }
+        true
+    }
+
+    fn step(&mut self, now: Instant) -> Step {
+        if now >= self.deadline {
+            return Step::Failed;
+        }
+        if !self.flush() {
+            return Step::Failed;
+        }
+        if !self.out.is_empty() {
+            return Step::Pending;
+        }
+        let Some(sock) = self.sock.as_mut() else {
+            return Step::Failed;
+        };
         let mut tmp = [0u8; 512];
         while self.frame.len() < self.need {
             let want = (self.need - self.frame.len()).min(tmp.len());
@@ -1719,16 +1956,27 @@ impl Connector {
     }
 }
 
-fn accept_loop(me: Weak<DcService>, listener: Arc<Listener>) {
-    loop {
-        let r = listener.accept();
-        let Some(svc) = me.upgrade() else { return };
-        match r {
-            Ok(inc) => svc.on_request(inc),
-            // A failed request (bad MPA, reset); or the descriptor table is
-            // full: pause rather than spin.
-            Err(cm::CmError::Io(_)) => std::thread::sleep(std::time::Duration::from_millis(1)),
-            Err(_) => {}
+/// An accepted connection whose MPA Request is still coming, for the
+/// handshake thread.
+type Handshake = (TcpStream, SocketAddr, Arc<Listener>);
+
+/// A DC service's TCP listener, accepted by the progress thread.
+struct ListenSource {
+    svc: Weak<DcService>,
+    listener: Arc<Listener>,
+    port: u16,
+    token: u64,
+}
+
+impl Source for ListenSource {
+    fn on_ready(&self, _readable: bool, _writable: bool) {
+        let Some(svc) = self.svc.upgrade() else {
+            return;
+        };
+        // Everything pending (the listener does not block); a full
+        // descriptor table leaves the rest for the next readiness.
+        while let Ok((sock, peer)) = self.listener.accept_tcp() {
+            svc.on_incoming(sock, peer, &self.listener);
         }
     }
 }

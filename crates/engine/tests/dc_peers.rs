@@ -130,11 +130,14 @@ fn poll_some(cq: &Cq, out: &mut Vec<Completion>, deadline: Instant, what: &str) 
     }
 }
 
-fn opts(ip: IpAddr, capacity: usize, invite_timeout: Duration) -> DcOptions {
+/// `direct`: connection requests in parallel with the invitations (the
+/// default); off where the invitation path itself is under test.
+fn opts(ip: IpAddr, capacity: usize, invite_timeout: Duration, direct: bool) -> DcOptions {
     DcOptions {
         table: DcConfig {
             capacity,
             invite_timeout,
+            direct_connect: direct,
             ..DcConfig::default()
         },
         bind_ip: ip,
@@ -188,7 +191,7 @@ impl Server {
             })
             .unwrap();
         }
-        let svc = DcService::of(&ctx, opts(ip, capacity, Duration::from_secs(10))).unwrap();
+        let svc = DcService::of(&ctx, opts(ip, capacity, Duration::from_secs(10), true)).unwrap();
         let dcts = (0..n_dct)
             .map(|_| Dct::new(&svc, pd, cq.clone(), srq.clone(), KEY).unwrap())
             .collect();
@@ -315,7 +318,8 @@ fn client_run(sip: IpAddr, ip: IpAddr, cap: usize, n: usize, dcts: &[u32]) -> u6
     let ctx = Context::new().unwrap();
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(256, None);
-    let svc = DcService::of(&ctx, opts(ip, cap, Duration::from_secs(20))).unwrap();
+    // Invitations only: their loss and duplication is what is tested.
+    let svc = DcService::of(&ctx, opts(ip, cap, Duration::from_secs(20), false)).unwrap();
     let dci = Dci::new(&svc, pd, cq.clone(), 64);
     let mem = Mem::new(&ctx, pd, n * MSG);
     for i in 0..n {
@@ -392,7 +396,7 @@ fn dct_peer_killed_mid_transfer() {
     let ctx = Context::new().unwrap();
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(256, None);
-    let svc = DcService::of(&ctx, opts(lo, 16, Duration::from_millis(500))).unwrap();
+    let svc = DcService::of(&ctx, opts(lo, 16, Duration::from_millis(500), true)).unwrap();
     let dci = Dci::new(&svc, pd, cq.clone(), 64);
     let big = Mem::new(&ctx, pd, BIG);
     let small = Mem::new(&ctx, pd, N * MSG);
@@ -462,7 +466,9 @@ fn dct_peer_killed_mid_transfer() {
     let b: Vec<WcStatus> = (0..N).filter(|&i| !to_a(i)).map(|i| statuses[i]).collect();
     assert!(
         b.iter().all(|&s| s == WcStatus::Success),
-        "the other target was affected: {b:?}"
+        "the other target was affected: {b:?}\n{:?}\n{:?}",
+        svc.stats(),
+        local.dcts[0].service().stats()
     );
     let ok_a = a.iter().take_while(|&&s| s == WcStatus::Success).count();
     assert!(ok_a >= 1 && ok_a < a.len(), "A: {a:?}");
@@ -475,6 +481,8 @@ fn dct_peer_killed_mid_transfer() {
     assert_eq!(local.seen.len(), sends_b as usize);
     let st = svc.stats();
     assert!(st.table.max_live <= 16, "{st:?}");
+    // The connections were made by direct requests (the default).
+    assert!(st.table.direct_connected > 0, "{st:?}");
 }
 
 #[test]

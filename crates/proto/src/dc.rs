@@ -237,6 +237,14 @@ pub struct DcConfig {
     /// Seed of connection ids and cookies (the engine passes something
     /// unpredictable; tests a constant).
     pub seed: u64,
+    /// Initiator: open the RC connection to the target's port (the
+    /// DCT's UDP port, `target.addr.port`) presenting the DC key, in
+    /// parallel with the invitation ([`DcEvent::ConnectDirect`]).
+    pub direct_connect: bool,
+    /// With `direct_connect`: the first Invite waits this long for the
+    /// direct attempt (which usually connects first, and then no Invite
+    /// is sent at all); it goes at once if the attempt fails.
+    pub direct_grace: Duration,
 }
 
 impl Default for DcConfig {
@@ -250,6 +258,8 @@ impl Default for DcConfig {
             accept_linger: Duration::from_secs(3),
             busy_retry: Duration::from_micros(200),
             seed: 0x5d_c0de,
+            direct_connect: true,
+            direct_grace: Duration::from_millis(2),
         }
     }
 }
@@ -279,6 +289,18 @@ pub enum DcEvent {
         port: u16,
         /// The cookie to present.
         cookie: u64,
+    },
+    /// Initiator (with `direct_connect`): open the RC connection to
+    /// `target.addr.ip` port `port` now, presenting the DC key, `dct` and
+    /// `id` instead of a cookie, while the invitation goes on; then call
+    /// [`DcTable::connected`] or [`DcTable::direct_failed`].
+    ConnectDirect {
+        /// The connection.
+        id: ConnId,
+        /// Its target.
+        target: DcTarget,
+        /// The port to try (the DCT's UDP port number).
+        port: u16,
     },
     /// Initiator: the connection failed; its work requests complete in
     /// error. The entry is gone.
@@ -345,8 +367,19 @@ pub struct DcStats {
     pub accept_expired: u64,
     /// Messages that did not parse.
     pub malformed: u64,
-    /// Connections accepted on the target side.
+    /// Connections accepted on the target side (by cookie or direct).
     pub target_accepts: u64,
+    /// Initiator: direct connection attempts started.
+    pub direct_attempts: u64,
+    /// Initiator: connections that came up by the direct attempt.
+    pub direct_connected: u64,
+    /// Target: direct connection requests accepted (counted in
+    /// `target_accepts` too).
+    pub direct_accepts: u64,
+    /// Target: direct connection requests refused (wrong key, no such
+    /// DCT, no free slot, not expected); not counted as key rejections:
+    /// the invitation running in parallel decides and reports those.
+    pub direct_refused: u64,
     /// Highest number of slots in use at once.
     pub max_live: usize,
 }
@@ -355,8 +388,10 @@ pub struct DcStats {
 enum State {
     /// Initiator, no slot yet.
     Waiting,
-    /// Initiator, invitation outstanding.
+    /// Initiator, invitation outstanding (`sent`: the first Invite has
+    /// gone; not yet while a direct attempt has its grace period).
     Inviting {
+        sent: bool,
         next_tx: Instant,
         rto: Duration,
         deadline: Instant,
@@ -394,6 +429,33 @@ struct Entry {
     last_used: Instant,
     /// LRU order: larger is more recent.
     stamp: u64,
+    /// Initiator: the direct connection attempt.
+    direct: Direct,
+    /// Initiator: invitations started over after a direct attempt that
+    /// may have used up the target's reservation ([`MAX_RESTARTS`]).
+    restarts: u8,
+}
+
+/// How often an initiator connection whose direct attempt failed starts
+/// its invitation over when an Accept's cookie does not work (a direct
+/// attempt that reached the target used up the reservation that Accept
+/// was for; a stale copy of it can come later).
+const MAX_RESTARTS: u8 = 4;
+
+/// An initiator connection's direct attempt ([`DcEvent::ConnectDirect`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direct {
+    /// None.
+    Off,
+    /// Under way, no answer to the invitation yet.
+    Trying,
+    /// Under way, and the target accepted the invitation (on the port
+    /// tried): if the attempt fails, the invitation starts over (the
+    /// attempt may have used up the target's reservation).
+    Answered,
+    /// It failed: a cookie connection that fails starts the invitation
+    /// over (up to [`MAX_RESTARTS`] times).
+    Failed,
 }
 
 /// A fast hasher for maps keyed by values this side chose (connection
@@ -452,6 +514,7 @@ pub struct DcTable {
     seen: HashMap<(DgramAddr, u64), ConnId>,
     cookies: HashMap<u64, ConnId>,
     dcts: LocalMap<u32, u64>,
+    dct_ports: LocalMap<u32, u16>,
     listen_port: u16,
     live: usize,
     next_stamp: u64,
@@ -477,6 +540,7 @@ impl DcTable {
             seen: HashMap::new(),
             cookies: HashMap::new(),
             dcts: LocalMap::default(),
+            dct_ports: LocalMap::default(),
             listen_port: 0,
             live: 0,
             next_stamp: 1,
@@ -519,9 +583,17 @@ impl DcTable {
         self.dcts.insert(dct, key);
     }
 
+    /// The TCP port Accepts for DCT `dct` name, if not the one of
+    /// [`DcTable::set_listen_port`] (a listener on the DCT's own port,
+    /// where direct requests go).
+    pub fn set_dct_listen_port(&mut self, dct: u32, port: u16) {
+        self.dct_ports.insert(dct, port);
+    }
+
     /// Forgets DCT `dct` (its connections stay until closed).
     pub fn remove_dct(&mut self, dct: u32) {
         self.dcts.remove(&dct);
+        self.dct_ports.remove(&dct);
     }
 
     fn rand(&mut self) -> u64 {
@@ -596,14 +668,28 @@ impl DcTable {
         let Some(e) = self.entries.get_mut(&id) else {
             return;
         };
+        let target = e.target;
+        let direct = self.cfg.direct_connect && target.addr.port != 0;
         e.state = State::Inviting {
-            next_tx: now + rto,
+            sent: !direct,
+            next_tx: now + if direct { self.cfg.direct_grace } else { rto },
             rto,
             deadline,
         };
-        let target = e.target;
-        self.stats.invites += 1;
-        self.send_invite(id, target);
+        if direct {
+            e.direct = Direct::Trying;
+        } else {
+            self.stats.invites += 1;
+            self.send_invite(id, target);
+        }
+        if direct {
+            self.stats.direct_attempts += 1;
+            self.events.push_back(DcEvent::ConnectDirect {
+                id,
+                target,
+                port: target.addr.port,
+            });
+        }
     }
 
     fn send_invite(&mut self, id: ConnId, target: DcTarget) {
@@ -659,6 +745,8 @@ impl DcTable {
                 busy: 1,
                 last_used: now,
                 stamp,
+                direct: Direct::Off,
+                restarts: 0,
             },
         );
         self.by_target.insert(target, id);
@@ -686,19 +774,100 @@ impl DcTable {
             .is_some_and(|e| matches!(e.state, State::Live))
     }
 
-    /// Initiator: the RC connection of `id` is up.
+    /// Initiator: the RC connection of `id` is up (opened after an
+    /// Accept, or by the direct attempt: then the invitation ends).
     pub fn connected(&mut self, id: ConnId, now: Instant) {
         if let Some(e) = self.entries.get_mut(&id) {
-            if matches!(e.state, State::Connecting) {
+            // Whatever the invitation's state: the engine has the
+            // connection (a direct attempt that won late, after it was
+            // given up for the invitation, counts too).
+            let direct = matches!(e.direct, Direct::Trying | Direct::Answered);
+            if matches!(e.state, State::Inviting { .. } | State::Connecting) {
                 e.state = State::Live;
                 e.last_used = now;
+                e.direct = Direct::Off;
+                if direct {
+                    self.stats.direct_connected += 1;
+                }
             }
         }
+    }
+
+    /// Initiator: the direct attempt of `id` failed (refused, reset, timed
+    /// out). The invitation goes on; if the target had accepted it
+    /// already, it starts over (a fresh Invite now, a fresh timeout): the
+    /// attempt may have reached the target and used up its reservation.
+    pub fn direct_failed(&mut self, id: ConnId, now: Instant) {
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        if !matches!(e.direct, Direct::Trying | Direct::Answered) {
+            return;
+        }
+        let was = std::mem::replace(&mut e.direct, Direct::Failed);
+        match (e.state, was) {
+            (State::Connecting, Direct::Answered) => self.restart_invite(id, now),
+            (State::Inviting { sent: false, .. }, _) => {
+                // The Invite was waiting for the attempt: it goes now.
+                self.send_first_invite(id, now);
+            }
+            _ => {}
+        }
+    }
+
+    /// Sends the first Invite of `id` (its direct attempt's grace period
+    /// is cut short).
+    fn send_first_invite(&mut self, id: ConnId, now: Instant) {
+        let rto = self.cfg.rto_initial;
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        if let State::Inviting {
+            sent,
+            next_tx,
+            rto: r,
+            ..
+        } = &mut e.state
+        {
+            *sent = true;
+            *next_tx = now + rto;
+            *r = rto;
+        }
+        let target = e.target;
+        self.stats.invites += 1;
+        self.send_invite(id, target);
+    }
+
+    /// Starts the invitation of `id` over (fresh timeout, Invite now).
+    fn restart_invite(&mut self, id: ConnId, now: Instant) {
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        let rto = self.cfg.rto_initial;
+        e.state = State::Inviting {
+            sent: true,
+            next_tx: now + rto,
+            rto,
+            deadline: now + self.cfg.invite_timeout,
+        };
+        e.restarts += 1;
+        let target = e.target;
+        self.stats.retransmits += 1;
+        self.send_invite(id, target);
     }
 
     /// Initiator: the RC connection of `id` could not be set up: the entry
     /// goes ([`DcEvent::Failed`] with [`FailReason::ConnectFailed`]).
     pub fn connect_failed(&mut self, id: ConnId, now: Instant) {
+        if self.entries.get(&id).is_some_and(|e| {
+            e.direct == Direct::Failed
+                && e.restarts < MAX_RESTARTS
+                && matches!(e.state, State::Connecting)
+        }) {
+            // The cookie may have been used up by the direct attempt.
+            self.restart_invite(id, now);
+            return;
+        }
         if let Some(e) = self.remove(id) {
             self.events.push_back(DcEvent::Failed {
                 id,
@@ -734,6 +903,75 @@ impl DcTable {
             }
             _ => None,
         }
+    }
+
+    /// Target: a direct RC connection request (no cookie) from the
+    /// initiator whose invitations come from `src`, for its connection
+    /// `conn`, presents `key` for DCT `dct`. The target connection's id
+    /// (then live) if the key is right and a slot is free (or already
+    /// reserved by that initiator's invitation); `None`: refuse the
+    /// request (counted in `direct_refused` only — the invitation decides
+    /// and reports wrong keys and busy tables).
+    pub fn target_direct(
+        &mut self,
+        now: Instant,
+        src: DgramAddr,
+        dct: u32,
+        key: u64,
+        conn: u64,
+    ) -> Option<ConnId> {
+        if self.dcts.get(&dct) != Some(&key) {
+            self.stats.direct_refused += 1;
+            return None;
+        }
+        if let Some(&id) = self.seen.get(&(src, conn)) {
+            // The invitation came first: take the slot it reserved.
+            let e = self.entries.get_mut(&id)?;
+            return match e.state {
+                State::TargetPending { cookie, dct: d, .. } if d == dct => {
+                    e.state = State::TargetLive;
+                    e.last_used = now;
+                    self.cookies.remove(&cookie);
+                    self.stats.target_accepts += 1;
+                    self.stats.direct_accepts += 1;
+                    Some(id)
+                }
+                _ => {
+                    self.stats.direct_refused += 1;
+                    None
+                }
+            };
+        }
+        if self.live >= self.cfg.capacity && !self.evict_one() {
+            self.stats.direct_refused += 1;
+            return None;
+        }
+        let id = self.new_id();
+        let stamp = self.stamp();
+        self.entries.insert(
+            id,
+            Entry {
+                target: DcTarget {
+                    addr: src,
+                    key: 0,
+                    local: 0,
+                },
+                remote: Some((src, conn)),
+                state: State::TargetLive,
+                busy: 0,
+                last_used: now,
+                stamp,
+                direct: Direct::Off,
+                restarts: 0,
+            },
+        );
+        self.take_slot();
+        // A later (or duplicated) invitation for it is answered by
+        // nothing: the initiator is connected.
+        self.seen.insert((src, conn), id);
+        self.stats.target_accepts += 1;
+        self.stats.direct_accepts += 1;
+        Some(id)
     }
 
     /// Ids of the target-side connections (to check which closed).
@@ -789,7 +1027,11 @@ impl DcTable {
         Message {
             kind: MsgKind::Accept,
             reason: None,
-            port: self.listen_port,
+            port: self
+                .dct_ports
+                .get(&dct)
+                .copied()
+                .unwrap_or(self.listen_port),
             dct,
             conn,
             key: 0,
@@ -854,6 +1096,8 @@ impl DcTable {
                 busy: 0,
                 last_used: now,
                 stamp,
+                direct: Direct::Off,
+                restarts: 0,
             },
         );
         self.take_slot();
@@ -878,6 +1122,19 @@ impl DcTable {
             None => {
                 let e = self.entries.get_mut(&id).expect("checked");
                 e.state = State::Connecting;
+                if e.direct == Direct::Trying {
+                    if m.port == e.target.addr.port {
+                        // The direct attempt goes to the same listener
+                        // and usually wins: wait for it.
+                        e.direct = Direct::Answered;
+                        return;
+                    }
+                    // Another port: the engine drops the attempt and
+                    // connects with the cookie (if the attempt reached
+                    // the target and used the reservation up, the cookie
+                    // fails and the invitation starts over).
+                    e.direct = Direct::Failed;
+                }
                 let target = e.target;
                 self.events.push_back(DcEvent::Connect {
                     id,
@@ -916,16 +1173,23 @@ impl DcTable {
     /// timeout, idle close, expiry of awaited target connections.
     pub fn handle_timeout(&mut self, now: Instant) {
         let mut retx = Vec::new();
+        let mut first = Vec::new();
         let mut gone = Vec::new();
         for (&id, e) in self.entries.iter_mut() {
             match &mut e.state {
                 State::Inviting {
+                    sent,
                     next_tx,
                     rto,
                     deadline,
                 } => {
                     if now >= *deadline {
                         gone.push((id, 0u8));
+                    } else if now >= *next_tx && !*sent {
+                        // The direct attempt's grace period is over.
+                        *sent = true;
+                        *next_tx = now + *rto;
+                        first.push((id, e.target));
                     } else if now >= *next_tx {
                         *rto = (*rto * 2).min(self.cfg.rto_max);
                         *next_tx = now + *rto;
@@ -938,6 +1202,10 @@ impl DcTable {
                 State::TargetPending { expires, .. } if now >= *expires => gone.push((id, 2)),
                 _ => {}
             }
+        }
+        for (id, target) in first {
+            self.stats.invites += 1;
+            self.send_invite(id, target);
         }
         for (id, target) in retx {
             self.stats.retransmits += 1;
@@ -1026,7 +1294,10 @@ mod tests {
     #[test]
     fn wrong_key_rejected_and_counted() {
         let t0 = Instant::now();
-        let mut ini = DcTable::new(DcConfig::default());
+        let mut ini = DcTable::new(DcConfig {
+            direct_connect: false,
+            ..DcConfig::default()
+        });
         let mut tgt = DcTable::new(DcConfig::default());
         tgt.add_dct(0x100, 42);
         let target = DcTarget {
@@ -1062,6 +1333,7 @@ mod tests {
         let t0 = Instant::now();
         let mut ini = DcTable::new(DcConfig {
             capacity: 2,
+            direct_connect: false,
             ..DcConfig::default()
         });
         let mut ids = Vec::new();
@@ -1102,5 +1374,121 @@ mod tests {
         assert_eq!(ini.poll_transmit().unwrap().msg.conn, id3.0);
         assert_eq!(ini.live(), 2);
         assert!(ini.is_live(ids[0]));
+    }
+
+    /// Direct attempt that connects: no Invite is ever sent, one slot on
+    /// each side; a failed attempt sends the Invite at once; a wrong key
+    /// is refused by the direct path without being counted, and counted
+    /// once when the Invite is rejected.
+    #[test]
+    fn direct_connect_paths() {
+        let t0 = Instant::now();
+        let mut ini = DcTable::new(DcConfig::default());
+        let mut tgt = DcTable::new(DcConfig::default());
+        tgt.set_listen_port(4791);
+        tgt.add_dct(0x100, 42);
+        // Accepts for it name its own port (where direct attempts go).
+        tgt.set_dct_listen_port(0x100, 1);
+        let src = addr(0x200);
+        let target = DcTarget {
+            addr: addr(0x100),
+            key: 42,
+            local: 0,
+        };
+        // 1: the attempt wins.
+        let (id, _) = ini.post(t0, target);
+        assert!(
+            ini.poll_transmit().is_none(),
+            "Invite before the grace period"
+        );
+        assert_eq!(
+            ini.poll_event(),
+            Some(DcEvent::ConnectDirect {
+                id,
+                target,
+                port: 1
+            })
+        );
+        assert!(tgt.target_direct(t0, src, 0x100, 42, id.0).is_some());
+        assert_eq!(tgt.live(), 1);
+        ini.connected(id, t0);
+        assert!(ini.is_live(id));
+        ini.handle_timeout(t0 + Duration::from_millis(50));
+        assert!(ini.poll_transmit().is_none(), "Invite after connecting");
+        assert_eq!(ini.stats().invites, 0);
+        assert_eq!(ini.stats().direct_connected, 1);
+        // A late duplicate Invite for it takes no slot and gets no answer.
+        let inv = Message {
+            kind: MsgKind::Invite,
+            reason: None,
+            port: 0,
+            dct: 0x100,
+            conn: id.0,
+            key: 42,
+            cookie: 0,
+        };
+        tgt.handle_message(t0, src, 0x100, &inv.encode());
+        assert_eq!(tgt.live(), 1);
+        assert!(tgt.poll_transmit().is_none());
+
+        // 2: a wrong key: the attempt is refused (not counted as a key
+        // rejection), the Invite goes at once and is rejected, counted.
+        let bad = DcTarget {
+            addr: addr(0x101),
+            key: 7,
+            local: 0,
+        };
+        tgt.add_dct(0x101, 8);
+        let (id2, _) = ini.post(t0, bad);
+        assert!(matches!(
+            ini.poll_event(),
+            Some(DcEvent::ConnectDirect { .. })
+        ));
+        assert!(tgt.target_direct(t0, src, 0x101, 7, id2.0).is_none());
+        assert_eq!(tgt.stats().direct_refused, 1);
+        assert_eq!(tgt.stats().rejected_bad_key, 0);
+        ini.direct_failed(id2, t0);
+        let tx = ini
+            .poll_transmit()
+            .expect("Invite after the failed attempt");
+        assert_eq!(tx.msg.kind, MsgKind::Invite);
+        tgt.handle_message(t0, src, 0x101, &tx.msg.encode());
+        assert_eq!(tgt.stats().rejected_bad_key, 1);
+        let rep = tgt.poll_transmit().expect("Reject");
+        ini.handle_message(t0, addr(0x101), 0x200, &rep.msg.encode());
+        assert!(matches!(
+            ini.poll_event(),
+            Some(DcEvent::Failed {
+                reason: FailReason::Rejected(RejectReason::BadKey),
+                ..
+            })
+        ));
+
+        // 3: the Invite comes first (grace period over), then the attempt
+        // takes the slot the Invite reserved: still one slot.
+        let t3 = DcTarget {
+            addr: addr(0x100),
+            key: 42,
+            local: 9,
+        };
+        let (id3, _) = ini.post(t0, t3);
+        assert!(matches!(
+            ini.poll_event(),
+            Some(DcEvent::ConnectDirect { .. })
+        ));
+        let t1 = t0 + Duration::from_millis(3);
+        ini.handle_timeout(t1);
+        let tx = ini.poll_transmit().expect("Invite after the grace period");
+        tgt.handle_message(t1, src, 0x100, &tx.msg.encode());
+        assert_eq!(tgt.live(), 2);
+        let acc = tgt.poll_transmit().expect("Accept");
+        assert_eq!(acc.msg.kind, MsgKind::Accept);
+        ini.handle_message(t1, addr(0x100), 0x200, &acc.msg.encode());
+        assert!(ini.poll_event().is_none(), "waits for the direct attempt");
+        assert!(tgt.target_direct(t1, src, 0x100, 42, id3.0).is_some());
+        assert_eq!(tgt.live(), 2);
+        ini.connected(id3, t1);
+        assert!(ini.is_live(id3));
+        assert_eq!(tgt.stats().direct_accepts, 2);
     }
 }

@@ -9,7 +9,12 @@
 //! * a connection is torn down only when idle (no work request of it
 //!   is queued or in flight);
 //! * duplicated invitations never make a second target connection: the
-//!   target accepts exactly as many RC connections as initiators open.
+//!   target accepts exactly as many RC connections as initiators open;
+//! * with direct connection attempts (RC connection request carrying the
+//!   key, in parallel with the invitation; some fail, some arrive after
+//!   the invitation, some after the initiator gave up), all of the above
+//!   still hold and a connection has one target slot, whichever way it
+//!   was made.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
@@ -89,6 +94,16 @@ enum Ev {
         cookie: u64,
         dct: u32,
     },
+    /// Initiator `i`'s direct connection request reaches the target.
+    DirectConnect {
+        ini: usize,
+        id: ConnId,
+        dct: u32,
+        key: u64,
+    },
+    /// Initiator `i`'s direct attempt fails before reaching the target
+    /// (refused, reset).
+    DirectFailed { ini: usize, id: ConnId },
     /// A work request in flight completes.
     WrDone(usize),
     /// The target learns that a connection closed.
@@ -100,6 +115,9 @@ struct Net {
     dup: f64,
     /// Extra random delay (reordering), in µs.
     jitter_us: u64,
+    /// Direct connection attempts: `None` off; `Some(p)`: each fails
+    /// with probability `p` before reaching the target.
+    direct: Option<f64>,
 }
 
 struct World {
@@ -118,6 +136,11 @@ struct World {
     up: Vec<HashMap<ConnId, ConnId>>,
     net: Net,
     rc_opened: u64,
+    /// Direct attempts that reached the target, and connections they made.
+    direct_tried: u64,
+    direct_up: u64,
+    /// The target's TCP listen port (sent in Accepts).
+    listen_port: u16,
 }
 
 impl World {
@@ -202,6 +225,24 @@ impl World {
         }
     }
 
+    /// Initiator `ini`'s connection `id` is up (target connection `tid`):
+    /// its queued work requests go out.
+    fn up(&mut self, ini: usize, id: ConnId, tid: ConnId) {
+        let now = self.now;
+        self.rc_opened += 1;
+        self.inis[ini].connected(id, now);
+        assert!(self.inis[ini].is_live(id), "connected, but not live");
+        self.up[ini].insert(id, tid);
+        let ws: Vec<usize> = self.pending[ini]
+            .get(&id)
+            .map(|q| q.iter().copied().collect())
+            .unwrap_or_default();
+        for w in ws {
+            let d = Duration::from_micros(10 + self.rng.below(40));
+            self.at(d, Ev::WrDone(w));
+        }
+    }
+
     fn finish_wr(&mut self, w: usize, got: Outcome) {
         let wr = &mut self.wrs[w];
         wr.done += 1;
@@ -220,7 +261,7 @@ impl World {
                 port,
                 cookie,
             } => {
-                assert_eq!(port, 4791);
+                assert_eq!(port, self.listen_port);
                 let d = Duration::from_micros(50 + self.rng.below(100));
                 self.at(
                     d,
@@ -231,6 +272,26 @@ impl World {
                         dct: target.addr.qpn,
                     },
                 );
+            }
+            DcEvent::ConnectDirect { id, target, port } => {
+                assert!(self.net.direct.is_some(), "direct attempts are off");
+                assert_eq!(port, target.addr.port);
+                let d = Duration::from_micros(20 + self.rng.below(200));
+                // Nothing of ours listens on another port: refused.
+                if port != self.listen_port || self.rng.chance(self.net.direct.unwrap_or(1.0)) {
+                    self.at(d, Ev::DirectFailed { ini: i, id });
+                } else {
+                    self.direct_tried += 1;
+                    self.at(
+                        d,
+                        Ev::DirectConnect {
+                            ini: i,
+                            id,
+                            dct: target.addr.qpn,
+                            key: target.key,
+                        },
+                    );
+                }
             }
             DcEvent::Failed { id, reason, .. } => {
                 assert_eq!(
@@ -335,21 +396,28 @@ impl World {
                 cookie,
                 dct,
             } => match self.tgt.target_attach(cookie, dct, id.0) {
-                Some(tid) => {
-                    self.rc_opened += 1;
-                    self.inis[ini].connected(id, now);
-                    self.up[ini].insert(id, tid);
-                    let ws: Vec<usize> = self.pending[ini]
-                        .get(&id)
-                        .map(|q| q.iter().copied().collect())
-                        .unwrap_or_default();
-                    for w in ws {
-                        let d = Duration::from_micros(10 + self.rng.below(40));
-                        self.at(d, Ev::WrDone(w));
-                    }
-                }
+                Some(tid) => self.up(ini, id, tid),
                 None => self.inis[ini].connect_failed(id, now),
             },
+            Ev::DirectConnect { ini, id, dct, key } => {
+                let gave_up = !self.pending[ini].contains_key(&id);
+                match self.tgt.target_direct(now, ini_addr(ini), dct, key, id.0) {
+                    // The initiator no longer wants it (its invitation
+                    // failed), or its side of the set-up fails after the
+                    // target accepted: the target learns of the close.
+                    Some(tid) if gave_up || self.rng.chance(0.05) => {
+                        self.rc_opened += 1;
+                        self.at(Duration::from_micros(30), Ev::TargetClosed(tid));
+                        self.inis[ini].direct_failed(id, now);
+                    }
+                    Some(tid) => {
+                        self.direct_up += 1;
+                        self.up(ini, id, tid);
+                    }
+                    None => self.inis[ini].direct_failed(id, now),
+                }
+            }
+            Ev::DirectFailed { ini, id } => self.inis[ini].direct_failed(id, now),
             Ev::WrDone(w) => {
                 let (i, conn) = (self.wrs[w].ini, self.wrs[w].conn);
                 if let Some(q) = self.pending[i].get_mut(&conn) {
@@ -368,10 +436,18 @@ fn run(seed: u64, n_ini: usize, cap_ini: usize, cap_tgt: usize, n_dct: u32, net:
         idle_timeout: Duration::from_millis(5),
         invite_timeout: Duration::from_secs(60),
         seed: s,
+        direct_connect: net.direct.is_some(),
         ..DcConfig::default()
     };
     let mut tgt = DcTable::new(cfg(cap_tgt, seed ^ 0xabc));
-    tgt.set_listen_port(4791);
+    // With direct attempts, the target mostly listens on the DCTs' port
+    // (the attempt can succeed), sometimes elsewhere (it cannot).
+    let listen_port = if net.direct.is_some() && seed % 3 != 2 {
+        dct_addr(0).port
+    } else {
+        4791
+    };
+    tgt.set_listen_port(listen_port);
     for d in 0..n_dct {
         tgt.add_dct(dct_addr(d).qpn, RIGHT_KEY);
     }
@@ -391,6 +467,9 @@ fn run(seed: u64, n_ini: usize, cap_ini: usize, cap_tgt: usize, n_dct: u32, net:
         up: (0..n_ini).map(|_| HashMap::new()).collect(),
         net,
         rc_opened: 0,
+        direct_tried: 0,
+        direct_up: 0,
+        listen_port,
     };
     for _ in 0..wrs {
         // A few steps between posts: traffic overlaps set-up.
@@ -424,12 +503,31 @@ fn run(seed: u64, n_ini: usize, cap_ini: usize, cap_tgt: usize, n_dct: u32, net:
     let st = w.tgt.stats();
     assert!(st.max_live <= cap_tgt);
     assert_eq!(st.target_accepts, w.rc_opened);
+    // Connections started: by an Invite, or by a direct attempt (whose
+    // Invite waits for it and is often never sent).
     let opened: u64 = w
         .inis
         .iter()
-        .map(|t| t.stats().invites - t.stats().timeouts)
+        .map(|t| t.stats().invites + t.stats().direct_attempts - t.stats().timeouts)
         .sum();
     assert!(w.rc_opened <= opened);
+    let attempts: u64 = w.inis.iter().map(|t| t.stats().direct_attempts).sum();
+    let connected: u64 = w.inis.iter().map(|t| t.stats().direct_connected).sum();
+    assert_eq!(connected, w.direct_up);
+    assert!(st.direct_accepts <= w.direct_tried);
+    if w.net.direct.is_none() {
+        assert_eq!(attempts, 0, "direct attempts while off");
+    } else if w.listen_port == dct_addr(0).port {
+        assert!(w.direct_up > 0, "direct path not exercised");
+        assert!(attempts >= w.direct_tried);
+        assert!(
+            st.direct_refused > 0,
+            "refused direct requests not exercised"
+        );
+    } else {
+        assert!(attempts > 0, "direct path not tried");
+        assert_eq!(w.direct_up, 0, "a direct attempt to another port connected");
+    }
     if w.net.dup > 0.0 {
         assert!(st.duplicate_invites > 0, "duplication was not exercised");
     }
@@ -447,35 +545,44 @@ fn run(seed: u64, n_ini: usize, cap_ini: usize, cap_tgt: usize, n_dct: u32, net:
 
 #[test]
 fn clean_network_one_initiator() {
-    let net = Net {
-        loss: 0.0,
-        dup: 0.0,
-        jitter_us: 1,
-    };
-    run(1, 1, 4, 64, 12, net, 2000);
+    for direct in [None, Some(0.1)] {
+        let net = Net {
+            loss: 0.0,
+            dup: 0.0,
+            jitter_us: 1,
+            direct,
+        };
+        run(1, 1, 4, 64, 12, net, 2000);
+    }
 }
 
 #[test]
 fn loss_duplication_reordering() {
     for seed in 0..6 {
-        let net = Net {
-            loss: 0.2,
-            dup: 0.2,
-            jitter_us: 3000,
-        };
-        run(100 + seed, 2, 3, 64, 10, net, 1500);
+        for direct in [None, Some(0.3)] {
+            let net = Net {
+                loss: 0.2,
+                dup: 0.2,
+                jitter_us: 3000,
+                direct,
+            };
+            run(100 + seed, 2, 3, 64, 10, net, 1500);
+        }
     }
 }
 
 #[test]
 fn many_initiators_small_target_table_busy() {
     for seed in 0..3 {
-        let net = Net {
-            loss: 0.05,
-            dup: 0.05,
-            jitter_us: 500,
-        };
-        run(200 + seed, 6, 2, 4, 5, net, 1500);
+        for direct in [None, Some(0.2)] {
+            let net = Net {
+                loss: 0.05,
+                dup: 0.05,
+                jitter_us: 500,
+                direct,
+            };
+            run(200 + seed, 6, 2, 4, 5, net, 1500);
+        }
     }
 }
 
@@ -484,6 +591,7 @@ fn invitation_timeout_fails_only_that_target() {
     let t0 = Instant::now();
     let cfg = DcConfig {
         invite_timeout: Duration::from_millis(100),
+        direct_connect: false,
         ..DcConfig::default()
     };
     let mut ini = DcTable::new(cfg);
