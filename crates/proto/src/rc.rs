@@ -1205,7 +1205,9 @@ impl RcQp {
 
     fn next_sq_fpdu<M: Memory>(&mut self, mem: &mut M) -> Option<Built> {
         let idx = self.sq_cursor;
-        let e = *self.sq.get(idx)?;
+        // The entry's small fields only: its payload (up to some 270
+        // octets) is read in place by `build` (Body::Sq).
+        let e = self.sq.get(idx)?;
         let SqState::Sending { stage, framed } = e.state else {
             return None;
         };
@@ -1281,8 +1283,8 @@ impl RcQp {
                 {
                     *rsvd_ulp = s;
                 }
-                let body = Body::Local {
-                    payload: e.wr.payload,
+                let body = Body::Sq {
+                    idx,
                     offset: framed,
                     len: n,
                 };
@@ -1337,8 +1339,8 @@ impl RcQp {
                     remote_addr.wrapping_add(framed),
                     last,
                 );
-                let body = Body::Local {
-                    payload: e.wr.payload,
+                let body = Body::Sq {
+                    idx,
                     offset: framed,
                     len: n,
                 };
@@ -1463,6 +1465,22 @@ impl RcQp {
         done: Done,
     ) -> Built {
         let cfg = self.cfg;
+        let resolved;
+        let body = match *body {
+            Body::Sq { idx, offset, len } => {
+                let Some(e) = self.sq.get(idx) else {
+                    self.fail(None, false, Some(WcStatus::LocQpOpErr));
+                    return Built;
+                };
+                resolved = Body::Local {
+                    payload: &e.wr.payload,
+                    offset,
+                    len,
+                };
+                &resolved
+            }
+            _ => body,
+        };
         let p = self.pending.next_slot();
         match build_into(
             p,
@@ -1960,16 +1978,18 @@ impl RcQp {
                         opcode: repr.opcode,
                     });
                 }
-                let Some(r) = self.rx_recv else {
+                // By reference: a receive is some 170 octets.
+                let Some(r) = &self.rx_recv else {
                     return self.defer_error(TerminateCause::DdpUntaggedInvalidMo, false);
                 };
-                if msn != r.msn {
+                let (r_msn, received, room) = (r.msn, r.received, r.wr.sgl.total_len());
+                if msn != r_msn {
                     return self.defer_error(TerminateCause::DdpUntaggedMsnRange, false);
                 }
-                if u64::from(mo) != r.received {
+                if u64::from(mo) != received {
                     return self.defer_error(TerminateCause::DdpUntaggedInvalidMo, false);
                 }
-                if r.received + payload_len > r.wr.sgl.total_len() {
+                if received + payload_len > room {
                     if let Some(r) = self.rx_recv.take() {
                         self.completions.push_back((
                             CqKind::Recv,
@@ -1978,7 +1998,7 @@ impl RcQp {
                     }
                     return self.defer_error(TerminateCause::DdpUntaggedTooLong, false);
                 }
-                self.set_target(Target::Recv { offset: r.received });
+                self.set_target(Target::Recv { offset: received });
             }
             Opcode::ImmediateData | Opcode::ImmediateDataSe if ext => {
                 let (qn, msn, mo, _) = untagged.expect("untagged opcode");
@@ -2060,30 +2080,30 @@ impl RcQp {
     }
 
     fn rx_payload<M: Memory>(&mut self, chunk: &[u8], mem: &mut M) {
-        let Some(seg) = self.rx_seg else { return };
-        let at = seg.placed;
-        if let Some(s) = &mut self.rx_seg {
-            s.placed += chunk.len() as u64;
-        }
-        let res: Result<(), MemError> = match seg.target {
+        // Only the placement state is copied out (the segment's header
+        // representation is not needed here).
+        let Some(seg) = &mut self.rx_seg else { return };
+        let (at, target) = (seg.placed, seg.target);
+        seg.placed += chunk.len() as u64;
+        let res: Result<(), MemError> = match target {
             Target::Discard => Ok(()),
             Target::Write { stag, to } => mem.remote_write(stag, to.wrapping_add(at), chunk),
             Target::ReadResp { offset } => {
                 let Some(OrdEntry { seq: Some(seq), .. }) = self.ord.front().copied() else {
                     return;
                 };
-                let Some(Payload::Sgl(sgl)) = self.sq_entry_mut(seq).map(|e| e.wr.payload) else {
+                let Some(Payload::Sgl(sgl)) = self.sq_entry_mut(seq).map(|e| &e.wr.payload) else {
                     return;
                 };
-                scatter(mem, &sgl, offset + at, chunk)
+                scatter(mem, sgl, offset + at, chunk)
             }
             Target::Recv { offset } => {
-                let Some(r) = self.rx_recv else { return };
+                let Some(r) = &self.rx_recv else { return };
                 scatter(mem, &r.wr.sgl, offset + at, chunk)
             }
         };
         if let Err(e) = res {
-            match seg.target {
+            match target {
                 Target::Write { .. } => self.rx_error(e.terminate_cause(true), false),
                 Target::ReadResp { .. } => {
                     self.set_target(Target::Discard);
@@ -2411,6 +2431,8 @@ fn build_into<M: Memory>(
     let mut remote_bad = false;
     match *body {
         Body::None => {}
+        // Resolved by the caller.
+        Body::Sq { .. } => {}
         Body::Local {
             payload: Payload::Inline(d),
             offset,
@@ -2510,13 +2532,19 @@ fn build_into<M: Memory>(
     Ok(())
 }
 
-/// Payload source of an FPDU being built (a short-lived stack value, so the
-/// inline-data variant's size does not matter).
-#[allow(clippy::large_enum_variant)]
-enum Body {
+/// Payload source of an FPDU being built.
+enum Body<'a> {
     None,
+    /// Octets of the send queue entry at index `idx` (resolved by
+    /// `RcQp::build`, so the entry is not copied).
+    Sq {
+        idx: usize,
+        offset: u64,
+        len: u64,
+    },
+    /// As `Sq`, resolved.
     Local {
-        payload: Payload,
+        payload: &'a Payload,
         offset: u64,
         len: u64,
     },
