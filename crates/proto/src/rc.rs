@@ -317,6 +317,10 @@ struct Span {
 
 const HDR_CAP: usize = fpdu::LEN_FIELD + rdmap::MAX_STREAM_HEADER_LEN + MAX_INLINE;
 
+/// Gathered payloads up to this size are copied behind the header (one
+/// CRC pass, two io-vectors) instead of being written from their spans.
+const SMALL_GATHER: usize = MAX_INLINE;
+
 /// One FPDU ready to be written (possibly partly written).
 #[derive(Debug, Clone, Copy)]
 struct PendingFpdu {
@@ -2511,20 +2515,45 @@ fn build_into<M: Memory>(
         return Ok(());
     }
     // No markers: CRC over length, header, payload and pad; the payload
-    // is read in place, never copied.
+    // is read in place, never copied — except a small one, which is
+    // gathered behind the header together with the pad: then the FPDU is
+    // one CRC pass and two io-vectors (header+payload+pad, CRC), which
+    // costs less than the span bookkeeping it saves.
     let pad = fpdu::pad_len(ulpdu as usize);
-    let mut crc = Crc32c::new();
-    if cfg.crc {
-        crc.update(&p.hdr[..p.hdr_len]);
-        for s in &p.spans[..p.nspans] {
-            crc.update(span_slice(mem, s));
+    if p.nspans > 0
+        && payload_len <= SMALL_GATHER as u64
+        && p.hdr_len + payload_len as usize + pad <= HDR_CAP
+    {
+        for i in 0..p.nspans {
+            let d = span_slice(mem, &p.spans[i]);
+            p.hdr[p.hdr_len..p.hdr_len + d.len()].copy_from_slice(d);
+            p.hdr_len += d.len();
         }
-        crc.update(&[0u8; 3][..pad]);
+        p.nspans = 0;
     }
-    p.trailer[..pad].fill(0);
+    let mut crc = Crc32c::new();
+    if p.nspans == 0 && p.hdr_len + pad <= HDR_CAP {
+        p.hdr[p.hdr_len..p.hdr_len + pad].fill(0);
+        p.hdr_len += pad;
+        if cfg.crc {
+            crc.update(&p.hdr[..p.hdr_len]);
+        }
+        p.trailer_len = 0;
+    } else {
+        if cfg.crc {
+            crc.update(&p.hdr[..p.hdr_len]);
+            for s in &p.spans[..p.nspans] {
+                crc.update(span_slice(mem, s));
+            }
+            crc.update(&[0u8; 3][..pad]);
+        }
+        p.trailer[..pad].fill(0);
+        p.trailer_len = pad;
+    }
     let c = if cfg.crc { crc.wire_bytes() } else { [0; 4] };
-    p.trailer[pad..pad + 4].copy_from_slice(&c);
-    p.trailer_len = pad + fpdu::CRC_LEN;
+    let at = p.trailer_len;
+    p.trailer[at..at + 4].copy_from_slice(&c);
+    p.trailer_len = at + fpdu::CRC_LEN;
     p.total = fpdu::fpdu_len(ulpdu as usize);
     // Keep the framer's stream position in step (markers are off, so
     // only the count matters to it).
