@@ -11,8 +11,16 @@
 //!   While such a poller spins, the progress thread leaves the socket to it
 //!   (busy-poll parking, `progress` module docs) instead of waking for
 //!   every message; arming a CQ (`req_notify`) hands the socket back at
-//!   once. Whole FPDUs in the receive buffer are CRC-checked before any of
-//!   their octets are placed (`RcQp::handle_bytes` fast path).
+//!   once. With CRC every FPDU is verified before any of its octets are
+//!   acted on: whole FPDUs in the receive buffer at once, and an FPDU cut
+//!   by a read is kept by the protocol engine until its rest arrives
+//!   (read straight behind its start, `RcQp::rx_stash_space`; later reads
+//!   are sized to whole FPDUs so bulk streams are rarely cut). Without
+//!   CRC, the payload of a Write, Read Response or Send whose header has
+//!   arrived is read from the socket straight into registered memory
+//!   (`RcQp::rx_direct`, one `readv` per FPDU that also takes the next
+//!   header), so bulk data is copied once, by the kernel; [`Qp::rx_stats`]
+//!   counts octets placed that way and octets copied.
 //!
 //! Before it is connected a QP only accepts receives (they are kept and
 //! handed to the connection); `post_send` on an unconnected QP is refused.

@@ -4,10 +4,19 @@
 //! [`crate::mpa`] for the negotiation). It owns no socket and reads no clock:
 //!
 //! * in: [`RcQp::post_send`], [`RcQp::post_recv`], [`RcQp::handle_bytes`]
-//!   (stream octets split anywhere), [`RcQp::handle_llp_closed`];
+//!   (stream octets split anywhere), [`RcQp::handle_llp_closed`]; for a
+//!   receiver that reads into place itself: [`RcQp::rx_direct`] /
+//!   [`RcQp::rx_direct_placed`] (no CRC: payload straight into memory) and
+//!   [`RcQp::rx_stash_space`] / [`RcQp::rx_stash_filled`] (CRC: the rest of
+//!   a partial FPDU straight behind its start);
 //! * out: [`RcQp::poll_transmit`] (writes FPDUs through any
 //!   [`std::io::Write`], surviving partial writes and `WouldBlock`),
 //!   [`RcQp::poll_completion`], [`RcQp::poll_event`].
+//!
+//! With CRC an FPDU is verified before any of it is acted on (verify, then
+//! place): an FPDU that arrives in pieces is kept until it is complete.
+//! Without CRC (nothing to verify) and with markers (siw interoperation)
+//! FPDUs are processed as they stream in.
 //!
 //! Memory is reached only through [`Memory`]. Every STag, bound and right is
 //! checked before an octet moves; a failed check becomes a Terminate (RFC
