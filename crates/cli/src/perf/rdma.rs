@@ -529,6 +529,7 @@ fn ping_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> {
         };
         e.post(seq, op, 0, size, signaled)?;
         // Wait for the answer.
+        let mut spins = 0u32;
         let answered = loop {
             let n = e.next()?;
             let mut got = false;
@@ -573,7 +574,9 @@ fn ping_a(e: &mut End, spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> {
                 w.progress();
                 break true;
             }
-            if ud && a.elapsed() > LOSS_TIMEOUT {
+            // The clock only every 256th spin, as the raw UDP ping-pong.
+            spins = spins.wrapping_add(1);
+            if ud && spins & 255 == 0 && a.elapsed() > LOSS_TIMEOUT {
                 break false;
             }
             w.check("the answer of the ping-pong")?;
