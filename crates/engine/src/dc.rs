@@ -18,17 +18,25 @@
 //!   progress thread watches (so invitations are answered and answers
 //!   acted upon whether or not anybody polls), plus one progress timer
 //!   for [`DcTable::poll_timeout`];
-//! * (once a DCT exists) a TCP listener for the RC connections the DCTs
-//!   accept, served by one accept thread per service (the MPA exchange
-//!   blocks; as in [`crate::ibconn`]).
+//! * (once a DCT exists) TCP listeners for the RC connections the DCTs
+//!   accept: one on the port number of each DCT's UDP socket (where
+//!   direct connection requests go), non-blocking and accepted by the
+//!   progress thread, which also answers the MPA Requests (at once when
+//!   the Request is all there, else when its socket turns readable): no
+//!   accept thread, no hand-off.
 //!
-//! An initiator opens an RC connection (after an Accept) without blocking
-//! (`Opening`: non-blocking TCP connect, MPA Request, Reply read with
+//! An initiator opens an RC connection without blocking (`Opening`:
+//! non-blocking TCP connect, MPA Request written at once, Reply read with
 //! exact lengths), stepped by busy pollers and the progress thread, then
 //! hands the queued work to the connection; if that cannot be set up, a
-//! persistent connector thread runs the blocking [`cm::connect`]. The RC
-//! QPs of the service are internal ([`Qp::set_internal`]): no QP async
-//! events (evictions are normal operation; errors are completions).
+//! persistent connector thread runs the blocking [`cm::connect`]. A new
+//! connection's first attempt is **direct** ([`PD_MAGIC_DIRECT`]: the DC
+//! key in the MPA Request, to the DCT's UDP port number), made before
+//! the invitation, whose first Invite waits for it
+//! ([`DcConfig::direct_grace`]); the table decides what follows
+//! (`softrdma_proto::dc`, `docs/dc.md` §2). The RC QPs of the service are
+//! internal ([`Qp::set_internal`]): no QP async events (evictions are
+//! normal operation; errors are completions).
 //!
 //! # Completion order
 //!
@@ -347,9 +355,9 @@ pub struct DcService {
     listeners: Mutex<Vec<Arc<ListenSource>>>,
     /// A QP number reserved at creation for the first RC QP.
     spare_qpn: Mutex<Option<u32>>,
-    /// The thread that finishes MPA exchanges whose Request had not fully
-    /// arrived when the connection was accepted (started on first use).
-    handshakes: Mutex<Option<std::sync::mpsc::Sender<Handshake>>>,
+    /// Accepted connections whose MPA Request is still coming, watched by
+    /// the progress thread (by token).
+    handshakes: Mutex<LocalMap<u64, Arc<HandshakeSource>>>,
     /// The threads that open initiator connections.
     connector: Arc<Connector>,
     core: Mutex<Core>,
@@ -451,7 +459,7 @@ impl DcService {
             inline_at: AtomicU64::new(0),
             epoch: Instant::now(),
             listeners: Mutex::new(Vec::new()),
-            handshakes: Mutex::new(None),
+            handshakes: Mutex::new(LocalMap::default()),
             spare_qpn: Mutex::new(ctx.ib_conn().reserve().ok()),
             connector: Arc::new(Connector::default()),
             core: Mutex::new(Core {
@@ -1224,57 +1232,85 @@ impl DcService {
         Ok(lport == port)
     }
 
-    /// A TCP connection accepted by the progress thread: if its MPA
-    /// Request is all there, answered at once (no thread hand-off);
-    /// otherwise the handshake thread waits for it.
+    /// A TCP connection accepted by the progress thread: answered as
+    /// soon as its MPA Request is all there — at once, or when the socket
+    /// turns readable (watched by the progress thread, dropped after the
+    /// MPA timeout). No thread hand-off either way.
     fn on_incoming(&self, sock: TcpStream, peer: SocketAddr, l: &Arc<Listener>) {
-        let mut buf = [0u8; 512];
-        let complete = sock.set_nonblocking(true).is_ok()
-            && match sock.peek(&mut buf) {
-                Ok(n) if n >= HEADER_LEN => {
-                    mpa_frame_len(&buf[..HEADER_LEN]).is_some_and(|len| len <= n)
+        match request_in(&sock) {
+            Some(true) => {
+                let fd = sock.as_raw_fd();
+                if l.handshake(sock, peer)
+                    .is_ok_and(|inc| self.on_request(inc))
+                {
+                    first_fpdu_spin(fd);
                 }
-                _ => false,
-            };
-        if sock.set_nonblocking(false).is_err() {
-            return;
-        }
-        if complete {
-            if let Ok(inc) = l.handshake(sock, peer) {
-                self.on_request(inc);
             }
-            return;
-        }
-        let mut hs = self.handshakes.lock().unwrap_or_else(|p| p.into_inner());
-        if hs.is_none() {
-            let (tx, rx) = std::sync::mpsc::channel::<Handshake>();
-            let me = self.this.clone();
-            let spawned = std::thread::Builder::new()
-                .name("softrdma-dc-mpa".into())
-                .spawn(move || {
-                    for (sock, peer, l) in rx {
-                        let Some(svc) = me.upgrade() else { return };
-                        if let Ok(inc) = l.handshake(sock, peer) {
-                            svc.on_request(inc);
-                        }
-                    }
+            // Closed or failed: dropped.
+            None => {}
+            Some(false) => {
+                let Ok(p) = self.shared.progress() else {
+                    return;
+                };
+                let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+                let fd = sock.as_raw_fd();
+                let hs = Arc::new(HandshakeSource {
+                    svc: self.this.clone(),
+                    listener: l.clone(),
+                    conn: Mutex::new(Some((sock, peer))),
+                    token,
                 });
-            if spawned.is_err() {
-                // Dropped: the initiator sees the connection close.
-                return;
+                let mut all = self.handshakes.lock().unwrap_or_else(|p| p.into_inner());
+                if p.register(fd, token, Arc::downgrade(&hs)).is_err() {
+                    return;
+                }
+                p.set_timer(token, Instant::now() + self.ctx().config().mpa_timeout);
+                all.insert(token, hs);
             }
-            *hs = Some(tx);
         }
-        if let Some(tx) = hs.as_ref() {
-            let _ = tx.send((sock, peer, l.clone()));
+    }
+
+    /// A connection waiting for its MPA Request is readable (`timeout`:
+    /// or its time is up).
+    fn on_handshake_ready(&self, token: u64, timeout: bool) {
+        let mut all = self.handshakes.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(hs) = all.get(&token).cloned() else {
+            return;
+        };
+        let mut conn = hs.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let ready = match conn.as_ref() {
+            Some((sock, _)) if !timeout => request_in(sock),
+            _ => None,
+        };
+        if ready == Some(false) {
+            return;
+        }
+        all.remove(&token);
+        drop(all);
+        if let Ok(p) = self.shared.progress() {
+            if let Some((sock, _)) = conn.as_ref() {
+                p.unregister(sock.as_raw_fd(), token);
+            }
+        }
+        let taken = conn.take();
+        drop(conn);
+        if let (Some(true), Some((sock, peer))) = (ready, taken) {
+            let fd = sock.as_raw_fd();
+            if hs
+                .listener
+                .handshake(sock, peer)
+                .is_ok_and(|inc| self.on_request(inc))
+            {
+                first_fpdu_spin(fd);
+            }
         }
     }
 
     /// Handles one RC connection request to a DCT.
-    fn on_request(&self, inc: cm::Incoming) {
+    fn on_request(&self, inc: cm::Incoming) -> bool {
         let Some(req) = parse_request(inc.private_data(), inc.peer_addr().ip()) else {
             let _ = inc.reject(b"softrdma: not a DC connection request");
-            return;
+            return false;
         };
         let dct = req.dct;
         let ctx = self.ctx();
@@ -1298,19 +1334,19 @@ impl DcService {
             let Some(id) = id else {
                 drop(c);
                 let _ = inc.reject(b"softrdma: unknown DC invitation");
-                return;
+                return false;
             };
             let Some(d) = core.dcts.get(&dct) else {
                 core.table.closed(id, Instant::now());
                 drop(c);
                 let _ = inc.reject(b"softrdma: no such DCT");
-                return;
+                return false;
             };
             let Ok(qpn) = self.reserve_qpn(&ib) else {
                 core.table.closed(id, Instant::now());
                 drop(c);
                 let _ = inc.reject(b"softrdma: no QP number");
-                return;
+                return false;
             };
             let qp = ctx.create_qp_with_srq(
                 qpn,
@@ -1344,13 +1380,15 @@ impl DcService {
         let mut c = self.lock();
         let core = &mut *c;
         core.accepting -= 1;
-        if ok && core.dcts.contains_key(&dct) {
+        let ok = ok && core.dcts.contains_key(&dct);
+        if ok {
             core.targets.insert(id, TargetConn { qp, dct });
         } else {
             qp.disconnect();
             core.table.closed(id, now);
         }
         self.pump(core, now);
+        ok
     }
 
     fn add_dct(&self, pd: u32, cq: Arc<Cq>, srq: Arc<Srq>, key: u64) -> Result<u32, DcError> {
@@ -1423,11 +1461,13 @@ impl Drop for DcService {
         if let Ok(p) = self.shared.progress() {
             p.unregister(self.channel.fd(), self.token);
         }
-        // The handshake thread ends when its queue closes.
-        self.handshakes
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let hs = self.handshakes.get_mut().unwrap_or_else(|p| p.into_inner());
+        for (token, h) in hs.drain() {
+            let conn = h.conn.lock().unwrap_or_else(|p| p.into_inner());
+            if let (Ok(p), Some((sock, _))) = (self.shared.progress(), conn.as_ref()) {
+                p.unregister(sock.as_raw_fd(), token);
+            }
+        }
         let ls = self.listeners.get_mut().unwrap_or_else(|p| p.into_inner());
         for l in ls.drain(..) {
             if let Ok(p) = self.shared.progress() {
@@ -1956,9 +1996,85 @@ impl Connector {
     }
 }
 
-/// An accepted connection whose MPA Request is still coming, for the
-/// handshake thread.
-type Handshake = (TcpStream, SocketAddr, Arc<Listener>);
+/// How long the progress thread waits, spinning, for the first FPDU of a
+/// connection it has just accepted.
+const FIRST_FPDU_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
+
+/// After the MPA Reply went out from the progress thread: the initiator's
+/// first work request follows within microseconds on a busy-polling
+/// initiator, so the thread looks at the new connection's socket `fd` for
+/// up to [`FIRST_FPDU_SPIN`] instead of going to sleep and being woken
+/// for it (a thread wake-up costs far more than that on a loaded
+/// machine). It returns as soon as the socket is readable (the progress
+/// loop's next `epoll_wait` then reports it at once) or closed.
+fn first_fpdu_spin(fd: std::os::fd::RawFd) {
+    let until = Instant::now() + FIRST_FPDU_SPIN;
+    loop {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on the stack, timeout 0 (never blocks); a
+        // descriptor closed meanwhile is reported as POLLNVAL.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        if n != 0 || Instant::now() >= until {
+            return;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// Whether the whole MPA Request (a frame of at most
+/// [`MAX_REQUEST`] octets) has arrived on `sock`, without consuming
+/// it; `None`: the connection closed or failed (or the frame is larger).
+fn request_in(sock: &TcpStream) -> Option<bool> {
+    let mut buf = [0u8; MAX_REQUEST];
+    sock.set_nonblocking(true).ok()?;
+    let r = sock.peek(&mut buf);
+    sock.set_nonblocking(false).ok()?;
+    match r {
+        Ok(0) => None,
+        Ok(n) if n >= HEADER_LEN => {
+            let len = mpa_frame_len(&buf[..HEADER_LEN])?;
+            if len > MAX_REQUEST {
+                None
+            } else {
+                Some(len <= n)
+            }
+        }
+        Ok(_) => Some(false),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Some(false),
+        Err(_) => None,
+    }
+}
+
+/// Largest MPA Request frame a DC listener takes (the header, the most
+/// private data MPA allows and its IRD/ORD word).
+const MAX_REQUEST: usize = HEADER_LEN + 512 + 4;
+
+/// An accepted connection whose MPA Request is still coming, watched by
+/// the progress thread.
+struct HandshakeSource {
+    svc: Weak<DcService>,
+    listener: Arc<Listener>,
+    conn: Mutex<Option<(TcpStream, SocketAddr)>>,
+    token: u64,
+}
+
+impl Source for HandshakeSource {
+    fn on_ready(&self, _readable: bool, _writable: bool) {
+        if let Some(s) = self.svc.upgrade() {
+            s.on_handshake_ready(self.token, false);
+        }
+    }
+
+    fn on_timer(&self, _now: Instant) {
+        if let Some(s) = self.svc.upgrade() {
+            s.on_handshake_ready(self.token, true);
+        }
+    }
+}
 
 /// A DC service's TCP listener, accepted by the progress thread.
 struct ListenSource {

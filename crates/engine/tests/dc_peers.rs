@@ -574,3 +574,71 @@ fn invitations_lost_and_duplicated_netns() {
     assert!(dup_invites > 0, "no duplicate invitation was seen");
     eprintln!("retransmits {retx}, duplicate invitations {dup_invites}\n{counters}");
 }
+
+/// Writes a direct DC connection request (DC key in the private data) to
+/// the listener on DCT `dct`'s UDP port number, the MPA frame in two
+/// pieces `gap` apart (the target answers it once it is whole, from its
+/// progress thread); the initiator's view of the outcome.
+fn direct_request(dct: u32, key: u64, conn: u64, gap: Duration) -> softrdma_proto::mpa::Outcome {
+    use softrdma_proto::mpa::{Initiator, MpaConfig};
+    use std::io::{Read, Write};
+    let mut pd = softrdma_engine::dc::PD_MAGIC_DIRECT.to_vec();
+    pd.extend_from_slice(&key.to_be_bytes());
+    pd.extend_from_slice(&dct.to_be_bytes());
+    pd.extend_from_slice(&conn.to_be_bytes());
+    pd.extend_from_slice(&0x0012_3400u32.to_be_bytes());
+    pd.extend_from_slice(&0x1234u16.to_be_bytes());
+    let now = Instant::now();
+    let mut ini = Initiator::new(
+        MpaConfig {
+            private_data: pd,
+            ..MpaConfig::default()
+        },
+        now,
+    )
+    .unwrap();
+    let mut req = Vec::new();
+    while let Some(b) = ini.poll_transmit() {
+        req.extend_from_slice(b);
+        let n = b.len();
+        ini.transmitted(n);
+    }
+    let port = (dct >> 8) as u16;
+    let mut s = std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).unwrap();
+    s.set_nodelay(true).unwrap();
+    s.write_all(&req[..7]).unwrap();
+    thread::sleep(gap);
+    s.write_all(&req[7..]).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut hdr = [0u8; softrdma_wire::mpa::HEADER_LEN];
+    s.read_exact(&mut hdr).unwrap();
+    let len = softrdma_wire::mpa::frame_len(&hdr).unwrap();
+    let mut frame = hdr.to_vec();
+    frame.resize(len, 0);
+    s.read_exact(&mut frame[hdr.len()..]).unwrap();
+    ini.handle_bytes(&frame, Instant::now()).unwrap();
+    ini.poll_outcome().expect("an outcome")
+}
+
+/// A direct connection request that arrives in pieces is answered when
+/// whole; the right key is accepted (one slot), a wrong one refused
+/// without counting as a key rejection (the invitation decides those).
+#[test]
+fn direct_request_split_right_and_wrong_key() {
+    use softrdma_proto::mpa::Outcome;
+    let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let ctx = Context::new().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(64, None);
+    let srq = ctx.create_srq(16);
+    let svc = DcService::of(&ctx, opts(lo, 4, Duration::from_secs(2), true)).unwrap();
+    let dct = Dct::new(&svc, pd, cq, srq, 77).unwrap();
+    let ok = direct_request(dct.number(), 77, 1, Duration::from_millis(30));
+    assert!(matches!(ok, Outcome::Negotiated(_)), "{ok:?}");
+    let bad = direct_request(dct.number(), 78, 2, Duration::from_millis(30));
+    assert!(matches!(bad, Outcome::Rejected { .. }), "{bad:?}");
+    let st = svc.stats().table;
+    assert_eq!((st.direct_accepts, st.direct_refused), (1, 1), "{st:?}");
+    assert_eq!(st.rejected_bad_key, 0);
+    assert_eq!(dct.rejected(), 0);
+}

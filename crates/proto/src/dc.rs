@@ -49,6 +49,25 @@
 //! answers, answers to an earlier attempt) are ignored and counted:
 //! connection ids are never reused.
 //!
+//! # Direct connection attempts
+//!
+//! With [`DcConfig::direct_connect`] (the default), a new connection that
+//! gets a slot also yields [`DcEvent::ConnectDirect`] at once: the engine
+//! opens the RC connection to the DCT's UDP port number presenting the DC
+//! key instead of a cookie, and reports [`DcTable::connected`] or
+//! [`DcTable::direct_failed`]. The first Invite waits
+//! [`DcConfig::direct_grace`] for it (none is sent if the attempt
+//! connects first; it goes at once if the attempt fails). An Accept that
+//! arrives while the attempt runs is kept (same port: wait for the
+//! attempt; another port: [`DcEvent::Connect`] with the cookie); if the
+//! attempt then fails, the invitation starts over (the attempt may have
+//! used the target's reservation up). The target takes a direct request
+//! with [`DcTable::target_direct`]: right key and DCT, and the slot an
+//! Invite of the same (source, connection id) reserved or a free one;
+//! refusals are only counted (`direct_refused`) — the invitation decides
+//! and reports wrong keys and busy tables, so the protocol's outcomes are
+//! those of the invitation alone.
+//!
 //! # Target
 //!
 //! [`DcTable::add_dct`] registers a DCT's number and key. An Invite naming
