@@ -126,6 +126,9 @@ pub(crate) struct QpCore {
     /// After a direct read: read at most this much into `rxbuf` (the next
     /// FPDU's header), so its payload can be placed directly too.
     rx_hint: Option<usize>,
+    /// Reads in a row, under `rx_hint`, that found no FPDU to place
+    /// directly.
+    rx_short: u32,
     /// With CRC: the FPDU length of the stream, so reads take whole FPDUs
     /// (0: not known).
     rx_align: usize,
@@ -174,6 +177,10 @@ const RXBUF: usize = 256 * 1024;
 /// Payload octets left in an FPDU worth a direct read: below this the
 /// copy path's larger read, which also takes what follows, is cheaper.
 const DIRECT_MIN: usize = 2048;
+
+/// Header-sized reads in a row without a direct placement after which the
+/// receive path goes back to reading the whole buffer (small messages).
+const SHORT_RUN_END: u32 = 3;
 
 /// Where received payload went (counters since the QP was created).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -272,6 +279,7 @@ impl Qp {
                 early_rq: RecvQueue::new(caps.max_recv_wr),
                 rxbuf: Vec::new(),
                 rx_hint: None,
+                rx_short: 0,
                 rx_align: 0,
                 rx_stats: RxStats::default(),
                 out_send: Vec::with_capacity(caps.max_send_wr),
@@ -528,6 +536,7 @@ impl QpShared {
             link,
             rxbuf,
             rx_hint,
+            rx_short,
             rx_align,
             rx_stats,
             ..
@@ -538,7 +547,8 @@ impl QpShared {
         }
         let pd = self.pd;
         loop {
-            let direct = link.rc.rx_direct().filter(|d| d.len >= DIRECT_MIN);
+            let offer = link.rc.rx_direct();
+            let direct = offer.filter(|d| d.len >= DIRECT_MIN);
             // The direct read that happened, if any.
             let mut used: Option<DirectRx> = None;
             // Octets offered to the rest of a partial FPDU (CRC).
@@ -561,7 +571,15 @@ impl QpShared {
                     }
                 }
                 None => {
-                    let mut limit = rx_hint.unwrap_or(rxbuf.len()).min(rxbuf.len());
+                    let mut limit = match (*rx_hint, offer) {
+                        // In a run of directly placed FPDUs, a short
+                        // payload (a message's last FPDU) is copied, and
+                        // the read ends at the next payload.
+                        (Some(_), Some(d)) => d.len + d.trailer + d.next_header,
+                        (Some(h), None) => h,
+                        (None, _) => rxbuf.len(),
+                    }
+                    .min(rxbuf.len());
                     // Whole FPDUs per read: none is split, none kept.
                     if let Some(k) = limit.checked_div(*rx_align) {
                         limit = k.max(1) * *rx_align;
@@ -608,6 +626,7 @@ impl QpShared {
                 // Enough to reach the next payload from anywhere in this
                 // FPDU's trailer (a few payload octets more are harmless).
                 *rx_hint = Some(d.trailer + d.next_header);
+                *rx_short = 0;
             }
             let stashed = n.min(stash_need);
             if stashed > 0 {
@@ -645,16 +664,23 @@ impl QpShared {
                         .with_view(pd, |v| rc.handle_bytes(data, v)),
                 }
                 // Keep reading header-sized pieces only while they lead to
-                // direct placement (a short read may have cut the header).
+                // direct placement: the run ends after a few FPDUs in a
+                // row too short to place directly (a short read may have
+                // cut the header: that does not count).
                 if placed == 0
                     && n == offered
+                    && rx_hint.is_some()
                     && link
                         .rc
                         .rx_direct()
                         .filter(|d| d.len >= DIRECT_MIN)
                         .is_none()
                 {
-                    *rx_hint = None;
+                    *rx_short += 1;
+                    if *rx_short >= SHORT_RUN_END {
+                        *rx_hint = None;
+                        *rx_short = 0;
+                    }
                 }
             }
             if n < offered {

@@ -1707,6 +1707,7 @@ impl RcQp {
     /// [`RcQp::handle_bytes`] (`None` if none is kept, or its length is
     /// not known yet), so a receiver can read the rest of it straight into
     /// place; report the octets read with [`RcQp::rx_stash_filled`].
+    #[inline]
     pub fn rx_stash_space(&mut self) -> Option<&mut [u8]> {
         if self.rx_stash_len < fpdu::LEN_FIELD || self.state == RcState::Error {
             return None;
@@ -1723,6 +1724,7 @@ impl RcQp {
     /// The length of the FPDU kept in part (see [`RcQp::rx_stash_space`]),
     /// once known. FPDUs of a bulk transfer are usually of one length, so a
     /// receiver that reads whole multiples of it splits none.
+    #[inline]
     pub fn rx_stash_fpdu_len(&self) -> Option<usize> {
         (self.rx_stash_len >= fpdu::LEN_FIELD).then(|| self.rx_stash_len + self.rx_stash_need())
     }
@@ -2150,7 +2152,17 @@ impl RcQp {
     /// must still check each piece against its memory (the region may have
     /// gone since the header was checked) and fall back to `handle_bytes`
     /// if one fails — which then reports the error as usual.
+    #[inline]
     pub fn rx_direct(&self) -> Option<DirectRx> {
+        // The common refusals first, inline at the caller: this is asked
+        // on every receive poll.
+        if self.cfg.crc || self.rx_seg.is_none() {
+            return None;
+        }
+        self.rx_direct_resolve()
+    }
+
+    fn rx_direct_resolve(&self) -> Option<DirectRx> {
         if self.state == RcState::Error || self.rx_deferred.is_some() {
             return None;
         }
