@@ -88,6 +88,16 @@ fn scale_small_run_reports_every_point() {
             );
         }
         assert!(num(l, "setup_s") > 0.0, "{l}");
+        // Live heap per idle peer (mallinfo2): present on glibc; UD and an
+        // expired RD peer keep no state, so nothing near a peer's worth of
+        // buffers (an RC QP's is ~16 KiB) stays behind per peer at N = 100.
+        let heap = num(l, "per_peer_heap_idle_bytes");
+        if n >= 100.0 && matches!(t.as_str(), "ud" | "rd") {
+            assert!(
+                heap < 1024.0,
+                "{t}: {heap} B of live heap per idle peer: {l}"
+            );
+        }
         let (fds0, fds1, live) = (
             num(l, "fds_before"),
             num(l, "fds_idle"),

@@ -230,6 +230,8 @@ struct Point {
     rss0: u64,
     rss_setup: u64,
     rss_idle: u64,
+    heap0: u64,
+    heap_idle: u64,
     fds0: u64,
     fds_idle: u64,
     live_peers: u64,
@@ -240,6 +242,12 @@ struct Point {
 impl Point {
     fn per_peer_idle(&self, n: usize) -> f64 {
         (self.rss_idle as f64 - self.rss0 as f64) / n as f64
+    }
+
+    /// Live heap per idle peer: what the server's state holds, without
+    /// the free memory the allocator keeps (which RSS includes).
+    fn per_peer_heap_idle(&self, n: usize) -> f64 {
+        (self.heap_idle as f64 - self.heap0 as f64) / n as f64
     }
 
     fn per_peer_setup(&self, n: usize) -> f64 {
@@ -360,6 +368,8 @@ fn point(a: &Args, t: &Transport, n: usize, start: Instant) -> Result<Point, Str
         rss0: ready.get("rss")?,
         rss_setup: setup.get("rss")?,
         rss_idle: res.get("rss")?,
+        heap0: ready.get("heap")?,
+        heap_idle: res.get("heap")?,
         fds0: ready.get("fds")?,
         fds_idle: res.get("fds")?,
         live_peers: res.get("live_peers")?,
@@ -378,7 +388,9 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
         md,
         "# softrdma perf scale\n\nOne server process, N client endpoints on 127.0.0.1, one \
          request/reply each, then idle {} ms (RD idle expiry {} ms). RSS of the server \
-         process (VmRSS, KiB); per-peer = (idle RSS - RSS before any peer) / N. Engine \
+         process (VmRSS, KiB); per-peer = (idle RSS - RSS before any peer) / N; heap/peer \
+         = the same for the heap in use (glibc mallinfo2: live allocations, without the free \
+         memory the allocator keeps mapped, which RSS counts). Engine \
          progress mode SOFTRDMA_PROGRESS={} (in `both`, every CQ poll progresses each QP \
          attached to the CQ: the RC server has all N on one CQ).\n",
         2 * a.idle_ms + 500,
@@ -388,12 +400,12 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
     let _ = writeln!(
         md,
         "| transport | N | setup s | setup µs/peer | RSS before KiB | RSS setup KiB | RSS idle KiB \
-         | B/peer setup | B/peer idle | server fds | live peer state | notes |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|"
+         | B/peer setup | B/peer idle | heap B/peer idle | server fds | live peer state | notes |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     let mut csv = String::from(
         "transport,n,setup_s,rss_before,rss_setup,rss_idle,per_peer_setup_bytes,\
-         per_peer_idle_bytes,fds_before,fds_idle,live_peers,expired,resent,error\n",
+         per_peer_idle_bytes,per_peer_heap_idle_bytes,fds_before,fds_idle,live_peers,expired,resent,error\n",
     );
     let mut jsonl = String::new();
     for r in rows {
@@ -411,7 +423,7 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
                 };
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {:.3} | {:.1} | {} | {} | {} | {:.0} | {:.0} | {} → {} | {state} | {} |",
+                    "| {} | {} | {:.3} | {:.1} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {} → {} | {state} | {} |",
                     t.label,
                     r.n,
                     p.setup_s,
@@ -421,6 +433,7 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
                     kib(p.rss_idle),
                     p.per_peer_setup(r.n),
                     p.per_peer_idle(r.n),
+                    p.per_peer_heap_idle(r.n),
                     p.fds0,
                     p.fds_idle,
                     if p.resent > 0 {
@@ -431,7 +444,7 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
                 );
                 let _ = writeln!(
                     csv,
-                    "{},{},{:.6},{},{},{},{:.1},{:.1},{},{},{},{},{},",
+                    "{},{},{:.6},{},{},{},{:.1},{:.1},{:.1},{},{},{},{},{},",
                     t.kind.key(),
                     r.n,
                     p.setup_s,
@@ -440,6 +453,7 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
                     p.rss_idle,
                     p.per_peer_setup(r.n),
                     p.per_peer_idle(r.n),
+                    p.per_peer_heap_idle(r.n),
                     p.fds0,
                     p.fds_idle,
                     p.live_peers,
@@ -450,7 +464,7 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
                     jsonl,
                     "{{\"test\":\"scale\",\"transport\":\"{}\",\"n\":{},\"setup_s\":{:.6},\
                      \"rss_before\":{},\"rss_setup\":{},\"rss_idle\":{},\
-                     \"per_peer_setup_bytes\":{:.1},\"per_peer_idle_bytes\":{:.1},\
+                     \"per_peer_setup_bytes\":{:.1},\"per_peer_idle_bytes\":{:.1},\"per_peer_heap_idle_bytes\":{:.1},\
                      \"fds_before\":{},\"fds_idle\":{},\"live_peers\":{},\"expired\":{},\"resent\":{}}}",
                     t.kind.key(),
                     r.n,
@@ -460,6 +474,7 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
                     p.rss_idle,
                     p.per_peer_setup(r.n),
                     p.per_peer_idle(r.n),
+                    p.per_peer_heap_idle(r.n),
                     p.fds0,
                     p.fds_idle,
                     p.live_peers,
@@ -470,14 +485,14 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
             Err(e) => {
                 let _ = writeln!(
                     md,
-                    "| {} | {} | - | - | - | - | - | - | - | - | - | FAILED: {} |",
+                    "| {} | {} | - | - | - | - | - | - | - | - | - | - | FAILED: {} |",
                     t.label,
                     r.n,
                     e.replace('|', "/")
                 );
                 let _ = writeln!(
                     csv,
-                    "{},{},,,,,,,,,,,,{}",
+                    "{},{},,,,,,,,,,,,,{}",
                     t.kind.key(),
                     r.n,
                     e.replace([',', '\n'], ";")

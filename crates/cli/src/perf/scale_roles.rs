@@ -334,7 +334,8 @@ fn server(kv: &Kv) -> Result<(), String> {
     let rss0 = rss();
     let fds0 = open_fds();
     say(&format!(
-        "ready port={port} qpn={qpn} rss={rss0} fds={fds0} fd_limit={}",
+        "ready port={port} qpn={qpn} rss={rss0} heap={} fds={fds0} fd_limit={}",
+        heap(),
         fd_limit().unwrap_or(0)
     ));
     let give_up = Instant::now() + Duration::from_secs(900);
@@ -374,7 +375,12 @@ fn server(kv: &Kv) -> Result<(), String> {
         if k == 0 {
             if count == n {
                 if !setup_said {
-                    say(&format!("setup rss={} fds={}", rss(), open_fds()));
+                    say(&format!(
+                        "setup rss={} heap={} fds={}",
+                        rss(),
+                        heap(),
+                        open_fds()
+                    ));
                     setup_said = true;
                 }
                 if last_seen.elapsed() >= settle {
@@ -500,8 +506,9 @@ fn server(kv: &Kv) -> Result<(), String> {
         }
     };
     say(&format!(
-        "result rss={} fds={} live_peers={live} expired={expired} errors={errors}",
+        "result rss={} heap={} fds={} live_peers={live} expired={expired} errors={errors}",
         rss(),
+        heap(),
         open_fds()
     ));
     while !stopped(&cmds) {
@@ -691,4 +698,9 @@ fn client(kv: &Kv) -> Result<(), String> {
     }
     drop(eps);
     Ok(())
+}
+
+/// Heap in use by the server (octets; 0 where the allocator cannot say).
+fn heap() -> u64 {
+    softrdma_engine::heap_in_use().unwrap_or(0)
 }
