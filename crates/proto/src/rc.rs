@@ -463,6 +463,8 @@ const TX_BATCH_BYTES: usize = 1 << 20;
 const IOV_CAP: usize = TX_BATCH * (MAX_SGE + 2);
 /// IoSlices one FPDU may need.
 const IOV_ONE: usize = MAX_SGE + 2;
+/// IoSlices a batch of FPDUs with at most one span each needs.
+const IOV_MID: usize = TX_BATCH * 3;
 
 /// One piece of memory a directly placed payload goes to (see
 /// [`RcQp::rx_direct`]).
@@ -988,10 +990,14 @@ impl RcQp {
             if self.pending.is_empty() {
                 return Ok(total);
             }
-            // One FPDU (the latency case): a small vector, not the batch's
-            // (whose initialisation would cost more than the FPDU).
+            // The smallest io-vector array that holds the batch: one FPDU
+            // (the latency case), FPDUs of one span each (bulk data), or
+            // the worst case. Its initialisation is paid on every attempt,
+            // also the ones a full socket refuses.
             let r = if self.pending.len() == 1 {
                 write_pending::<M, W, IOV_ONE>(&self.pending, &self.marker_buf, mem, out)
+            } else if self.pending.iter().all(|p| p.nspans <= 1) {
+                write_pending::<M, W, IOV_MID>(&self.pending, &self.marker_buf, mem, out)
             } else {
                 write_pending::<M, W, IOV_CAP>(&self.pending, &self.marker_buf, mem, out)
             };
