@@ -358,6 +358,9 @@ pub struct DcService {
     /// Accepted connections whose MPA Request is still coming, watched by
     /// the progress thread (by token).
     handshakes: Mutex<LocalMap<u64, Arc<HandshakeSource>>>,
+    /// The thread that reads Requests arriving in pieces (started on
+    /// first use; ends when this queue closes).
+    slow: Mutex<Option<std::sync::mpsc::Sender<SlowHandshake>>>,
     /// The threads that open initiator connections.
     connector: Arc<Connector>,
     core: Mutex<Core>,
@@ -460,6 +463,7 @@ impl DcService {
             epoch: Instant::now(),
             listeners: Mutex::new(Vec::new()),
             handshakes: Mutex::new(LocalMap::default()),
+            slow: Mutex::new(None),
             spare_qpn: Mutex::new(ctx.ib_conn().reserve().ok()),
             connector: Arc::new(Connector::default()),
             core: Mutex::new(Core {
@@ -1192,12 +1196,22 @@ impl DcService {
     // Target
     // ------------------------------------------------------------------
 
+    /// The first listener's port (the one Accepts name by default).
+    fn main_port(&self) -> Option<u16> {
+        self.listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .first()
+            .map(|l| l.port)
+    }
+
     /// A TCP listener on port `port` (the UDP port of a DCT's socket:
     /// the port direct connection requests go to), watched by the
     /// progress thread; the first listener's port is the one Accepts name
     /// by default. If `port` is taken, the first listener binds any port
     /// (direct requests to that DCT then fail and its invitations
-    /// decide). True if a listener of ours is on `port`.
+    /// decide). True if a listener of ours is on `port` (0: the first
+    /// one, on any port).
     fn listener(&self, port: u16) -> Result<bool, DcError> {
         let mut ls = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
         if ls.iter().any(|l| l.port == port) {
@@ -1238,7 +1252,7 @@ impl DcService {
     /// MPA timeout). No thread hand-off either way.
     fn on_incoming(&self, sock: TcpStream, peer: SocketAddr, l: &Arc<Listener>) {
         match request_in(&sock) {
-            Some(true) => {
+            ReqState::Whole => {
                 let fd = sock.as_raw_fd();
                 if l.handshake(sock, peer)
                     .is_ok_and(|inc| self.on_request(inc))
@@ -1247,8 +1261,9 @@ impl DcService {
                 }
             }
             // Closed or failed: dropped.
-            None => {}
-            Some(false) => {
+            ReqState::Gone => {}
+            ReqState::Part => self.slow_handshake(sock, peer, l),
+            ReqState::Nothing => {
                 let Ok(p) = self.shared.progress() else {
                     return;
                 };
@@ -1280,9 +1295,9 @@ impl DcService {
         let mut conn = hs.conn.lock().unwrap_or_else(|p| p.into_inner());
         let ready = match conn.as_ref() {
             Some((sock, _)) if !timeout => request_in(sock),
-            _ => None,
+            _ => ReqState::Gone,
         };
-        if ready == Some(false) {
+        if ready == ReqState::Nothing {
             return;
         }
         all.remove(&token);
@@ -1294,15 +1309,50 @@ impl DcService {
         }
         let taken = conn.take();
         drop(conn);
-        if let (Some(true), Some((sock, peer))) = (ready, taken) {
-            let fd = sock.as_raw_fd();
-            if hs
-                .listener
-                .handshake(sock, peer)
-                .is_ok_and(|inc| self.on_request(inc))
-            {
-                first_fpdu_spin(fd);
+        match (ready, taken) {
+            (ReqState::Whole, Some((sock, peer))) => {
+                let fd = sock.as_raw_fd();
+                if hs
+                    .listener
+                    .handshake(sock, peer)
+                    .is_ok_and(|inc| self.on_request(inc))
+                {
+                    first_fpdu_spin(fd);
+                }
             }
+            (ReqState::Part, Some((sock, peer))) => self.slow_handshake(sock, peer, &hs.listener),
+            _ => {}
+        }
+    }
+
+    /// A Request that arrives in pieces (a readable socket the progress
+    /// thread cannot wait on without spinning): the slow-handshake thread
+    /// (started on first use) reads it with the blocking MPA exchange,
+    /// bounded by the MPA timeout. Not the path of a softrdma initiator,
+    /// which writes its Request in one piece.
+    fn slow_handshake(&self, sock: TcpStream, peer: SocketAddr, l: &Arc<Listener>) {
+        let mut slow = self.slow.lock().unwrap_or_else(|p| p.into_inner());
+        if slow.is_none() {
+            let (tx, rx) = std::sync::mpsc::channel::<SlowHandshake>();
+            let me = self.this.clone();
+            let spawned = std::thread::Builder::new()
+                .name("softrdma-dc-mpa".into())
+                .spawn(move || {
+                    for (sock, peer, l) in rx {
+                        let Some(svc) = me.upgrade() else { return };
+                        if let Ok(inc) = l.handshake(sock, peer) {
+                            svc.on_request(inc);
+                        }
+                    }
+                });
+            if spawned.is_err() {
+                // Dropped: the initiator sees the connection close.
+                return;
+            }
+            *slow = Some(tx);
+        }
+        if let Some(tx) = slow.as_ref() {
+            let _ = tx.send((sock, peer, l.clone()));
         }
     }
 
@@ -1393,19 +1443,33 @@ impl DcService {
 
     fn add_dct(&self, pd: u32, cq: Arc<Cq>, srq: Arc<Srq>, key: u64) -> Result<u32, DcError> {
         let ctx = self.ctx();
-        let ud = ctx.create_ud_qp(
-            self.ctl_pd,
-            QpCaps {
-                max_send_wr: 256,
-                max_recv_wr: DCT_RECVS,
-            },
-            self.ctl_cq.clone(),
-            self.ctl_cq.clone(),
-            UdOptions {
-                bind: SocketAddr::new(self.opts.bind_ip, 0),
-                ..UdOptions::default()
-            },
-        )?;
+        // The TCP listener first, then the DCT's UDP socket on the same
+        // port number (the number direct requests go to): a pair free in
+        // both port spaces. If that UDP port cannot be had (taken, or its
+        // socket's slots are full), any port, and a listener is tried on
+        // that number below.
+        if self.main_port().is_none() {
+            self.listener(0)?;
+        }
+        let ud_on = |port: u16| {
+            ctx.create_ud_qp(
+                self.ctl_pd,
+                QpCaps {
+                    max_send_wr: 256,
+                    max_recv_wr: DCT_RECVS,
+                },
+                self.ctl_cq.clone(),
+                self.ctl_cq.clone(),
+                UdOptions {
+                    bind: SocketAddr::new(self.opts.bind_ip, port),
+                    ..UdOptions::default()
+                },
+            )
+        };
+        let ud = match self.main_port().map(ud_on) {
+            Some(Ok(ud)) => ud,
+            _ => ud_on(0)?,
+        };
         let buf = RecvBuf::new(&self.shared, self.ctl_pd, DCT_RECVS)?;
         for i in 0..DCT_RECVS {
             ud.post_recv(buf.wr(i)).map_err(|_| DcError::Register)?;
@@ -1694,18 +1758,21 @@ impl Opening {
             park: Parking::default(),
             source,
         });
+        let mut op = op;
+        // A loopback connect is usually made by now: the Request goes out
+        // at once (the Reply is read by later steps), and the progress
+        // thread need not be woken for writability.
+        if !op.flush() {
+            return Err(io::Error::other("DC connection request failed"));
+        }
         let p = svc.shared.progress()?;
         let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
         let fd = op.sock.as_ref().map(|s| s.as_raw_fd()).expect("socket");
         op.park.register(p, fd, token, Arc::downgrade(&op.source))?;
-        op.park.watch_write(p, true)?;
-        p.set_timer(token, op.deadline);
-        let mut op = op;
-        // A loopback connect is usually made by now: the Request goes out
-        // at once (the Reply is read by later steps).
-        if !op.flush() {
-            return Err(io::Error::other("DC connection request failed"));
+        if !op.out.is_empty() {
+            op.park.watch_write(p, true)?;
         }
+        p.set_timer(token, op.deadline);
         Ok(op)
     }
 
@@ -2025,27 +2092,44 @@ fn first_fpdu_spin(fd: std::os::fd::RawFd) {
     }
 }
 
-/// Whether the whole MPA Request (a frame of at most
-/// [`MAX_REQUEST`] octets) has arrived on `sock`, without consuming
-/// it; `None`: the connection closed or failed (or the frame is larger).
-fn request_in(sock: &TcpStream) -> Option<bool> {
+/// An accepted connection whose Request arrives in pieces, for the
+/// slow-handshake thread.
+type SlowHandshake = (TcpStream, SocketAddr, Arc<Listener>);
+
+/// How much of an MPA Request has arrived on an accepted connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReqState {
+    /// All of it.
+    Whole,
+    /// Nothing yet.
+    Nothing,
+    /// A part (the socket stays readable: not for the progress thread).
+    Part,
+    /// Closed, failed, or a frame larger than [`MAX_REQUEST`].
+    Gone,
+}
+
+/// Looks (without consuming) at what has arrived of the MPA Request on
+/// `sock`.
+fn request_in(sock: &TcpStream) -> ReqState {
     let mut buf = [0u8; MAX_REQUEST];
-    sock.set_nonblocking(true).ok()?;
+    if sock.set_nonblocking(true).is_err() {
+        return ReqState::Gone;
+    }
     let r = sock.peek(&mut buf);
-    sock.set_nonblocking(false).ok()?;
+    if sock.set_nonblocking(false).is_err() {
+        return ReqState::Gone;
+    }
     match r {
-        Ok(0) => None,
-        Ok(n) if n >= HEADER_LEN => {
-            let len = mpa_frame_len(&buf[..HEADER_LEN])?;
-            if len > MAX_REQUEST {
-                None
-            } else {
-                Some(len <= n)
-            }
-        }
-        Ok(_) => Some(false),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Some(false),
-        Err(_) => None,
+        Ok(0) => ReqState::Gone,
+        Ok(n) if n >= HEADER_LEN => match mpa_frame_len(&buf[..HEADER_LEN]) {
+            Some(len) if len <= n => ReqState::Whole,
+            Some(len) if len <= MAX_REQUEST => ReqState::Part,
+            _ => ReqState::Gone,
+        },
+        Ok(_) => ReqState::Part,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => ReqState::Nothing,
+        Err(_) => ReqState::Gone,
     }
 }
 

@@ -577,9 +577,16 @@ fn invitations_lost_and_duplicated_netns() {
 
 /// Writes a direct DC connection request (DC key in the private data) to
 /// the listener on DCT `dct`'s UDP port number, the MPA frame in two
-/// pieces `gap` apart (the target answers it once it is whole, from its
-/// progress thread); the initiator's view of the outcome.
-fn direct_request(dct: u32, key: u64, conn: u64, gap: Duration) -> softrdma_proto::mpa::Outcome {
+/// pieces `gap` apart, the first `split` octets long (0: the connection
+/// stays silent first); the target answers once the Request is whole.
+/// The initiator's view of the outcome.
+fn direct_request(
+    dct: u32,
+    key: u64,
+    conn: u64,
+    split: usize,
+    gap: Duration,
+) -> softrdma_proto::mpa::Outcome {
     use softrdma_proto::mpa::{Initiator, MpaConfig};
     use std::io::{Read, Write};
     let mut pd = softrdma_engine::dc::PD_MAGIC_DIRECT.to_vec();
@@ -606,9 +613,9 @@ fn direct_request(dct: u32, key: u64, conn: u64, gap: Duration) -> softrdma_prot
     let port = (dct >> 8) as u16;
     let mut s = std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).unwrap();
     s.set_nodelay(true).unwrap();
-    s.write_all(&req[..7]).unwrap();
+    s.write_all(&req[..split]).unwrap();
     thread::sleep(gap);
-    s.write_all(&req[7..]).unwrap();
+    s.write_all(&req[split..]).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut hdr = [0u8; softrdma_wire::mpa::HEADER_LEN];
     s.read_exact(&mut hdr).unwrap();
@@ -620,9 +627,11 @@ fn direct_request(dct: u32, key: u64, conn: u64, gap: Duration) -> softrdma_prot
     ini.poll_outcome().expect("an outcome")
 }
 
-/// A direct connection request that arrives in pieces is answered when
-/// whole; the right key is accepted (one slot), a wrong one refused
-/// without counting as a key rejection (the invitation decides those).
+/// A direct connection request that arrives late (the progress thread
+/// waits for the socket) or in pieces (the slow-handshake thread) is
+/// answered when whole; the right key is accepted (one slot each), a
+/// wrong one refused without counting as a key rejection (the invitation
+/// decides those).
 #[test]
 fn direct_request_split_right_and_wrong_key() {
     use softrdma_proto::mpa::Outcome;
@@ -633,12 +642,15 @@ fn direct_request_split_right_and_wrong_key() {
     let srq = ctx.create_srq(16);
     let svc = DcService::of(&ctx, opts(lo, 4, Duration::from_secs(2), true)).unwrap();
     let dct = Dct::new(&svc, pd, cq, srq, 77).unwrap();
-    let ok = direct_request(dct.number(), 77, 1, Duration::from_millis(30));
-    assert!(matches!(ok, Outcome::Negotiated(_)), "{ok:?}");
-    let bad = direct_request(dct.number(), 78, 2, Duration::from_millis(30));
+    let gap = Duration::from_millis(30);
+    let late = direct_request(dct.number(), 77, 1, 0, gap);
+    assert!(matches!(late, Outcome::Negotiated(_)), "{late:?}");
+    let pieces = direct_request(dct.number(), 77, 2, 7, gap);
+    assert!(matches!(pieces, Outcome::Negotiated(_)), "{pieces:?}");
+    let bad = direct_request(dct.number(), 78, 3, 0, gap);
     assert!(matches!(bad, Outcome::Rejected { .. }), "{bad:?}");
     let st = svc.stats().table;
-    assert_eq!((st.direct_accepts, st.direct_refused), (1, 1), "{st:?}");
+    assert_eq!((st.direct_accepts, st.direct_refused), (2, 1), "{st:?}");
     assert_eq!(st.rejected_bad_key, 0);
     assert_eq!(dct.rejected(), 0);
 }

@@ -52,7 +52,9 @@
 //! # Direct connection attempts
 //!
 //! With [`DcConfig::direct_connect`] (the default), a new connection that
-//! gets a slot also yields [`DcEvent::ConnectDirect`] at once: the engine
+//! gets a slot without evicting one (under eviction churn the target's
+//! table is usually still full) also yields [`DcEvent::ConnectDirect`] at
+//! once: the engine
 //! opens the RC connection to the DCT's UDP port number presenting the DC
 //! key instead of a cookie, and reports [`DcTable::connected`] or
 //! [`DcTable::direct_failed`]. The first Invite waits
@@ -682,13 +684,17 @@ impl DcTable {
         Some(e)
     }
 
-    fn start_invite(&mut self, id: ConnId, now: Instant) {
+    /// `direct_ok`: a direct attempt may go along (not when this table had
+    /// to evict for the slot: under such churn the target's table is
+    /// usually full too, until it sees the close, and a refused attempt
+    /// only adds a TCP exchange before the invitation).
+    fn start_invite(&mut self, id: ConnId, now: Instant, direct_ok: bool) {
         let (rto, deadline) = (self.cfg.rto_initial, now + self.cfg.invite_timeout);
         let Some(e) = self.entries.get_mut(&id) else {
             return;
         };
         let target = e.target;
-        let direct = self.cfg.direct_connect && target.addr.port != 0;
+        let direct = direct_ok && self.cfg.direct_connect && target.addr.port != 0;
         e.state = State::Inviting {
             sent: !direct,
             next_tx: now + if direct { self.cfg.direct_grace } else { rto },
@@ -731,12 +737,13 @@ impl DcTable {
     /// idle ones while some wait.
     fn admit_waiting(&mut self, now: Instant) {
         while let Some(&id) = self.waiting.front() {
-            if self.live >= self.cfg.capacity && !self.evict_one() {
+            let full = self.live >= self.cfg.capacity;
+            if full && !self.evict_one() {
                 return;
             }
             self.waiting.pop_front();
             self.take_slot();
-            self.start_invite(id, now);
+            self.start_invite(id, now, !full);
         }
     }
 
@@ -1509,5 +1516,41 @@ mod tests {
         ini.connected(id3, t1);
         assert!(ini.is_live(id3));
         assert_eq!(tgt.stats().direct_accepts, 2);
+    }
+
+    /// A connection that needs an eviction for its slot makes no direct
+    /// attempt: its Invite goes at once.
+    #[test]
+    fn no_direct_attempt_after_eviction() {
+        let t0 = Instant::now();
+        let mut ini = DcTable::new(DcConfig {
+            capacity: 1,
+            ..DcConfig::default()
+        });
+        let first = DcTarget {
+            addr: addr(0x100),
+            key: 1,
+            local: 0,
+        };
+        let (a, _) = ini.post(t0, first);
+        assert!(matches!(
+            ini.poll_event(),
+            Some(DcEvent::ConnectDirect { .. })
+        ));
+        ini.connected(a, t0);
+        ini.completed(a, t0);
+        let second = DcTarget {
+            addr: addr(0x200),
+            key: 1,
+            local: 0,
+        };
+        let (b, _) = ini.post(t0, second);
+        assert_eq!(ini.poll_event(), Some(DcEvent::Teardown { id: a }));
+        assert!(
+            ini.poll_event().is_none(),
+            "a direct attempt after eviction"
+        );
+        let tx = ini.poll_transmit().expect("Invite at once");
+        assert_eq!((tx.msg.kind, tx.msg.conn), (MsgKind::Invite, b.0));
     }
 }
