@@ -789,7 +789,10 @@ impl DgramSocket {
 
     /// Reads and delivers what the socket holds: from the progress thread
     /// (`wait`: take the receive lock) or inline (skip if someone has it).
-    fn drain(&self, wait: bool) {
+    /// `poller`: the QP whose inline progress this is (only its receives
+    /// may leave their answers to its next poll, see
+    /// [`DgramQpShared::receive`]; the socket's other QPs answer at once).
+    fn drain(&self, wait: bool, poller: Option<&DgramQpShared>) {
         let mut rx = match self.rx.try_lock() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
@@ -823,7 +826,7 @@ impl DgramSocket {
             if mcast {
                 self.dispatch_mcast(&mut rx, units, now);
             } else {
-                self.dispatch(&rx.ring, units, now, !wait);
+                self.dispatch(&rx.ring, units, now, poller);
             }
             if n < RX_BATCH {
                 break;
@@ -832,7 +835,8 @@ impl DgramSocket {
     }
 
     /// Hands datagrams `0..n` to their QPs, runs for the same QP at once.
-    fn dispatch(&self, ring: &RxRing, n: usize, now: Instant, inline: bool) {
+    /// `poller`: as for [`DgramSocket::drain`].
+    fn dispatch(&self, ring: &RxRing, n: usize, now: Instant, poller: Option<&DgramQpShared>) {
         let mut i = 0;
         while i < n {
             let (data, m) = ring.get(i);
@@ -852,7 +856,13 @@ impl DgramSocket {
                 j += 1;
             }
             match self.slot_qp(slot) {
-                Some(qp) => qp.receive(ring, i..j, now, inline),
+                Some(qp) => {
+                    // Deferring is for the QP whose poller comes back to
+                    // it: another QP of this socket may be polled by no
+                    // one (inline progress runs once per socket).
+                    let inline = poller.is_some_and(|p| std::ptr::eq(p, &*qp));
+                    qp.receive(ring, i..j, now, inline)
+                }
                 None => bump(&self.stats.rx_no_qp, (j - i) as u64),
             }
             i = j;
@@ -957,7 +967,7 @@ impl Source for DgramSocket {
             self.on_writable();
         }
         if hangup || (readable && !self.park_if_spinning()) {
-            self.drain(true);
+            self.drain(true, None);
         }
     }
 
@@ -1083,10 +1093,11 @@ impl DgramQpShared {
         self.core.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Datagrams `range` of `ring`, all for this QP.
-    /// Hands datagrams `range` of `ring` to the engine.
+    /// Hands datagrams `range` of `ring`, all for this QP, to the engine.
     ///
-    /// `inline` (a busy poller is receiving, [`crate::Cq::poll`]): what
+    /// `inline` (this QP's own busy poller is receiving,
+    /// [`crate::Cq::poll`] through its `progress_inline`; not another QP
+    /// of the socket, whose receives answer at once): what
     /// the engine wants to send in answer (an RD ACK a P flag asked for, a
     /// Read or Atomic Response, a Terminate) is not sent now but on the
     /// poller's next inline poll, or by the next `post_send`. A ping-pong
@@ -1329,11 +1340,11 @@ impl InlineProgress for DgramQpShared {
             self.arm(&mut c);
             self.flush(c);
         }
-        self.socket.drain(false);
+        self.socket.drain(false, Some(self));
         if self.in_groups.load(Ordering::Relaxed) {
             if let Some(m) = self.shared.dgram.mcast_if_open() {
                 m.park.busy.polled();
-                m.drain(false);
+                m.drain(false, None);
             }
         }
         // Due timers (an RD retransmission, delayed ACK, probe) run here
@@ -1784,5 +1795,163 @@ mod tests {
         rd[1..4].copy_from_slice(&[0x65, 0x43, 0x21]);
         assert_eq!(dest_qpn(&rd), Some(0x65_4321));
         assert_eq!(dest_qpn(&rd[..10]), None);
+    }
+}
+
+/// The deferred answers of busy-polled RD QPs (`DgramQpShared::receive`).
+#[cfg(test)]
+mod deferred_tests {
+    use super::*;
+    use crate::config::{Config, ProgressMode};
+    use softrdma_proto::memory::Access;
+    use softrdma_proto::wr::{Payload, SendFlags, SendOp, SgList, WcOpcode, WcStatus};
+
+    /// Registered heap memory that outlives the contexts using it.
+    struct Buf {
+        mem: Vec<u8>,
+        stag: u32,
+    }
+
+    impl Buf {
+        fn new(ctx: &Context, pd: u32, len: usize) -> Buf {
+            let mut mem = vec![0u8; len];
+            let access = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0);
+            // SAFETY: the Vec's heap block does not move, and each test
+            // keeps the Buf alive until its contexts are dropped.
+            let stag = unsafe {
+                ctx.registry()
+                    .register(mem.as_mut_ptr(), len, mem.as_ptr() as u64, access, pd)
+            }
+            .unwrap();
+            Buf { mem, stag }
+        }
+        fn sgl(&self, off: usize, len: u32) -> SgList {
+            SgList::single(self.mem.as_ptr() as u64 + off as u64, len, self.stag)
+        }
+    }
+
+    fn ctx() -> Context {
+        Context::with_config(Config {
+            progress: ProgressMode::Both,
+            ..Config::default()
+        })
+        .unwrap()
+    }
+
+    fn rd_qp(ctx: &Context, pd: u32, cq: &Arc<Cq>) -> DgramQpHandle {
+        ctx.create_rd_qp(
+            pd,
+            QpCaps::default(),
+            cq.clone(),
+            cq.clone(),
+            RdOptions {
+                bind: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+                ..RdOptions::default()
+            },
+        )
+        .unwrap()
+    }
+
+    fn send(wr_id: u64, sgl: SgList) -> SendWr {
+        SendWr {
+            wr_id,
+            op: SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+            payload: Payload::Sgl(sgl),
+            flags: SendFlags {
+                signaled: true,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Polls `cq` until a receive completes; reposts it on `qp`.
+    fn wait_recv(cq: &Cq, qp: &DgramQpHandle, buf: &Buf) {
+        let mut out = [Completion {
+            wc: WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0),
+            qp_num: 0,
+        }; 8];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let n = cq.poll(&mut out);
+            let mut got = false;
+            for c in &out[..n] {
+                assert_eq!(c.wc.status, WcStatus::Success, "{:?}", c.wc);
+                if c.wc.opcode == WcOpcode::Recv {
+                    qp.post_recv(RecvWr {
+                        wr_id: c.wc.wr_id,
+                        sgl: buf.sgl(1024 + 64 * c.wc.wr_id as usize, 64),
+                    })
+                    .unwrap();
+                    got = true;
+                }
+            }
+            if got {
+                return;
+            }
+            assert!(Instant::now() < deadline, "no receive");
+        }
+    }
+
+    /// Two RD QPs of one context share its socket and CQ; a busy poll of
+    /// the CQ drains the socket through the first QP only (one inline
+    /// progress per socket). The second QP's receives made there must
+    /// be answered at once: nobody polls that QP, so a deferred ACK or
+    /// Read Response would wait for the fallback timer (rounded up to the
+    /// progress thread's millisecond), close to the peer's 2 ms RTO.
+    #[test]
+    fn receive_for_another_qp_of_the_socket_is_not_deferred() {
+        const ROUNDS: u64 = 100;
+        let x = ctx();
+        let xpd = x.alloc_pd();
+        let xcq = x.create_cq(1024, None);
+        let qa = rd_qp(&x, xpd, &xcq);
+        let qb = rd_qp(&x, xpd, &xcq);
+        assert_eq!(
+            qa.local_addr().port,
+            qb.local_addr().port,
+            "the QPs share one socket"
+        );
+        let y = ctx();
+        let ypd = y.alloc_pd();
+        let ycq = y.create_cq(1024, None);
+        let p = rd_qp(&y, ypd, &ycq);
+        let (xbuf, ybuf) = (Buf::new(&x, xpd, 4096), Buf::new(&y, ypd, 4096));
+        for k in 0..8 {
+            qb.post_recv(RecvWr {
+                wr_id: k,
+                sgl: xbuf.sgl(1024 + 64 * k as usize, 64),
+            })
+            .unwrap();
+            p.post_recv(RecvWr {
+                wr_id: k,
+                sgl: ybuf.sgl(1024 + 64 * k as usize, 64),
+            })
+            .unwrap();
+        }
+        let mut deferred = 0;
+        for i in 0..ROUNDS {
+            p.post_send(send(i, ybuf.sgl(0, 64)), qb.local_addr())
+                .unwrap();
+            wait_recv(&xcq, &qb, &xbuf);
+            // What the receive made QB owe (the ACK P asked for) is not
+            // left to a poll of QB that will not come.
+            if qb.inner.tx_deferred.load(Ordering::Relaxed) {
+                deferred += 1;
+            }
+            qb.post_send(send(i, xbuf.sgl(0, 64)), p.local_addr())
+                .unwrap();
+            wait_recv(&ycq, &p, &ybuf);
+        }
+        assert_eq!(
+            deferred, 0,
+            "{deferred} of {ROUNDS} receives of QB left its answer to a poll of QB"
+        );
+        // QA, which did the polling, received nothing and owes nothing.
+        assert!(!qa.inner.tx_deferred.load(Ordering::Relaxed));
+        drop((qa, qb, p));
+        drop((x, y));
     }
 }
