@@ -186,8 +186,10 @@ const RX_ROUNDS_THREAD: usize = 8;
 /// `recvmmsg` calls per inline poll.
 const RX_ROUNDS_INLINE: usize = 2;
 /// When the transmit a busy poller's receive deferred goes out through
-/// the timer if no poll or post came first (`DgramQpShared::receive`).
-/// A quarter of RD's smallest RTO (2 ms).
+/// the timer if no poll, post or CQ arming came first
+/// (`DgramQpShared::receive`). A quarter of RD's smallest RTO (2 ms); the
+/// progress thread sleeps in whole milliseconds (rounded up), so in
+/// effect it fires after about 1 ms, still half the RTO.
 const DEFERRED_TX_FALLBACK: Duration = Duration::from_micros(500);
 /// Progress-thread tokens of datagram sockets and QPs: above every RC QP's
 /// token (a u32 QPN).
@@ -1104,7 +1106,9 @@ impl DgramQpShared {
     /// application answers in between, and its answer carries the ACK:
     /// one datagram per message instead of a data datagram and an ACK
     /// datagram (RD 64 B `send_lat`: two `sendmsg` per message before).
-    /// If nobody polls again, the timer armed here sends it.
+    /// Arming a CQ of the QP (`req_notify`: the poller may block next)
+    /// sends it at once; if nobody polls, posts or arms, the timer armed
+    /// here does.
     fn receive(&self, ring: &RxRing, range: Range<usize>, now: Instant, inline: bool) {
         let mut c = self.lock();
         let qp = &mut c.qp;
@@ -1325,11 +1329,9 @@ impl DgramQpShared {
     }
 }
 
-impl InlineProgress for DgramQpShared {
-    fn progress_inline(&self) {
-        self.socket.park.busy.polled();
-        // What the previous inline receive left to send (see
-        // `DgramQpShared::receive`), before reading more.
+impl DgramQpShared {
+    /// Sends what a receive by this QP's poller deferred, if anything.
+    fn send_deferred(&self) {
         if self.tx_deferred.load(Ordering::Relaxed) {
             let mut c = self.lock();
             if c.qp.wants_transmit() {
@@ -1340,6 +1342,15 @@ impl InlineProgress for DgramQpShared {
             self.arm(&mut c);
             self.flush(c);
         }
+    }
+}
+
+impl InlineProgress for DgramQpShared {
+    fn progress_inline(&self) {
+        self.socket.park.busy.polled();
+        // What the previous inline receive left to send (see
+        // `DgramQpShared::receive`), before reading more.
+        self.send_deferred();
         self.socket.drain(false, Some(self));
         if self.in_groups.load(Ordering::Relaxed) {
             if let Some(m) = self.shared.dgram.mcast_if_open() {
@@ -1370,8 +1381,10 @@ impl InlineProgress for DgramQpShared {
     }
 
     fn notify_armed(&self) {
-        // Whoever polls may block now: the progress thread runs the
-        // timers again from its next tick on.
+        // Whoever polls may block now: what its last inline receive left
+        // to send goes now, not when the fallback timer fires; the
+        // progress thread runs the timers again from its next tick on.
+        self.send_deferred();
         self.inline_ns.store(0, Ordering::Relaxed);
         self.socket.notify_armed();
         if self.in_groups.load(Ordering::Relaxed) {
@@ -1952,6 +1965,59 @@ mod deferred_tests {
         // QA, which did the polling, received nothing and owes nothing.
         assert!(!qa.inner.tx_deferred.load(Ordering::Relaxed));
         drop((qa, qb, p));
+        drop((x, y));
+    }
+
+    /// A poller that arms its CQ (`req_notify`, about to block) sends
+    /// what its last inline receive deferred at once, instead of leaving
+    /// the ACK to the fallback timer.
+    #[test]
+    fn arming_the_cq_sends_what_was_deferred() {
+        let x = ctx();
+        let xpd = x.alloc_pd();
+        let xcq = x.create_cq(1024, None);
+        let qa = rd_qp(&x, xpd, &xcq);
+        let y = ctx();
+        let ypd = y.alloc_pd();
+        let ycq = y.create_cq(1024, None);
+        let p = rd_qp(&y, ypd, &ycq);
+        let (xbuf, ybuf) = (Buf::new(&x, xpd, 4096), Buf::new(&y, ypd, 4096));
+        for k in 0..8 {
+            qa.post_recv(RecvWr {
+                wr_id: k,
+                sgl: xbuf.sgl(1024 + 64 * k as usize, 64),
+            })
+            .unwrap();
+        }
+        let control = |q: &DgramQpHandle| match q.stats().proto {
+            ProtoStats::Rd(s) => s.rd.control_sent,
+            other => panic!("not an RD QP: {other:?}"),
+        };
+        // A receive the progress thread made is answered at once; try
+        // until the poller made one (most of them, in practice).
+        let mut checked = 0;
+        for i in 0..200 {
+            p.post_send(send(i, ybuf.sgl(0, 64)), qa.local_addr())
+                .unwrap();
+            wait_recv(&xcq, &qa, &xbuf);
+            if !qa.inner.tx_deferred.load(Ordering::Relaxed) {
+                xcq.req_notify(false);
+                continue;
+            }
+            let before = control(&qa);
+            xcq.req_notify(false);
+            assert!(
+                !qa.inner.tx_deferred.load(Ordering::Relaxed),
+                "still deferred after req_notify"
+            );
+            assert!(control(&qa) > before, "no ACK sent by req_notify");
+            checked += 1;
+            if checked == 5 {
+                break;
+            }
+        }
+        assert!(checked > 0, "no receive by the poller in 200 tries");
+        drop((qa, p));
         drop((x, y));
     }
 }
