@@ -2082,8 +2082,8 @@ fn first_fpdu_spin(fd: std::os::fd::RawFd) {
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: one pollfd on the stack, timeout 0 (never blocks); a
-        // descriptor closed meanwhile is reported as POLLNVAL.
+        // A descriptor closed meanwhile is reported as POLLNVAL.
+        // SAFETY: one live pollfd on the stack, timeout 0 (never blocks).
         let n = unsafe { libc::poll(&mut p, 1, 0) };
         if n != 0 || Instant::now() >= until {
             return;
