@@ -1,6 +1,6 @@
 //! The C API of SoftDC, softrdma's software dynamically connected
 //! transport (`ibv_sdc_*` in `include/softrdma/verbs.h`, version node
-//! `SOFTRDMA_1.0`; the design is `docs/dc.md`).
+//! `SOFTRDMA_1.1`; the design is `docs/dc.md`).
 //!
 //! * `ibv_sdc_create_dct(pd, cq, srq, dc_key, attr)` → `struct
 //!   ibv_sdc_dct *` ([`DctObj`] over an engine [`edc::Dct`]): incoming
@@ -436,7 +436,9 @@ fn target(q: &DciObj, d: &ibv_sdc_dest) -> Result<DcTarget, c_int> {
     if ip.to_canonical().is_multicast() || ip.is_unspecified() {
         return Err(libc::EINVAL);
     }
-    if d.dct_num > 0x00ff_ffff {
+    // 24 bits, and a port: a number below 256 would send the
+    // invitation to UDP port 0, which no DCT has.
+    if d.dct_num > 0x00ff_ffff || d.dct_num >> 8 == 0 {
         return Err(libc::EINVAL);
     }
     // A DCT number is `(udp_port << 8) | slot` like every softrdma

@@ -144,7 +144,8 @@ int softrdma_record_set_partial_timeout(struct ibv_qp *qp, uint64_t usec);
  * Errors: calls returning a pointer return NULL and set errno; the others
  * return 0 or an errno value (as ibv_post_send / ibv_destroy_qp do).
  * EINVAL: NULL or inconsistent arguments (an SRQ or AH of another PD,
- * receive capabilities for a DCI, a chain longer than the destinations);
+ * receive capabilities for a DCI, a chain longer than the destinations,
+ * a dct_num that is not a DCT number: above 24 bits or below 256);
  * EOPNOTSUPP: unsupported operations, unknown comp_mask bits, IPv6
  * addresses that are not IPv4-mapped; EAFNOSUPPORT: other address
  * families; ENOMEM: the DCI's send queue is full.

@@ -11,7 +11,8 @@
  * posted as one chain (data, completion opcodes, byte_len, imm, wr_id and
  * order); a chain with a destination per work request; a wrong DC key
  * (error completion, counted at the DCT); an unknown DCT number; bad
- * arguments (errno values, bad_wr, a full send queue); completions through
+ * arguments (errno values, bad_wr, a full send queue, a DCT number of
+ * port 0, a chain longer than its destinations); completions through
  * a completion channel on both sides. Prints one "sdc: ..." line per
  * check and "sdc: OK" at the end, exits 1 at the first failure.
  */
@@ -444,8 +445,42 @@ int main(void)
 	bad = NULL;
 	CHECK(ibv_sdc_post_send(dci, &inv, &d, 1, &bad) == EINVAL &&
 		      bad == &inv, "post_send(local invalidate)");
-	/* A chain longer than its destinations: the first goes, the second
-	 * is refused. */
+	/* A DCT number below 256 names UDP port 0: no DCT can have it. */
+	struct ibv_sdc_dest port0 = { .ah = ah, .dct_num = dct->dct_num & 0xff,
+				      .dc_key = KEY };
+	bad = NULL;
+	CHECK(ibv_sdc_post_send(dci, &p[0], &port0, 1, &bad) == EINVAL &&
+		      bad == &p[0], "post_send(DCT number of port 0)");
+	/* A chain longer than its destinations: refused at the first
+	 * request without one, those before it posted. */
+	struct ibv_send_wr three[3];
+	memset(three, 0, sizeof(three));
+	for (int i = 0; i < 3; i++)
+		three[i] = (struct ibv_send_wr){ .wr_id = 40 + i,
+						 .next = i < 2 ? &three[i + 1]
+							       : NULL,
+						 .sg_list = &s_send,
+						 .num_sge = 1,
+						 .opcode = IBV_WR_SEND,
+						 .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_sdc_dest both[2] = { d, d };
+	bad = NULL;
+	CHECK(ibv_sdc_post_send(dci, &three[0], both, 2, &bad) == EINVAL &&
+		      bad == &three[2], "post_send(3 requests, 2 destinations)");
+	for (int i = 0; i < 2; i++) {
+		poll_one(dci_cq, &wc);
+		CHECK(wc.wr_id == 40u + i && wc.status == IBV_WC_SUCCESS,
+		      "longer chain: wr_id %llu status %s",
+		      (unsigned long long)wc.wr_id,
+		      ibv_wc_status_str(wc.status));
+		poll_one(dct_cq, &wc);
+		CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV &&
+			      wc.wr_id == 104u + i,
+		      "longer chain: receive wr_id %llu",
+		      (unsigned long long)wc.wr_id);
+	}
+	/* A bad destination in the middle: the first goes, the second is
+	 * refused. */
 	struct ibv_sdc_dest garbage[2] = {
 		{ .ah = ah, .dct_num = dct->dct_num, .dc_key = KEY },
 		{ .ah = (struct ibv_ah *)&sin, .dct_num = dct->dct_num,
@@ -462,7 +497,7 @@ int main(void)
 	      "first of a half-posted chain: wr_id %llu",
 	      (unsigned long long)wc.wr_id);
 	poll_one(dct_cq, &wc);
-	CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 104,
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 106,
 	      "half-posted chain: receive");
 	CHECK(ibv_poll_cq(dci_cq, 1, &wc) == 0, "completion for an unposted wr");
 	CHECK(!ibv_sdc_query_qp(dci, &st) && st.outstanding == 0,
