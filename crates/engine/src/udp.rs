@@ -320,9 +320,11 @@ struct RxHeaders {
     cmsgs: [[u64; CMSG_WORDS]; RX_BATCH],
 }
 
-// SAFETY: the raw pointers inside `RxHeaders` are scratch values that
-// `recv_batch` sets before each use and that nothing else dereferences;
-// the arrays themselves are plain data owned by the ring.
+// SAFETY: the raw pointers inside `RxHeaders` point into the ring's own
+// heap blocks (`bufs`, this box), which stay where they are when the
+// ring moves (to another thread too) and never change while it lives; only `recv_batch`, through `&mut
+// RxRing`, hands them to the kernel, and nothing else dereferences them.
+// The arrays themselves are plain data owned by the ring.
 unsafe impl Send for RxHeaders {}
 
 impl RxRing {
