@@ -319,10 +319,15 @@ impl Cq {
     }
 
     /// Adds completions (from a QP's progress).
+    #[inline]
     pub(crate) fn push(&self, batch: &[Completion]) {
-        if batch.is_empty() {
-            return;
+        // Inline: most flushes (every busy poll) have nothing to push.
+        if !batch.is_empty() {
+            self.push_batch(batch);
         }
+    }
+
+    fn push_batch(&self, batch: &[Completion]) {
         let mut fire = false;
         {
             let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());

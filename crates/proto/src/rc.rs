@@ -656,6 +656,7 @@ impl RcQp {
     }
 
     /// The protocol state.
+    #[inline]
     pub fn state(&self) -> RcState {
         self.state
     }
@@ -733,11 +734,13 @@ impl RcQp {
     }
 
     /// The next completion, with the queue it belongs to.
+    #[inline]
     pub fn poll_completion(&mut self) -> Option<(CqKind, WorkCompletion)> {
         self.completions.pop_front()
     }
 
     /// The next connection event.
+    #[inline]
     pub fn poll_event(&mut self) -> Option<RcEvent> {
         self.events.pop_front()
     }
