@@ -18,6 +18,8 @@ use softrdma_engine::{
     AsyncEvent, Completion, Context, Cq, DgramQpHandle, QpCaps, RdOptions, UdOptions, MCAST_QPN,
 };
 use softrdma_proto::memory::{Access, VecMemory};
+use softrdma_proto::rd::RdConfig;
+use softrdma_proto::rdqp::RdQpConfig;
 use softrdma_proto::record::PartialAction;
 use softrdma_proto::ud::{DatagramSink, UdConfig, UdQp, UdStats};
 use softrdma_proto::wr::{
@@ -1092,6 +1094,16 @@ fn rd_ping_pong_answers_carry_the_acks() {
                 cq.clone(),
                 RdOptions {
                     bind: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+                    // A retransmission no sooner than 300 ms: within that,
+                    // only the receiver's timer can acknowledge (below).
+                    proto: RdQpConfig {
+                        rd: RdConfig {
+                            rto_min: Duration::from_millis(300),
+                            rto_initial: Duration::from_millis(300),
+                            ..RdConfig::default()
+                        },
+                        ..RdQpConfig::default()
+                    },
                     ..RdOptions::default()
                 },
             )
@@ -1100,6 +1112,11 @@ fn rd_ping_pong_answers_carry_the_acks() {
     };
     let rd_control = |qp: &DgramQpHandle| match qp.stats().proto {
         ProtoStats::Rd(s) => s.rd.control_sent,
+        other => panic!("not an RD QP: {other:?}"),
+    };
+    // Re-sends and timer expiries (a probe is a re-send too).
+    let rd_retransmitted = |qp: &DgramQpHandle| match qp.stats().proto {
+        ProtoStats::Rd(s) => (s.rd.retransmitted, s.rd.timeouts),
         other => panic!("not an RD QP: {other:?}"),
     };
     let (a, b) = (rd_end(), rd_end());
@@ -1168,7 +1185,10 @@ fn rd_ping_pong_answers_carry_the_acks() {
         2 * ROUNDS
     );
     // A no longer polls: its ACK of B's last message goes by the timer,
-    // and B's Sends all complete.
+    // and B's Sends all complete without B re-sending anything (its
+    // first retransmission would come after 300 ms; a deferred ACK left
+    // to nobody would need it).
+    let retx = rd_retransmitted(&b.qp);
     let deadline = Instant::now() + Duration::from_secs(5);
     while b_sends < ROUNDS {
         let n = b.cq.poll(&mut out);
@@ -1181,4 +1201,9 @@ fn rd_ping_pong_answers_carry_the_acks() {
             "B's Sends: {b_sends} of {ROUNDS} complete"
         );
     }
+    assert_eq!(
+        rd_retransmitted(&b.qp),
+        retx,
+        "B re-sent: the ACK of its last message did not go by A's timer"
+    );
 }
