@@ -31,6 +31,13 @@ const RX_SLOT: usize = 65536;
 pub const MAX_SEND: usize = 65507;
 /// Datagrams one GSO send carries at most (the kernel's `UDP_MAX_SEGMENTS`).
 pub const MAX_SEGMENTS: usize = 64;
+/// UDP payload octets of the largest GSO run (IPv4) a device with the
+/// default `gso_max_size` of 65 536 takes whole: 65 536 less the Ethernet
+/// (14), IPv4 (20) and UDP (8) headers. A longer run is segmented in
+/// software on the way out, so the receiver's GRO gets datagrams one by
+/// one (measured on loopback: 46 × 1 424 octets ran at 7 Gbit/s, 46 ×
+/// 1 420 at 50).
+pub const GSO_RUN: usize = 65_536 - 14 - 20 - 8;
 
 /// A UDP socket sending with GSO and receiving with GRO + `recvmmsg`.
 #[derive(Debug)]

@@ -558,7 +558,14 @@ fn send_chunk<const B: usize, const I: usize>(
     // Per message: address length, first iovec, iovec count, datagrams,
     // GSO segment size (0: none).
     let mut plan = [(0 as libc::socklen_t, 0usize, 0usize, 0usize, 0u16); B];
-    let limit = if v6 { 65527 } else { 65507 };
+    // A run longer than the device's gso_max_size (64 KiB with the link
+    // headers) is segmented in software before it leaves, and the peer's
+    // GRO then gets it datagram by datagram (crate::rawudp::GSO_RUN).
+    let limit = if v6 {
+        crate::rawudp::GSO_RUN - 20
+    } else {
+        crate::rawudp::GSO_RUN
+    };
     let (mut m, mut i, mut niov) = (0, 0, 0);
     while i < chunk.len() && m < B {
         let d = &chunk[i];

@@ -28,7 +28,7 @@ use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
-use softrdma_engine::rawudp::{RawUdp, MAX_SEGMENTS, MAX_SEND};
+use softrdma_engine::rawudp::{RawUdp, GSO_RUN, MAX_SEGMENTS};
 
 use super::cell::{Kind, Measured, Op, Spec, WaitMode, Watch, HANG};
 use super::ctrl::{Ctrl, Msg};
@@ -223,7 +223,7 @@ impl MsgBuf {
 }
 
 /// Sends message `seq` of `size` octets as datagrams to `to`, in GSO runs
-/// of at most [`MAX_SEGMENTS`] datagrams / [`MAX_SEND`] octets.
+/// of at most [`MAX_SEGMENTS`] datagrams / [`GSO_RUN`] octets.
 fn send_msg(
     s: &mut RawUdp,
     to: SocketAddr,
@@ -235,7 +235,7 @@ fn send_msg(
 ) -> io::Result<()> {
     let (cnt, p) = chunks(size, payload)?;
     let seg = UDP_HDR + p;
-    let per_run = (MAX_SEND / seg).clamp(1, MAX_SEGMENTS);
+    let per_run = (GSO_RUN / seg).clamp(1, MAX_SEGMENTS);
     let mut i = 0;
     while i < cnt {
         let n = per_run.min(cnt - i);
