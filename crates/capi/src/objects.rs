@@ -18,14 +18,20 @@
 //! into this library).
 //!
 //! Lifetime rules follow verbs: the application destroys children before
-//! parents. Engine objects are reference counted, so a CQ destroyed while a
-//! QP still completes into it costs memory, not safety, on our side.
+//! parents. PDs, CQs and SRQs carry a [`UseCount`] of the objects that
+//! name them (MRs, AHs, SRQs and QPs on a PD; QPs on their send and
+//! receive CQ; QPs on their SRQ; SoftDC DCTs on their PD, CQ and SRQ, DCIs
+//! on their PD and CQ): `ibv_dealloc_pd`, `ibv_destroy_cq` and
+//! `ibv_destroy_srq` return `EBUSY` and keep the object while it is not
+//! zero, as rdma-core's providers do. Engine objects are reference
+//! counted besides, so the count protects the application's pointers
+//! (`qp->send_cq`, `dct->srq`, ...), not our memory.
 
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::ffi::c_int;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use softrdma_engine as engine;
@@ -168,6 +174,73 @@ pub fn ah_checked<'a>(p: *mut ibv_ah) -> Option<&'a AhObj> {
 }
 
 // ---------------------------------------------------------------------
+// Use counts
+// ---------------------------------------------------------------------
+
+/// How many live objects name a PD, CQ or SRQ. Taken once an object
+/// that names it has been created (after every step that can fail),
+/// given back when that object is destroyed; while it is not zero the
+/// PD/CQ/SRQ cannot be deallocated/destroyed (`EBUSY`, the object stays
+/// usable).
+#[derive(Debug, Default)]
+pub struct UseCount(AtomicU32);
+
+impl UseCount {
+    /// One more user.
+    pub fn hold(&self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// One user less (never below zero).
+    pub fn release(&self) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    /// Some object still names it.
+    pub fn in_use(&self) -> bool {
+        self.0.load(Ordering::Acquire) != 0
+    }
+}
+
+/// Gives back a use of the PD `pd` (NULL: nothing) that the
+/// object being destroyed took when it was created.
+///
+/// # Safety
+/// `pd` must be NULL or a live PD of this library.
+pub unsafe fn release_pd(pd: *mut ibv_pd) {
+    // SAFETY: per the contract.
+    if let Some(p) = unsafe { pd_from_raw(pd) } {
+        p.users.release();
+    }
+}
+
+/// Gives back a use of the CQ `cq` (NULL: nothing) that the
+/// object being destroyed took when it was created.
+///
+/// # Safety
+/// `cq` must be NULL or a live CQ of this library.
+pub unsafe fn release_cq(cq: *mut ibv_cq) {
+    // SAFETY: per the contract.
+    if let Some(c) = unsafe { cq_from_raw(cq) } {
+        c.users.release();
+    }
+}
+
+/// Gives back a use of the SRQ `srq` (NULL: nothing) that the
+/// object being destroyed took when it was created.
+///
+/// # Safety
+/// `srq` must be NULL or a live SRQ of this library.
+pub unsafe fn release_srq(srq: *mut ibv_srq) {
+    // SAFETY: per the contract.
+    if let Some(s) = unsafe { srq_from_raw(srq) } {
+        s.users.release();
+    }
+}
+
+// ---------------------------------------------------------------------
 // PD, MR, AH, channel, CQ, SRQ
 // ---------------------------------------------------------------------
 
@@ -178,6 +251,8 @@ pub struct PdObj {
     pub pd: ibv_pd,
     /// The engine's PD number.
     pub num: u32,
+    /// MRs, AHs, SRQs, QPs, DCTs and DCIs in this PD.
+    pub users: UseCount,
 }
 
 /// A memory region over application memory.
@@ -244,6 +319,9 @@ pub struct CqObj {
     pub pending: Mutex<std::collections::VecDeque<engine::Completion>>,
     /// `pending` is not empty (checked without the lock on every poll).
     pub has_pending: std::sync::atomic::AtomicBool,
+    /// QPs (once per role: send and receive), DCTs and DCIs completing
+    /// into it.
+    pub users: UseCount,
 }
 
 /// A shared receive queue.
@@ -255,6 +333,8 @@ pub struct SrqObj {
     pub engine: Arc<engine::Srq>,
     /// Its protection domain's number.
     pub pd_num: u32,
+    /// QPs and DCTs receiving from it.
+    pub users: UseCount,
 }
 
 /// What a QP runs on.
@@ -450,6 +530,7 @@ pub unsafe fn create_ah_to(pd: *mut ibv_pd, dest: DgramAddr) -> Result<*mut ibv_
         ip: dest.ip,
         port: Some(dest.port),
     }));
+    p.users.hold();
     register_ah(a);
     Ok(a as *mut ibv_ah)
 }

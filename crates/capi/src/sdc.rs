@@ -279,6 +279,9 @@ pub unsafe extern "C" fn ibv_sdc_create_dct(
             },
             engine: dct,
         });
+        p.users.hold();
+        c.users.hold();
+        s.users.hold();
         Ok(Box::into_raw(o) as *mut ibv_sdc_dct)
     })
 }
@@ -290,7 +293,13 @@ pub unsafe extern "C" fn ibv_sdc_destroy_dct(dct: *mut ibv_sdc_dct) -> c_int {
             return libc::EINVAL;
         }
         // SAFETY: a DCT of ours (Box::into_raw in ibv_sdc_create_dct), destroyed once (verbs contract).
-        drop(unsafe { Box::from_raw(dct as *mut DctObj) });
+        let d = unsafe { Box::from_raw(dct as *mut DctObj) };
+        // SAFETY: the DCT's PD, CQ and SRQ, live (none can go while the DCT names it).
+        unsafe {
+            release_pd(d.dct.pd);
+            release_cq(d.dct.cq);
+            release_srq(d.dct.srq);
+        }
         0
     })
 }
@@ -336,6 +345,8 @@ pub unsafe extern "C" fn ibv_sdc_create_qp(
             engine: dci,
             pd_num: p.num,
         });
+        p.users.hold();
+        c.users.hold();
         Ok(Box::into_raw(o) as *mut ibv_sdc_qp)
     })
 }
@@ -348,7 +359,12 @@ pub unsafe extern "C" fn ibv_sdc_destroy_qp(qp: *mut ibv_sdc_qp) -> c_int {
             return libc::EINVAL;
         }
         // SAFETY: a DCI of ours (Box::into_raw in ibv_sdc_create_qp), destroyed once (verbs contract).
-        drop(unsafe { Box::from_raw(qp as *mut DciObj) });
+        let d = unsafe { Box::from_raw(qp as *mut DciObj) };
+        // SAFETY: the DCI's PD and CQ, live (neither can go while the DCI names it).
+        unsafe {
+            release_pd(d.qp.pd);
+            release_cq(d.qp.send_cq);
+        }
         0
     })
 }
@@ -406,6 +422,7 @@ pub unsafe extern "C" fn ibv_sdc_create_ah(
             ip,
             port: None,
         }));
+        p.users.hold();
         register_ah(a);
         Ok(a as *mut ibv_ah)
     })

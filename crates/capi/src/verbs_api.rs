@@ -450,15 +450,21 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
                 handle: num,
             },
             num,
+            users: UseCount::default(),
         })) as *mut ibv_pd)
     })
 }
 
-/// `ibv_dealloc_pd`.
+/// `ibv_dealloc_pd`: `EBUSY` (the PD stays) while an MR, AH, SRQ, QP,
+/// DCT or DCI is in it.
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     guard_errno(|| {
-        if pd.is_null() {
+        // SAFETY: a PD of ours or NULL.
+        let Some(p) = (unsafe { pd_from_raw(pd) }) else {
             return libc::EINVAL;
+        };
+        if p.users.in_use() {
+            return libc::EBUSY;
         }
         // SAFETY: a PD of ours (Box::into_raw in ibv_alloc_pd), freed once.
         drop(unsafe { Box::from_raw(pd as *mut PdObj) });
@@ -507,6 +513,7 @@ pub unsafe fn reg_mr_internal(
         engine::RegError::BadAccess | engine::RegError::BadRange => libc::EINVAL,
         engine::RegError::TooMany => libc::ENOMEM,
     })?;
+    p.users.hold();
     Ok(Box::into_raw(Box::new(MrObj {
         mr: ibv_mr {
             context: p.pd.context,
@@ -567,6 +574,8 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         if let Ok(e) = engine() {
             e.registry().deregister(m.stag);
         }
+        // SAFETY: the MR's PD, live (it cannot be deallocated while the MR is).
+        unsafe { release_pd(m.mr.pd) };
         0
     })
 }
@@ -675,6 +684,7 @@ pub unsafe fn create_cq_internal(
         cur: Mutex::new(ibv_wc::default()),
         pending: Mutex::new(std::collections::VecDeque::new()),
         has_pending: std::sync::atomic::AtomicBool::new(false),
+        users: UseCount::default(),
     }));
     register_cq(id, obj);
     Ok(obj)
@@ -710,11 +720,16 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     })
 }
 
-/// `ibv_destroy_cq`.
+/// `ibv_destroy_cq`: `EBUSY` (the CQ stays) while a QP, DCT or DCI
+/// completes into it.
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     guard_errno(|| {
-        if cq.is_null() {
+        // SAFETY: a CQ of ours or NULL.
+        let Some(c) = (unsafe { cq_from_raw(cq) }) else {
             return libc::EINVAL;
+        };
+        if c.users.in_use() {
+            return libc::EBUSY;
         }
         // SAFETY: created by Box::into_raw in create_cq_internal, destroyed once.
         let mut c = unsafe { Box::from_raw(cq as *mut CqObj) };
@@ -813,7 +828,9 @@ pub unsafe extern "C" fn ibv_create_srq(
             },
             engine: s,
             pd_num: p.num,
+            users: UseCount::default(),
         }));
+        p.users.hold();
         register_srq(id, obj);
         Ok(obj as *mut ibv_srq)
     })
@@ -857,15 +874,22 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
     })
 }
 
-/// `ibv_destroy_srq`.
+/// `ibv_destroy_srq`: `EBUSY` (the SRQ stays) while a QP or DCT
+/// receives from it.
 pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     guard_errno(|| {
-        if srq.is_null() {
+        // SAFETY: an SRQ of ours or NULL.
+        let Some(s) = (unsafe { srq_from_raw(srq) }) else {
             return libc::EINVAL;
+        };
+        if s.users.in_use() {
+            return libc::EBUSY;
         }
         // SAFETY: created by Box::into_raw in ibv_create_srq, destroyed once.
         let s = unsafe { Box::from_raw(srq as *mut SrqObj) };
         unregister_srq(s.engine.id());
+        // SAFETY: the SRQ's PD, live (it cannot be deallocated while the SRQ is).
+        unsafe { release_pd(s.srq.pd) };
         0
     })
 }
@@ -1043,6 +1067,13 @@ pub unsafe fn create_qp_internal(pd: *mut ibv_pd, init: &mut QpInit) -> Result<*
         ib_style: std::sync::atomic::AtomicBool::new(false),
         deferred: Mutex::new(Vec::new()),
     }));
+    // Nothing fails from here on: the QP now names its PD, CQs and SRQ.
+    p.users.hold();
+    scq.users.hold();
+    rcq.users.hold();
+    if let Some(sq) = srq {
+        sq.users.hold();
+    }
     register_qp(qpn, obj);
     Ok(obj)
 }
@@ -1317,6 +1348,15 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         if let QpKind::Rc(rc) = &q.kind {
             rc.disconnect();
         }
+        // SAFETY: only this library writes the QP's object pointers.
+        let b = unsafe { &(*q.ex.get()).qp_base };
+        // SAFETY: the QP's PD, CQs and SRQ, live (none can go while the QP names it).
+        unsafe {
+            release_pd(b.pd);
+            release_cq(b.send_cq);
+            release_cq(b.recv_cq);
+            release_srq(b.srq);
+        }
         0
     })
 }
@@ -1347,6 +1387,7 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
             ip,
             port: None,
         }));
+        p.users.hold();
         register_ah(a);
         Ok(a as *mut ibv_ah)
     })
@@ -1430,7 +1471,9 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
         }
         unregister_ah(ah as *mut AhObj);
         // SAFETY: a live AH of ours (checked above), created by Box::into_raw, destroyed once.
-        drop(unsafe { Box::from_raw(ah as *mut AhObj) });
+        let a = unsafe { Box::from_raw(ah as *mut AhObj) };
+        // SAFETY: the AH's PD, live (it cannot be deallocated while the AH is).
+        unsafe { release_pd(a.ah.pd) };
         0
     })
 }

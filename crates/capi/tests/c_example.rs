@@ -12,7 +12,10 @@
 //! * `tests/c/sdc.c`: SoftDC's `ibv_sdc_*` calls (two DCTs on one SRQ and
 //!   CQ with a completion channel, one DCI): Send+imm, Write, Read and
 //!   fetch-add as one chain, per-WR destinations, a wrong DC key, bad
-//!   arguments.
+//!   arguments;
+//! * `tests/c/busy.c`: rdma-core's `EBUSY` rules: a PD with an MR, AH,
+//!   SRQ, QP, DCT or DCI, a CQ with a QP, DCT or DCI, an SRQ with a QP or
+//!   DCT cannot go (and stays usable); once its users are destroyed it can.
 
 mod common;
 
@@ -86,6 +89,24 @@ fn softdc_calls_from_c() {
             "sdc: DCI completion via completion channel",
             "sdc: bad work requests refused, bad_wr set",
             "sdc: OK",
+        ],
+    );
+}
+
+#[test]
+fn busy_pd_cq_srq_refuse_to_go() {
+    compile_and_run(
+        "tests/c/busy.c",
+        &[
+            "busy: PD with an MR: EBUSY",
+            "busy: PD with an AH: EBUSY",
+            "busy: PD with a QP, CQ with a QP: EBUSY",
+            "busy: extended CQ with an extended QP: EBUSY",
+            "busy: SRQ with a QP, PD with an SRQ: EBUSY",
+            "busy: PD, CQ and SRQ with a DCT: EBUSY",
+            "busy: CQ and PD with a DCI: EBUSY",
+            "busy: after their users, PD/CQ/SRQ go with 0",
+            "busy: OK",
         ],
     );
 }
