@@ -19,8 +19,8 @@
 //!
 //! Lifetime rules follow verbs: the application destroys children before
 //! parents. PDs, CQs and SRQs carry a [`UseCount`] of the objects that
-//! name them (MRs, AHs, SRQs and QPs on a PD; QPs on their send and
-//! receive CQ; QPs on their SRQ; SoftDC DCTs on their PD, CQ and SRQ, DCIs
+//! name them (AHs, SRQs and QPs on a PD — not MRs, see `ibv_dealloc_pd`;
+//! QPs on their send and receive CQ; QPs on their SRQ; SoftDC DCTs on their PD, CQ and SRQ, DCIs
 //! on their PD and CQ): `ibv_dealloc_pd`, `ibv_destroy_cq` and
 //! `ibv_destroy_srq` return `EBUSY` and keep the object while it is not
 //! zero, as rdma-core's providers do. Engine objects are reference
@@ -251,7 +251,7 @@ pub struct PdObj {
     pub pd: ibv_pd,
     /// The engine's PD number.
     pub num: u32,
-    /// MRs, AHs, SRQs, QPs, DCTs and DCIs in this PD.
+    /// AHs, SRQs, QPs, DCTs and DCIs in this PD (MRs do not count).
     pub users: UseCount,
 }
 

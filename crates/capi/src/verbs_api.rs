@@ -455,8 +455,15 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
     })
 }
 
-/// `ibv_dealloc_pd`: `EBUSY` (the PD stays) while an MR, AH, SRQ, QP,
-/// DCT or DCI is in it.
+/// `ibv_dealloc_pd`: `EBUSY` (the PD stays) while an AH, SRQ, QP, DCT or
+/// DCI is in it.
+///
+/// MRs are the one exception to rdma-core's rule: a PD that still has
+/// MRs is deallocated. Debian's perftest (4.5) leaks an MR on every
+/// iWARP device in `ib_send_bw` and would fail its teardown otherwise
+/// (perftest issue #52). This is memory-safe: PD numbers are never
+/// reused, so an orphaned MR is reachable from no QP, and
+/// `ibv_dereg_mr` does not touch the PD.
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     guard_errno(|| {
         // SAFETY: a PD of ours or NULL.
@@ -513,7 +520,7 @@ pub unsafe fn reg_mr_internal(
         engine::RegError::BadAccess | engine::RegError::BadRange => libc::EINVAL,
         engine::RegError::TooMany => libc::ENOMEM,
     })?;
-    p.users.hold();
+    // MRs do not hold their PD (see ibv_dealloc_pd).
     Ok(Box::into_raw(Box::new(MrObj {
         mr: ibv_mr {
             context: p.pd.context,
@@ -574,8 +581,8 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         if let Ok(e) = engine() {
             e.registry().deregister(m.stag);
         }
-        // SAFETY: the MR's PD, live (it cannot be deallocated while the MR is).
-        unsafe { release_pd(m.mr.pd) };
+        // The MR's PD is not touched: it may be gone (ibv_dealloc_pd).
+        drop(m);
         0
     })
 }

@@ -8,12 +8,13 @@
  *      -L target/debug -libverbs
  *   softrdma run -- ./busy
  *
- * Users checked: an MR, an AH, an SRQ, an RC QP (ibv_create_qp and
+ * Users checked: an AH, an SRQ, an RC QP (ibv_create_qp and
  * ibv_create_qp_ex on an ibv_create_cq_ex CQ) on a PD; a QP on its send and
  * on its receive CQ (also one CQ in both roles); a QP on its SRQ; a SoftDC
  * DCT on its PD, CQ and SRQ; a DCI on its PD and CQ. An object refused with
  * EBUSY is used afterwards (MR registration, polling, SRQ receives), and
- * failed creations leave no use behind. Prints one "busy: ..." line per
+ * failed creations leave no use behind. MRs are the exception (they do
+ * not hold their PD: perftest 4.5 leaks one on iWARP). Prints one "busy: ..." line per
  * check and "busy: OK" at the end, exits 1 at the first failure.
  */
 #include <errno.h>
@@ -97,20 +98,21 @@ int main(void)
 		      ibv_destroy_srq(NULL) == EINVAL,
 	      "NULL objects");
 
-	/* ---- PD with an MR ---- */
-	struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof(buf),
+	/* ---- PD with only MRs: deallocated (softrdma's one exception to
+	 * the rule, ARCHITECTURE.md: perftest 4.5 leaks an MR on iWARP);
+	 * the MRs deregister afterwards ---- */
+	struct ibv_pd *pd3 = ibv_alloc_pd(ctx);
+	CHECK(pd3, "alloc_pd");
+	struct ibv_mr *mr = ibv_reg_mr(pd3, buf, sizeof(buf),
 				       IBV_ACCESS_LOCAL_WRITE);
 	CHECK(mr, "reg_mr");
-	CHECK(ibv_dealloc_pd(pd) == EBUSY, "dealloc_pd with an MR");
-	pd_usable(pd, buf);
-	CHECK(ibv_dealloc_pd(pd) == EBUSY, "dealloc_pd with an MR (again)");
-	CHECK(!ibv_dereg_mr(mr), "dereg_mr");
-	struct ibv_mr *mr2 = ibv_reg_mr_iova2(pd2, buf, 64, 0x1000,
+	struct ibv_mr *mr2 = ibv_reg_mr_iova2(pd3, buf, 64, 0x1000,
 					      IBV_ACCESS_LOCAL_WRITE);
 	CHECK(mr2, "reg_mr_iova2");
-	CHECK(ibv_dealloc_pd(pd2) == EBUSY, "dealloc_pd with an iova MR");
-	CHECK(!ibv_dereg_mr(mr2), "dereg_mr (iova)");
-	printf("busy: PD with an MR: EBUSY\n");
+	CHECK(!ibv_dealloc_pd(pd3), "dealloc_pd with only MRs");
+	CHECK(!ibv_dereg_mr(mr), "dereg_mr after its PD");
+	CHECK(!ibv_dereg_mr(mr2), "dereg_mr (iova) after its PD");
+	printf("busy: PD with only MRs: deallocated, MRs deregister after\n");
 
 	/* ---- PD with an AH ---- */
 	struct ibv_ah_attr aa = { .port_num = 1 };
