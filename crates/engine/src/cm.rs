@@ -205,7 +205,7 @@ fn read_exact_by(
 }
 
 fn send_all(sock: &mut TcpStream, data: &[u8]) -> io::Result<()> {
-    sock.write_all(data)
+    crate::sys::NoSigPipe(sock).write_all(data)
 }
 
 /// Connects `qp` to a listener at `addr`. Returns the peer's private data.

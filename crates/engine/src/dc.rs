@@ -1784,7 +1784,7 @@ impl Opening {
             return false;
         };
         while !self.out.is_empty() {
-            match sock.write(&self.out) {
+            match crate::sys::NoSigPipe(sock).write(&self.out) {
                 Ok(n) => {
                     self.out.drain(..n);
                 }
@@ -1845,7 +1845,7 @@ impl Opening {
         // a few octets on an idle socket.
         while let Some(b) = self.ini.poll_transmit() {
             let n = b.len();
-            if sock.write_all(b).is_err() {
+            if crate::sys::NoSigPipe(sock).write_all(b).is_err() {
                 return Step::Failed;
             }
             self.ini.transmitted(n);

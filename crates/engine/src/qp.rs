@@ -53,6 +53,7 @@ use crate::cq::{AsyncEvent, Completion, Cq};
 use crate::mr::View;
 use crate::progress::Parking;
 use crate::srq::Srq;
+use crate::sys::NoSigPipe;
 use crate::{Context, Shared};
 
 /// Sizes a QP is created with (`ibv_qp_cap`).
@@ -508,7 +509,7 @@ impl QpShared {
         let res = self
             .shared
             .registry
-            .with_view(pd, |v| rc.poll_transmit(v, sock));
+            .with_view(pd, |v| rc.poll_transmit(v, &mut NoSigPipe(sock)));
         if res.is_err() {
             link.rc.handle_llp_closed();
         }

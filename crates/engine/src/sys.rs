@@ -1,9 +1,47 @@
-//! Thin safe wrappers over the few Linux calls std does not offer: eventfd
-//! and epoll. Every `unsafe` block here is a single FFI call on file
-//! descriptors this module owns.
+//! Thin safe wrappers over the few Linux calls std does not offer: eventfd,
+//! epoll, and TCP writes that never raise SIGPIPE ([`NoSigPipe`]). Every
+//! `unsafe` block here is a single FFI call on a file descriptor this
+//! module owns or borrows for the call.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// The writing side of a TCP stream that never raises SIGPIPE: `sendmsg`
+/// with `MSG_NOSIGNAL`. Every TCP write of the engine goes through it. A
+/// library must not kill its host when a peer closes: a C program has no
+/// Rust runtime that set SIGPIPE to ignored, so a plain `write`/`writev`
+/// on a connection the peer reset would terminate it. A closed peer is
+/// `EPIPE` (`ErrorKind::BrokenPipe`) instead.
+pub(crate) struct NoSigPipe<'a>(pub &'a std::net::TcpStream);
+
+impl io::Write for NoSigPipe<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_vectored(&[io::IoSlice::new(buf)])
+    }
+
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        // SAFETY: all-zero is a valid msghdr.
+        let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+        // IoSlice is guaranteed ABI-compatible with iovec on Unix.
+        h.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+        h.msg_iovlen = bufs.len().min(1024) as _;
+        loop {
+            // SAFETY: `h` points at the caller's io-vectors, which borrow live memory for the whole call; the descriptor is the borrowed stream's.
+            let r = unsafe { libc::sendmsg(self.0.as_raw_fd(), &h, libc::MSG_NOSIGNAL) };
+            if r >= 0 {
+                return Ok(r as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
 
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
