@@ -524,11 +524,18 @@ fn one_dci_thousand_dcts_capacity_16() {
     std::thread::sleep(Duration::from_millis(200));
     let fds = fd_count();
     round(2);
-    std::thread::sleep(Duration::from_millis(200));
-    let after = fd_count();
+    // Connections being evicted or idle-closed at the end of the round
+    // still hold their descriptors for a moment: a leak never comes back
+    // down, a close in flight does.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut after = fd_count();
+    while after > fds + 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        after = fd_count();
+    }
     assert!(
         after <= fds + 2,
-        "descriptors grew from {fds} to {after} over 1000 connections"
+        "descriptors grew from {fds} to {after} over 1000 connections (10 s after the round)"
     );
     let st = dci.stats();
     assert!(st.table.max_live <= 16 && st.max_rc_qps <= 16, "{st:?}");
