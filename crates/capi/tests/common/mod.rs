@@ -103,6 +103,8 @@ pub fn free_port() -> u16 {
 pub struct Done {
     /// Exit code (None: killed by a signal or by the deadline).
     pub code: Option<i32>,
+    /// The signal that killed it, if one did.
+    pub signal: Option<i32>,
     /// Killed at the deadline.
     pub timed_out: bool,
     /// Standard output.
@@ -116,8 +118,9 @@ impl Done {
     pub fn assert_ok(&self, what: &str, needles: &[&str]) {
         assert!(
             !self.timed_out && self.code == Some(0),
-            "{what}: exit {:?}{}\nstdout:\n{}\nstderr:\n{}",
+            "{what}: exit {:?}, signal {:?}{}\nstdout:\n{}\nstderr:\n{}",
             self.code,
+            self.signal,
             if self.timed_out {
                 " (killed at the deadline)"
             } else {
@@ -181,6 +184,7 @@ pub fn finish(mut child: Child, deadline: Instant) -> Done {
     };
     Done {
         code: status.code(),
+        signal: std::os::unix::process::ExitStatusExt::signal(&status),
         timed_out,
         stdout: to.join().unwrap_or_default(),
         stderr: te.join().unwrap_or_default(),
