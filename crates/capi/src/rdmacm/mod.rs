@@ -714,7 +714,12 @@ pub(crate) fn next_event(chan: &Arc<ChanShared>) -> Res<Pending> {
 pub unsafe fn get_event(chan: *mut ChanObj) -> Res<*mut rdma_cm_event> {
     // SAFETY: contract.
     let c = unsafe { chan.as_ref() }.ok_or(libc::EINVAL)?;
-    Ok(make_event(next_event(&c.shared)?))
+    // Our own reference for the wait: another thread may destroy the
+    // channel meanwhile (rping does, at exit, while its event thread
+    // waits here); the waiter then keeps what it uses alive instead of
+    // reading the freed ChanObj when an event wakes it.
+    let shared = Arc::clone(&c.shared);
+    Ok(make_event(next_event(&shared)?))
 }
 
 /// For synchronous ids: waits for the next event of the id's channel and
