@@ -513,12 +513,17 @@ pub unsafe fn qp_from_raw<'a>(p: *mut ibv_qp) -> Option<&'a QpObj> {
     unsafe { (p as *const QpObj).as_ref() }
 }
 
-/// An address handle for an exact datagram destination (rdma_cm UD:
-/// `event->param.ud.ah_attr` comes with the peer's UDP port known).
+/// A new address handle in `pd` toward `ip` (and `port`, when the
+/// peer's UDP port is known): the one constructor behind `ibv_create_ah`,
+/// `ibv_sdc_create_ah` and [`create_ah_to`]; it holds the PD.
 ///
 /// # Safety
-/// `pd` must be a live PD of this library.
-pub unsafe fn create_ah_to(pd: *mut ibv_pd, dest: DgramAddr) -> Result<*mut ibv_ah, i32> {
+/// `pd` must be NULL or a live PD of this library.
+pub unsafe fn create_ah(
+    pd: *mut ibv_pd,
+    ip: IpAddr,
+    port: Option<u16>,
+) -> Result<*mut ibv_ah, i32> {
     // SAFETY: per the contract.
     let p = unsafe { pd_from_raw(pd) }.ok_or(libc::EINVAL)?;
     let a = Box::into_raw(Box::new(AhObj {
@@ -527,12 +532,22 @@ pub unsafe fn create_ah_to(pd: *mut ibv_pd, dest: DgramAddr) -> Result<*mut ibv_
             pd,
             handle: 0,
         },
-        ip: dest.ip,
-        port: Some(dest.port),
+        ip,
+        port,
     }));
     p.users.hold();
     register_ah(a);
     Ok(a as *mut ibv_ah)
+}
+
+/// An address handle for an exact datagram destination (rdma_cm UD:
+/// `event->param.ud.ah_attr` comes with the peer's UDP port known).
+///
+/// # Safety
+/// `pd` must be a live PD of this library.
+pub unsafe fn create_ah_to(pd: *mut ibv_pd, dest: DgramAddr) -> Result<*mut ibv_ah, i32> {
+    // SAFETY: per the contract.
+    unsafe { create_ah(pd, dest.ip, Some(dest.port)) }
 }
 
 /// The GID of an IP address: IPv4-mapped for IPv4 (design.md §3).

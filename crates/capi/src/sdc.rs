@@ -406,25 +406,13 @@ pub unsafe extern "C" fn ibv_sdc_create_ah(
     addr: *const libc::sockaddr,
 ) -> *mut ibv_ah {
     guard_ptr(|| {
-        // SAFETY: the application's PD or NULL.
-        let p = unsafe { pd_from_raw(pd) }.ok_or(libc::EINVAL)?;
         // SAFETY: the application's address or NULL.
         let ip = unsafe { ip_of_sockaddr(addr) }?;
         if ip.is_unspecified() || ip.is_multicast() {
             return Err(libc::EINVAL);
         }
-        let a = Box::into_raw(Box::new(AhObj {
-            ah: ibv_ah {
-                context: p.pd.context,
-                pd,
-                handle: 0,
-            },
-            ip,
-            port: None,
-        }));
-        p.users.hold();
-        register_ah(a);
-        Ok(a as *mut ibv_ah)
+        // SAFETY: the application's PD or NULL (EINVAL).
+        unsafe { create_ah(pd, ip, None) }
     })
 }
 

@@ -1376,27 +1376,15 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 /// an AH without a GRH).
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     guard_ptr(|| {
-        // SAFETY: the application's PD and attributes.
-        let p = unsafe { pd_from_raw(pd) }.ok_or(libc::EINVAL)?;
-        // SAFETY: as above.
+        // SAFETY: the application's attributes or NULL.
         let a = unsafe { attr.as_ref() }.ok_or(libc::EINVAL)?;
         let ip = if a.is_global != 0 {
             ip_of_gid(&a.grh.dgid).ok_or(libc::EINVAL)?
         } else {
             IpAddr::V4(Ipv4Addr::LOCALHOST)
         };
-        let a = Box::into_raw(Box::new(AhObj {
-            ah: ibv_ah {
-                context: p.pd.context,
-                pd,
-                handle: 0,
-            },
-            ip,
-            port: None,
-        }));
-        p.users.hold();
-        register_ah(a);
-        Ok(a as *mut ibv_ah)
+        // SAFETY: the application's PD or NULL (EINVAL).
+        unsafe { create_ah(pd, ip, None) }
     })
 }
 

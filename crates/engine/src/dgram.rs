@@ -1829,8 +1829,7 @@ mod deferred_tests {
         fn new(ctx: &Context, pd: u32, len: usize) -> Buf {
             let mut mem = vec![0u8; len];
             let access = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0);
-            // SAFETY: the Vec's heap block does not move, and each test
-            // keeps the Buf alive until its contexts are dropped.
+            // SAFETY: the Vec's heap block does not move, and each test keeps the Buf alive until its contexts are dropped.
             let stag = unsafe {
                 ctx.registry()
                     .register(mem.as_mut_ptr(), len, mem.as_ptr() as u64, access, pd)

@@ -227,10 +227,7 @@ fn read_direct(
         };
         k += 1;
     }
-    // SAFETY: every iovec is either a range `place_ptr` checked to lie in a
-    // live region registered with write access (kept alive by the view's
-    // read lock for the duration of the call), or `tail`, a live buffer we
-    // borrow mutably; the kernel writes at most iov_len octets to each.
+    // SAFETY: every iovec is a range `place_ptr` checked to lie in a live region registered with write access (kept alive by the view's read lock during the call), or `tail`, a live buffer we borrow mutably; the kernel writes at most iov_len octets to each.
     let r = unsafe { libc::readv(fd, iov.as_ptr(), k as libc::c_int) };
     Some(if r < 0 {
         Err(io::Error::last_os_error())

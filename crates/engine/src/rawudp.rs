@@ -43,6 +43,8 @@ pub const GSO_RUN: usize = 65_536 - 14 - 20 - 8;
 #[derive(Debug)]
 pub struct RawUdp {
     sock: UdpSocket,
+    /// An IPv6 socket (IPv4 destinations go IPv4-mapped).
+    v6: bool,
     gso: bool,
     gro: bool,
     bufs: Vec<u8>,
@@ -56,6 +58,7 @@ impl RawUdp {
         crate::tune_udp_socket(&sock)?;
         let gro = udp::enable_gro(sock.as_raw_fd());
         Ok(RawUdp {
+            v6: sock.local_addr()?.is_ipv6(),
             sock,
             gso: true,
             gro,
@@ -115,7 +118,8 @@ impl RawUdp {
     fn send_gso(&self, to: SocketAddr, buf: &[u8], seg: u16) -> io::Result<()> {
         // SAFETY: all-zero is a valid sockaddr_storage.
         let mut addr: libc::sockaddr_storage = unsafe { zeroed() };
-        let alen = encode(to, &mut addr);
+        let alen = udp::encode_addr((to.ip(), to.port()), self.v6, &mut addr)
+            .ok_or(io::Error::from_raw_os_error(libc::EAFNOSUPPORT))?;
         let mut iov = libc::iovec {
             iov_base: buf.as_ptr() as *mut libc::c_void,
             iov_len: buf.len(),
@@ -207,7 +211,8 @@ impl RawUdp {
                     c = libc::CMSG_NXTHDR(&m.msg_hdr, c);
                 }
             }
-            let from = decode(&addrs[i]);
+            let from = udp::decode_addr(&addrs[i])
+                .unwrap_or(SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0)));
             let len = (m.msg_len as usize).min(RX_SLOT);
             let data = &self.bufs[i * RX_SLOT..i * RX_SLOT + len];
             let seg = if seg == 0 { len.max(1) } else { seg };
@@ -221,44 +226,6 @@ impl RawUdp {
             }
         }
         Ok(count)
-    }
-}
-
-fn encode(to: SocketAddr, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
-    match to {
-        SocketAddr::V4(a) => {
-            // SAFETY: sockaddr_storage is large and aligned enough for a sockaddr_in.
-            let s = unsafe { &mut *(out as *mut _ as *mut libc::sockaddr_in) };
-            s.sin_family = libc::AF_INET as libc::sa_family_t;
-            s.sin_port = a.port().to_be();
-            s.sin_addr.s_addr = u32::from_ne_bytes(a.ip().octets());
-            size_of::<libc::sockaddr_in>() as libc::socklen_t
-        }
-        SocketAddr::V6(a) => {
-            // SAFETY: sockaddr_storage is large and aligned enough for a sockaddr_in6.
-            let s = unsafe { &mut *(out as *mut _ as *mut libc::sockaddr_in6) };
-            s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-            s.sin6_port = a.port().to_be();
-            s.sin6_addr.s6_addr = a.ip().octets();
-            s.sin6_flowinfo = a.flowinfo();
-            s.sin6_scope_id = a.scope_id();
-            size_of::<libc::sockaddr_in6>() as libc::socklen_t
-        }
-    }
-}
-
-fn decode(a: &libc::sockaddr_storage) -> SocketAddr {
-    match a.ss_family as libc::c_int {
-        libc::AF_INET6 => {
-            // SAFETY: the kernel wrote a sockaddr_in6 (family AF_INET6) into storage large enough for it.
-            let s = unsafe { &*(a as *const _ as *const libc::sockaddr_in6) };
-            SocketAddr::from((s.sin6_addr.s6_addr, u16::from_be(s.sin6_port)))
-        }
-        _ => {
-            // SAFETY: as above for a sockaddr_in (AF_INET, or zeroed storage, which reads as 0.0.0.0:0).
-            let s = unsafe { &*(a as *const _ as *const libc::sockaddr_in) };
-            SocketAddr::from((s.sin_addr.s_addr.to_ne_bytes(), u16::from_be(s.sin_port)))
-        }
     }
 }
 

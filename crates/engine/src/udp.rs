@@ -188,7 +188,7 @@ pub(crate) fn bind_shared_v4(addr: SocketAddrV4) -> io::Result<UdpSocket> {
 
 /// Encodes `dest` for a socket of the given family; `None` if it cannot be
 /// reached from it (IPv6 from an IPv4 socket).
-fn encode_addr(
+pub(crate) fn encode_addr(
     dest: (IpAddr, u16),
     v6_socket: bool,
     out: &mut libc::sockaddr_storage,
@@ -238,7 +238,9 @@ fn encode_addr(
     }
 }
 
-fn decode_addr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+/// The address the kernel wrote into `ss`; `None` for a family other
+/// than IPv4/IPv6.
+pub(crate) fn decode_addr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
     match i32::from(ss.ss_family) {
         libc::AF_INET => {
             let sin =

@@ -210,24 +210,13 @@ fn chunks(size: usize, payload: usize) -> io::Result<(usize, usize)> {
     Ok((cnt, p))
 }
 
-/// The datagrams of one message, laid out back to back (`[hdr | chunk]`
-/// each) for GSO runs.
-struct MsgBuf {
-    buf: Vec<u8>,
-}
-
-impl MsgBuf {
-    fn new() -> Self {
-        MsgBuf { buf: Vec::new() }
-    }
-}
-
 /// Sends message `seq` of `size` octets as datagrams to `to`, in GSO runs
-/// of at most [`MAX_SEGMENTS`] datagrams / [`GSO_RUN`] octets.
+/// of at most [`MAX_SEGMENTS`] datagrams / [`GSO_RUN`] octets; `run_buf` holds
+/// a run's datagrams back to back (`[hdr | chunk]` each).
 fn send_msg(
     s: &mut RawUdp,
     to: SocketAddr,
-    mb: &mut MsgBuf,
+    run_buf: &mut Vec<u8>,
     seq: u32,
     size: usize,
     payload: usize,
@@ -239,15 +228,15 @@ fn send_msg(
     let mut i = 0;
     while i < cnt {
         let n = per_run.min(cnt - i);
-        mb.buf.clear();
+        run_buf.clear();
         for k in i..i + n {
             let len = if k + 1 == cnt { size - k * p } else { p };
-            let at = mb.buf.len();
-            mb.buf.resize(at + UDP_HDR + len, 0);
-            put_hdr(&mut mb.buf[at..], seq, k as u16, cnt as u16);
+            let at = run_buf.len();
+            run_buf.resize(at + UDP_HDR + len, 0);
+            put_hdr(&mut run_buf[at..], seq, k as u16, cnt as u16);
         }
         loop {
-            match s.send_segments(to, &mb.buf, seg) {
+            match s.send_segments(to, run_buf, seg) {
                 Ok(()) => break,
                 Err(e) if would_block(&e) => w.check("UDP send room")?,
                 // Loopback reports a full receiver as ECONNREFUSED/ENOBUFS
@@ -264,7 +253,7 @@ fn send_msg(
 fn serve_udp(spec: &Spec, ctrl: &mut Ctrl, ip: IpAddr) -> io::Result<()> {
     let mut s = udp_bind(ip, spec.wait)?;
     ctrl.send(&Msg::new("READY").with("port", s.socket().local_addr()?.port()))?;
-    let mut mb = MsgBuf::new();
+    let mut run_buf = Vec::new();
     let (mut cur, mut got) = (u32::MAX, 0u16);
     let (mut octets, mut dgrams) = (0u64, 0u64);
     let (mut first, mut last): (Option<(Instant, usize)>, Instant) = (None, Instant::now());
@@ -301,7 +290,15 @@ fn serve_udp(spec: &Spec, ctrl: &mut Ctrl, ip: IpAddr) -> io::Result<()> {
             Ok(_) => {
                 idle = 0;
                 for (seq, from) in complete.drain(..) {
-                    send_msg(&mut s, from, &mut mb, seq, spec.size, spec.payload, &mut w)?;
+                    send_msg(
+                        &mut s,
+                        from,
+                        &mut run_buf,
+                        seq,
+                        spec.size,
+                        spec.payload,
+                        &mut w,
+                    )?;
                 }
             }
             Err(e) if would_block(&e) => {
@@ -430,7 +427,7 @@ fn udp_socket(spec: &Spec, ctrl: &Ctrl) -> io::Result<RawUdp> {
 fn udp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> {
     let mut s = udp_socket(spec, ctrl)?;
     let mut w = Watch::new(HANG);
-    let mut mb = MsgBuf::new();
+    let mut run_buf = Vec::new();
     let (cnt, _) = chunks(spec.size, spec.payload)?;
     let mut h = Histogram::new();
     let (mut lost, mut seq, mut warm) = (0u64, 0u32, 0u64);
@@ -438,7 +435,15 @@ fn udp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured>
     while warm < spec.warmup || spec.more(h.count(), t0) {
         seq = seq.wrapping_add(1);
         let a = Instant::now();
-        send_msg(&mut s, to, &mut mb, seq, spec.size, spec.payload, &mut w)?;
+        send_msg(
+            &mut s,
+            to,
+            &mut run_buf,
+            seq,
+            spec.size,
+            spec.payload,
+            &mut w,
+        )?;
         let mut got = 0usize;
         let mut spins = 0u32;
         let answered = loop {
@@ -492,14 +497,14 @@ fn udp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured>
 fn udp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> {
     let mut s = udp_socket(spec, ctrl)?;
     let mut w = Watch::new(HANG);
-    let mut mb = MsgBuf::new();
+    let mut run_buf = Vec::new();
     let mut sent = 0u64;
     let t0 = Instant::now();
     while spec.more(sent, t0) {
         send_msg(
             &mut s,
             to,
-            &mut mb,
+            &mut run_buf,
             sent as u32,
             spec.size,
             spec.payload,
