@@ -40,7 +40,7 @@ use std::io::{self, Read};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use softrdma_proto::rc::{
@@ -151,6 +151,9 @@ pub struct QpShared {
     recv_cq: Arc<Cq>,
     /// The shared receive queue every receive comes from, if any.
     srq: Option<Arc<Srq>>,
+    /// A receive side bound after creation ([`Qp::bind_receive`]): its
+    /// SRQ and receive CQ replace `srq` and `recv_cq`.
+    bound: OnceLock<(Arc<Srq>, Arc<Cq>)>,
     /// The socket's epoll interest and busy-poll parking.
     park: Parking,
     /// Raises no QP async events ([`Qp::set_internal`]).
@@ -270,6 +273,7 @@ impl Qp {
             send_cq: send_cq.clone(),
             recv_cq: recv_cq.clone(),
             srq,
+            bound: OnceLock::new(),
             park: Parking::default(),
             internal: AtomicBool::new(false),
             core: Mutex::new(QpCore {
@@ -309,7 +313,35 @@ impl Qp {
 
     /// The shared receive queue the QP takes its receives from, if any.
     pub fn srq(&self) -> Option<&Arc<Srq>> {
-        self.inner.srq.as_ref()
+        self.inner.srq_ref()
+    }
+
+    /// Binds the receive side of a QP created without a shared receive
+    /// queue, after creation: from now on incoming Sends (and Writes with
+    /// immediate data) take their receives from `srq` and complete into
+    /// `recv_cq` (which also progresses the QP inline when polled). For
+    /// SoftDC's reverse use of a connection (`docs/dc.md` §2); the QP's
+    /// protection domain must be the SRQ user's. Refused
+    /// ([`QpError::Invalid`]) on a QP that has an SRQ already, was bound
+    /// before, or has receives of its own posted.
+    pub fn bind_receive(&self, srq: Arc<Srq>, recv_cq: Arc<Cq>) -> Result<(), QpError> {
+        if self.inner.srq.is_some() {
+            return Err(QpError::Invalid);
+        }
+        // Under the QP lock: no receive is processed half-way through.
+        let mut c = self.inner.lock();
+        let own =
+            c.early_rq.len() > 0 || c.link.as_mut().is_some_and(|l| l.rc.recv_queue().len() > 0);
+        if own {
+            return Err(QpError::Invalid);
+        }
+        self.inner
+            .bound
+            .set((srq, recv_cq.clone()))
+            .map_err(|_| QpError::Invalid)?;
+        drop(c);
+        recv_cq.attach(Arc::downgrade(&self.inner));
+        Ok(())
     }
 
     /// Marks a QP that the engine uses internally (SoftDC connections):
@@ -353,7 +385,7 @@ impl Qp {
     /// Posts a receive. A QP with a shared receive queue has none of its
     /// own: [`QpError::Invalid`] (post to the [`Srq`] instead).
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), QpError> {
-        if self.inner.srq.is_some() {
+        if self.inner.srq_ref().is_some() {
             return Err(QpError::Invalid);
         }
         let mut c = self.inner.lock();
@@ -476,6 +508,17 @@ impl Qp {
 }
 
 impl QpShared {
+    /// The SRQ receives come from: the one of creation, or the one bound
+    /// later ([`Qp::bind_receive`]).
+    fn srq_ref(&self) -> Option<&Arc<Srq>> {
+        self.srq.as_ref().or_else(|| self.bound.get().map(|b| &b.0))
+    }
+
+    /// The CQ receives complete into (see `srq_ref`).
+    fn recv_cq(&self) -> &Arc<Cq> {
+        self.bound.get().map_or(&self.recv_cq, |b| &b.1)
+    }
+
     fn lock(&self) -> MutexGuard<'_, QpCore> {
         self.core.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -630,7 +673,7 @@ impl QpShared {
             if stashed > 0 {
                 rx_stats.copied_octets += stashed as u64;
                 let rc = &mut link.rc;
-                let ok = match &self.srq {
+                let ok = match self.srq_ref() {
                     Some(srq) => {
                         let mut q = srq.lock();
                         self.shared
@@ -648,7 +691,7 @@ impl QpShared {
             if !data.is_empty() {
                 rx_stats.copied_octets += data.len() as u64;
                 let rc = &mut link.rc;
-                match &self.srq {
+                match self.srq_ref() {
                     // Lock order: QP core (held), SRQ, registry.
                     Some(srq) => {
                         let mut q = srq.lock();
@@ -725,7 +768,7 @@ impl QpShared {
                             None
                         }
                         RcEvent::RecvLimitReached => Some(AsyncEvent::SrqLimitReached {
-                            id: self.srq.as_ref().map_or(u64::from(self.qpn), |q| q.id()),
+                            id: self.srq_ref().map_or(u64::from(self.qpn), |q| q.id()),
                         }),
                     };
                     if let (Some(e), true) = (ae, ne < events.len()) {
@@ -747,7 +790,7 @@ impl QpShared {
         // must not overtake each other, as verbs completes a QP's work in
         // order. A CQ never takes a QP lock, so QP core then CQ is safe.
         self.send_cq.push(&c.out_send);
-        self.recv_cq.push(&c.out_recv);
+        self.recv_cq().push(&c.out_recv);
         // Cleared, not replaced: the buffers keep their capacity.
         c.out_send.clear();
         c.out_recv.clear();
