@@ -364,6 +364,20 @@ impl Qp {
         }
     }
 
+    /// Octets written to the connection's socket that the peer has not
+    /// acknowledged yet (`SIOCOUTQ`); `None` without a connection or if
+    /// the socket cannot tell. 0: everything written reached the peer's
+    /// TCP receive queue (SoftDC waits for it before letting the peer
+    /// close a connection it wrote on, `docs/dc.md` §2).
+    pub fn tx_unacked(&self) -> Option<usize> {
+        let c = self.inner.lock();
+        let fd = c.link.as_ref().filter(|l| !l.closed)?.sock.as_raw_fd();
+        let mut n: libc::c_int = 0;
+        // SAFETY: ioctl(TIOCOUTQ == SIOCOUTQ) on the link's own open socket (kept open by the QP lock held here), writing one c_int we own.
+        let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+        (r == 0).then_some(n.max(0) as usize)
+    }
+
     /// Where received payload went so far: placed straight from the socket
     /// or copied through the receive buffer.
     pub fn rx_stats(&self) -> RxStats {
