@@ -339,6 +339,60 @@ fn baselines_alone() {
     }
 }
 
+/// `tcp_crc_bw` (the CRC ceiling) runs alone as a baseline, and as a
+/// test it is measured against `tcp_bw` of the same run.
+#[test]
+fn crc_ceiling_baseline() {
+    let out = softrdma(
+        &[
+            "perf",
+            "baseline",
+            "tcp_crc_bw",
+            "--size",
+            "64Ki",
+            "--iters",
+            "50",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let objs: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
+    assert_eq!(objs.len(), 1);
+    assert_eq!(s(&objs[0], "test"), Some("tcp_crc_bw"));
+    assert!(s(&objs[0], "note").unwrap().contains("crc32c"));
+    let out = softrdma(
+        &[
+            "perf",
+            "tcp_crc_bw",
+            "--size",
+            "64Ki",
+            "--iters",
+            "50",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let objs: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
+    assert_eq!(objs.len(), 2, "tcp_bw + tcp_crc_bw expected");
+    assert_eq!(s(&objs[0], "test"), Some("tcp_bw"));
+    let r = &objs[1];
+    assert_eq!(s(r, "test"), Some("tcp_crc_bw"));
+    assert_eq!(s(r, "baseline"), Some("tcp_bw"));
+    let (bw, base) = (
+        num(r, "bw_gbps").unwrap(),
+        num(&objs[0], "bw_gbps").unwrap(),
+    );
+    assert!(bw > 0.0 && base > 0.0);
+    assert_eq!(num(r, "baseline_value"), Some(base));
+    let ratio = num(r, "ratio").unwrap();
+    assert!((ratio - bw / base).abs() < 1e-9 * ratio.max(1.0));
+    // A baseline takes no transport.
+    let out = softrdma(&["perf", "tcp_crc_bw", "--transport", "rc"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
 #[test]
 fn verify_catches_a_flipped_byte() {
     for (t, tr) in [
@@ -673,6 +727,12 @@ fn quick_suite_writes_report_and_pngs() {
         );
     }
     assert!(stdout.contains("issue-5 targets"), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("tcp_crc_bw") && l.contains("tcp_bw")),
+        "no CRC ceiling row:\n{stdout}"
+    );
     let md = std::fs::read_to_string(dir.join("report.md")).expect("report.md");
     for want in [
         "nproc",

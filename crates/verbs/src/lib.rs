@@ -597,20 +597,32 @@ impl QueuePair {
 
     /// Posts a send work request (the QP must be in RTS).
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
-        match self.query_state() {
-            QpState::Rts => Ok(self.qp.post_send(wr)?),
-            // In ERR, verbs completes the request at once with a flush error.
-            QpState::Err => Ok(self.qp.post_send(wr)?),
+        // RTS and ERR both go to the engine (on a failed connection it
+        // completes the request at once with a flush error, as verbs does
+        // in ERR), so only the other states need `query_state`'s look at
+        // the connection: the data path takes no QP lock for the state.
+        let st = match self.verbs_state() {
+            st @ (QpState::Rts | QpState::Err) => st,
+            _ => self.query_state(),
+        };
+        match st {
+            QpState::Rts | QpState::Err => Ok(self.qp.post_send(wr)?),
             other => Err(PostError::InvalidState(other)),
         }
     }
 
     /// Posts a receive (any state but RESET).
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
-        match self.query_state() {
+        // `query_state` reports RESET exactly when the verbs state is.
+        match self.verbs_state() {
             QpState::Reset => Err(PostError::InvalidState(QpState::Reset)),
             _ => Ok(self.qp.post_recv(wr)?),
         }
+    }
+
+    /// The state the verbs calls set, without the connection's view.
+    fn verbs_state(&self) -> QpState {
+        *self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Disconnects (`rdma_disconnect`): outstanding work flushes and the QP

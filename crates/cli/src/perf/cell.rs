@@ -96,7 +96,19 @@ pub(crate) const BASELINES: &[TestDef] = &[
     t("tcp_bw", Op::Tcp, Kind::Bw),
     t("udp_lat", Op::Udp, Kind::Lat),
     t("udp_bw", Op::Udp, Kind::Bw),
+    // `tcp_bw` plus CRC32C over every octet at both ends: the ceiling of
+    // an MPA stream with CRC over kernel sockets (see baseline.rs).
+    t("tcp_crc_bw", Op::Tcp, Kind::Bw),
 ];
+
+/// The plain baseline a baseline that does more than a raw socket is
+/// compared with (`tcp_crc_bw` → `tcp_bw`); `None` for the raw ones.
+pub(crate) fn reference_of(test: &TestDef) -> Option<&'static TestDef> {
+    match test.name {
+        "tcp_crc_bw" => test_by_name("tcp_bw"),
+        _ => None,
+    }
+}
 
 /// A test or baseline by name.
 pub(crate) fn test_by_name(name: &str) -> Option<&'static TestDef> {

@@ -51,6 +51,9 @@ const USAGE: &str = "usage: softrdma perf suite|loss|scale|baseline B|TEST [OPTI
 TEST: send_lat send_bw write_lat write_bw read_lat read_bw
       write_record_lat write_record_bw atomic_lat
 B:    tcp_lat tcp_bw udp_lat udp_bw
+      tcp_crc_bw (tcp_bw with CRC32C over every octet at both ends, the
+      ceiling of MPA with CRC; `softrdma perf tcp_crc_bw` gives its ratio
+      to tcp_bw)
 
 options:
   --transport rc|ud|rd|dc  (default rc; write_record_* default ud; dc also
@@ -93,11 +96,18 @@ pub fn main(args: &[String]) -> ExitCode {
         }
         None => usage_error("which test? (suite, baseline, send_lat, …)"),
         Some("baseline") => match args.get(1) {
-            Some(b) if BASELINES.iter().any(|t| t.name == b) => test_main(b, &args[2..]),
+            Some(b) if BASELINES.iter().any(|t| t.name == b) => {
+                // Alone: even a baseline with a reference (`tcp_crc_bw`).
+                let mut rest = args[2..].to_vec();
+                rest.push("--no-baseline".into());
+                test_main(b, &rest)
+            }
             Some(b) => usage_error(&format!(
-                "unknown baseline {b:?} (tcp_lat, tcp_bw, udp_lat, udp_bw)"
+                "unknown baseline {b:?} (tcp_lat, tcp_bw, udp_lat, udp_bw, tcp_crc_bw)"
             )),
-            None => usage_error("baseline: which one? (tcp_lat, tcp_bw, udp_lat, udp_bw)"),
+            None => {
+                usage_error("baseline: which one? (tcp_lat, tcp_bw, udp_lat, udp_bw, tcp_crc_bw)")
+            }
         },
         Some(t) if test_by_name(t).is_some() => test_main(t, &args[1..]),
         Some(other) => usage_error(&format!("unknown test or command {other:?}")),
@@ -455,7 +465,8 @@ pub(crate) fn run_sizes(
             o.transport,
             report::fmt_size(size as u64)
         );
-        if is_baseline || !o.baseline {
+        let reference = cell::reference_of(o.test);
+        if (is_baseline && reference.is_none()) || !o.baseline {
             eprintln!("  {label} ...");
             let r = cell::run_cell(ctrl, &spec);
             if let Some(e) = &r.error {
@@ -465,9 +476,15 @@ pub(crate) fn run_sizes(
             rows.push(r);
             continue;
         }
-        let tr = transport_by_name(o.transport).expect("checked");
-        let b = baseline_for(o.test, tr);
-        let bspec = o.spec(b, if tr.stream { "tcp" } else { "udp" }, size);
+        let (b, bspec) = match reference {
+            // A baseline doing extra work, against the raw one.
+            Some(b) => (b, o.spec(b, o.transport, size)),
+            None => {
+                let tr = transport_by_name(o.transport).expect("checked");
+                let b = baseline_for(o.test, tr);
+                (b, o.spec(b, if tr.stream { "tcp" } else { "udp" }, size))
+            }
+        };
         eprintln!(
             "  {label} with {} ({} round{}) ...",
             b.name,

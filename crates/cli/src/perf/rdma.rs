@@ -18,7 +18,9 @@
 //!   request until its completion. Over UD a round without an answer
 //!   within [`LOSS_TIMEOUT`] counts as lost and the next round goes.
 //! * `*_bw`: A keeps `window` messages outstanding, message k from its slot
-//!   k mod nslots to B's slot k mod nslots. Sends over RC and RD are flow
+//!   k mod nmem to B's slot k mod nmem (nmem: as many slots as fit 1 MiB,
+//!   at least one, as perftest reuses one buffer; with `--verify` one slot
+//!   per message the queues hold). Sends over RC and RD are flow
 //!   controlled with credits (B returns its count of receives consumed
 //!   every nslots/4 messages), as a Send finding no receive kills an RC
 //!   connection. Reliable transports are timed at A from the first post to
@@ -65,8 +67,15 @@ const ID_CTL: u64 = 1 << 40;
 const SIGNAL_EVERY: u64 = 16;
 /// Slots of the latency tests (Send receive ring).
 const LAT_SLOTS: usize = 16;
-/// Memory budget of the bandwidth slots per end.
+/// Memory budget of the bandwidth slots per end (`--verify`: one slot per
+/// outstanding message).
 const BW_BUDGET: usize = 32 << 20;
+/// Memory the bandwidth slots of a run without `--verify` cycle through
+/// (at least one slot): like perftest, which posts every message of more
+/// than half a page from the same buffer, and like the raw-socket stream
+/// (one send buffer, one 256 KiB receive buffer), so neither side of a
+/// ratio measures cache misses the other does not have.
+const BW_RING: usize = 1 << 20;
 
 fn err(msg: String) -> io::Error {
     io::Error::other(msg)
@@ -98,7 +107,11 @@ struct End {
     stride: usize,
     slot_base: usize,
     ctl_base: usize,
+    /// Slots the queues and credits count (receives posted, window).
     nslots: usize,
+    /// Slots in memory: message k uses slot k mod nmem (= `nslots` with
+    /// `--verify`, else as many as fit [`BW_RING`]).
+    nmem: usize,
     raddr: u64,
     rkey: u32,
     out: [Completion; 32],
@@ -130,8 +143,12 @@ impl End {
             Kind::Lat => LAT_SLOTS,
             Kind::Bw => (BW_BUDGET / stride).clamp(2, 128),
         };
+        let nmem = match spec.test.kind {
+            Kind::Bw if !spec.verify => (BW_RING / stride).clamp(1, nslots),
+            _ => nslots,
+        };
         let slot_base = size.div_ceil(4096) * 4096;
-        let ctl_base = slot_base + nslots * stride;
+        let ctl_base = slot_base + nmem * stride;
         let len = ctl_base + CTL_ENTRY * CTL_ENTRIES;
         let access = Access::LOCAL_WRITE
             | Access::REMOTE_WRITE
@@ -190,6 +207,7 @@ impl End {
             slot_base,
             ctl_base,
             nslots,
+            nmem,
             raddr: 0,
             rkey: 0,
             out: [NO_COMPLETION; 32],
@@ -198,7 +216,7 @@ impl End {
     }
 
     fn slot(&self, k: usize) -> usize {
-        self.slot_base + (k % self.nslots) * self.stride
+        self.slot_base + (k % self.nmem) * self.stride
     }
 
     fn ctl(&self, i: usize) -> usize {
