@@ -330,8 +330,10 @@ impl Qp {
         }
         // Under the QP lock: no receive is processed half-way through.
         let mut c = self.inner.lock();
-        let own =
-            c.early_rq.len() > 0 || c.link.as_mut().is_some_and(|l| l.rc.recv_queue().len() > 0);
+        let own = !c.early_rq.is_empty()
+            || c.link
+                .as_mut()
+                .is_some_and(|l| !l.rc.recv_queue().is_empty());
         if own {
             return Err(QpError::Invalid);
         }
