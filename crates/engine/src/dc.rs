@@ -78,7 +78,7 @@ use std::time::Instant;
 
 use softrdma_proto::dc::{
     ConnId, DcConfig, DcEvent, DcStats, DcTable, DcTarget, FailReason, LocalMap, RejectReason,
-    MSG_LEN,
+    ReverseOffer, MSG_LEN,
 };
 use softrdma_proto::memory::Access;
 use softrdma_proto::mpa::{Initiator, Negotiated, Outcome};
@@ -122,6 +122,9 @@ const POLLER_IDLE: std::time::Duration = std::time::Duration::from_millis(1);
 /// How often the progress thread looks whether a busy poller stopped
 /// without arming its CQ (arming hands over at once: `on_app_armed`).
 const POLLER_WATCH: std::time::Duration = std::time::Duration::from_millis(20);
+/// How often target connections waiting for their written octets to be
+/// acknowledged (before an Unbound) are looked at.
+const DRAIN_CHECK: std::time::Duration = std::time::Duration::from_millis(1);
 /// Key-rejection reports kept per DCT until read.
 const MAX_REJECTIONS: usize = 256;
 
@@ -297,6 +300,12 @@ struct Conn {
     opening: Option<Box<Opening>>,
     /// `opening` is the direct attempt (no cookie).
     direct: bool,
+    /// Reverse use: `qp` is a target connection's (this side accepted
+    /// it; the peer opened it and bound its receive side to a DCT).
+    shared: bool,
+    /// Offering side: this connection's receive side is bound to this
+    /// DCT (the peer sends to it over the connection).
+    bound_dct: Option<u32>,
 }
 
 struct DctState {
@@ -323,6 +332,9 @@ struct Core {
     targets: LocalMap<ConnId, TargetConn>,
     /// Target connections being accepted (counted as RC QPs).
     accepting: usize,
+    /// Target connections asked to unbind whose reverse work is done:
+    /// the Unbound goes once what was written on them is acknowledged.
+    drained: Vec<ConnId>,
     timer: Option<Instant>,
     last_reap: Option<Instant>,
     max_rc: usize,
@@ -474,6 +486,7 @@ impl DcService {
                 dcts: LocalMap::default(),
                 targets: LocalMap::default(),
                 accepting: 0,
+                drained: Vec::new(),
                 timer: None,
                 last_reap: None,
                 max_rc: 0,
@@ -602,6 +615,8 @@ impl DcService {
                     up: false,
                     opening: None,
                     direct: false,
+                    shared: false,
+                    bound_dct: None,
                 },
             );
         }
@@ -671,6 +686,9 @@ impl DcService {
     fn pump(&self, core: &mut Core, now: Instant) {
         loop {
             let mut any = false;
+            if !core.drained.is_empty() {
+                self.check_drained(core);
+            }
             // Events first: a direct connection request goes out before
             // the invitation it runs in parallel with.
             while let Some(ev) = core.table.poll_event() {
@@ -705,6 +723,10 @@ impl DcService {
             }
         }
         let mut next = core.table.poll_timeout();
+        if !core.drained.is_empty() {
+            let soon = now + DRAIN_CHECK;
+            next = Some(next.map_or(soon, |t| t.min(soon)));
+        }
         if !core.targets.is_empty() {
             let reap = now + REAP_EVERY;
             next = Some(next.map_or(reap, |t| t.min(reap)));
@@ -716,6 +738,23 @@ impl DcService {
                     p.set_timer(self.token, t);
                 }
             }
+        }
+    }
+
+    /// Target connections whose reverse work is done: the Unbound goes
+    /// for those whose written octets the peer has all acknowledged (so
+    /// the peer, reading its socket before it closes, loses none).
+    fn check_drained(&self, core: &mut Core) {
+        let mut i = 0;
+        while i < core.drained.len() {
+            let id = core.drained[i];
+            let unacked = core.targets.get(&id).and_then(|t| t.qp.tx_unacked());
+            if unacked.is_some_and(|n| n > 0) {
+                i += 1;
+                continue;
+            }
+            core.drained.swap_remove(i);
+            core.table.unbound_ready(id);
         }
     }
 
@@ -754,8 +793,61 @@ impl DcService {
                     }
                     fail_backlog(core, &mut conn, WcStatus::WrFlushErr, now);
                     if let Some(qp) = conn.qp.take() {
+                        if conn.bound_dct.is_some() {
+                            // The peer's last messages (acknowledged before
+                            // its Unbound) are in the socket: read them
+                            // into the DCT before closing.
+                            qp.inner.progress_inline();
+                        }
                         qp.disconnect();
                     }
+                }
+            }
+            DcEvent::BindReceive { id, dct } => {
+                let ok = match (core.conns.get(&id), core.dcts.get(&dct)) {
+                    (Some(conn), Some(d)) if conn.pd == d.pd => conn
+                        .qp
+                        .as_ref()
+                        .is_some_and(|qp| qp.bind_receive(d.srq.clone(), d.cq.clone()).is_ok()),
+                    _ => false,
+                };
+                if ok {
+                    if let Some(conn) = core.conns.get_mut(&id) {
+                        conn.bound_dct = Some(dct);
+                    }
+                } else {
+                    // Cannot happen by construction (one bind per
+                    // connection, offered DCTs of its domain): the
+                    // connection goes, the peer's work takes the normal
+                    // path or fails as with a closed connection.
+                    self.kill_conn(core, id, now);
+                }
+            }
+            DcEvent::Bound { id, via } => {
+                let qp = core.targets.get(&via).map(|t| t.qp.clone());
+                match (core.conns.get_mut(&id), qp) {
+                    (Some(conn), Some(qp)) => {
+                        conn.qp = Some(qp);
+                        conn.shared = true;
+                        conn.up = true;
+                        self.pending.fetch_sub(1, Ordering::Relaxed);
+                        self.drain_backlog(core, id, now);
+                    }
+                    _ => self.kill_conn(core, id, now),
+                }
+            }
+            DcEvent::Unbound { id } => {
+                // Not closed here: the QP is the target connection's.
+                if let Some(mut conn) = core.conns.remove(&id) {
+                    if !conn.up {
+                        self.pending.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    fail_backlog(core, &mut conn, WcStatus::WrFlushErr, now);
+                }
+            }
+            DcEvent::Drained { id } => {
+                if !core.drained.contains(&id) {
+                    core.drained.push(id);
                 }
             }
             DcEvent::KeyRejected { dct, src } => {
@@ -782,6 +874,18 @@ impl DcService {
         cookie: Option<u64>,
     ) {
         let now = Instant::now();
+        // Reverse use: this context's DCTs of the connection's domain
+        // are offered to the peer (`docs/dc.md` §2).
+        let offer = core.conns.get(&id).and_then(|conn| {
+            let mut dcts: Vec<u32> = core
+                .dcts
+                .iter()
+                .filter(|(_, d)| d.pd == conn.pd)
+                .map(|(&n, _)| n)
+                .collect();
+            dcts.sort_unstable();
+            core.table.offer(id, &dcts)
+        });
         let Some(conn) = core.conns.get_mut(&id) else {
             return;
         };
@@ -840,6 +944,10 @@ impl DcService {
                 pd
             }
         };
+        let mut pd = pd;
+        if let Some(o) = &offer {
+            o.encode(&mut pd);
+        }
         let addr = SocketAddr::new(target.addr.ip, port);
         conn.direct = cookie.is_none();
         core.max_rc = core.max_rc.max(rc_count(core));
@@ -1398,14 +1506,18 @@ impl DcService {
                 let _ = inc.reject(b"softrdma: no QP number");
                 return false;
             };
+            // With a reverse offer, this side's DCIs may send over the
+            // connection: its send completions go to the internal CQ
+            // (into the DCIs' reorder rings) like an initiator QP's.
+            let reverse = req.offer.is_some() && core.table.config().reverse;
             let qp = ctx.create_qp_with_srq(
                 qpn,
                 d.pd,
                 QpCaps {
-                    max_send_wr: 1,
+                    max_send_wr: if reverse { RC_SQ } else { 1 },
                     max_recv_wr: 1,
                 },
-                d.cq.clone(),
+                self.data_cq.clone(),
                 d.cq.clone(),
                 d.srq.clone(),
             );
@@ -1433,6 +1545,10 @@ impl DcService {
         let ok = ok && core.dcts.contains_key(&dct);
         if ok {
             core.targets.insert(id, TargetConn { qp, dct });
+            if let (Some(offer), Some(d)) = (req.offer, core.dcts.get(&dct)) {
+                let local = d.pd;
+                core.table.accept_offer(id, offer, local);
+            }
         } else {
             qp.disconnect();
             core.table.closed(id, now);
@@ -1515,6 +1631,17 @@ impl DcService {
             }
             core.table.closed(id, now);
         }
+        // Initiator connections whose receive side delivers into it: the
+        // peer must not reach a destroyed DCT over them.
+        let bound: Vec<ConnId> = core
+            .conns
+            .iter()
+            .filter(|(_, c)| c.bound_dct == Some(num))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in bound {
+            self.kill_conn(core, id, now);
+        }
         self.pump(core, now);
     }
 }
@@ -1577,7 +1704,12 @@ fn progress_in_flight(core: &Core) -> bool {
 }
 
 fn rc_count(c: &Core) -> usize {
-    c.conns.values().filter(|x| x.qp.is_some()).count() + c.targets.len() + c.accepting
+    c.conns
+        .values()
+        .filter(|x| x.qp.is_some() && !x.shared)
+        .count()
+        + c.targets.len()
+        + c.accepting
 }
 
 /// Marks internal work request `wr_id` done with `status` (unless it is
@@ -1626,7 +1758,15 @@ struct Request {
     auth: Auth,
     dct: u32,
     conn: u64,
+    /// The initiator's reverse offer (after the fixed part; none in the
+    /// old format).
+    offer: Option<ReverseOffer>,
 }
+
+/// Length of the fixed part of a cookie request's private data.
+const PD_COOKIE_LEN: usize = 24;
+/// Length of the fixed part of a direct request's private data.
+const PD_DIRECT_LEN: usize = 30;
 
 /// Parses the private data of a DC connection request ([`PD_MAGIC`] or
 /// [`PD_MAGIC_DIRECT`]) from `peer`.
@@ -1638,6 +1778,7 @@ fn parse_request(pd: &[u8], peer: IpAddr) -> Option<Request> {
             auth: Auth::Cookie(u64_at(4)?),
             dct: u32_at(12)?,
             conn: u64_at(16)?,
+            offer: pd.get(PD_COOKIE_LEN..).and_then(ReverseOffer::decode),
         }),
         m if m == PD_MAGIC_DIRECT => {
             let port = u16::from_be_bytes(pd.get(28..30)?.try_into().ok()?);
@@ -1652,6 +1793,7 @@ fn parse_request(pd: &[u8], peer: IpAddr) -> Option<Request> {
                 },
                 dct: u32_at(12)?,
                 conn: u64_at(16)?,
+                offer: pd.get(PD_DIRECT_LEN..).and_then(ReverseOffer::decode),
             })
         }
         _ => None,

@@ -654,3 +654,272 @@ fn direct_request_split_right_and_wrong_key() {
     assert_eq!(st.rejected_bad_key, 0);
     assert_eq!(dct.rejected(), 0);
 }
+
+// ---------------------------------------------------------------------
+// Reverse use: A and B are each DCI and DCT of the other (one process,
+// two contexts).
+
+/// One side: a DCI, a DCT on an SRQ, receive buffers (`RECVS` messages)
+/// and send buffers.
+struct Side {
+    svc: Arc<DcService>,
+    dci: Dci,
+    dct: Dct,
+    dci_cq: Arc<Cq>,
+    dct_cq: Arc<Cq>,
+    srq: Arc<Srq>,
+    mem: Mem,
+    /// Messages received (their numbers), in arrival order.
+    got: Vec<u32>,
+    /// Completions of the DCI: (wr_id, status), in order.
+    done: Vec<(u64, WcStatus)>,
+    // Dropped last: the objects above hold parts of the context.
+    _ctx: Context,
+}
+
+const RECVS: usize = 64;
+const SENDS: usize = 64;
+
+impl Side {
+    fn new(reverse: bool, idle: Duration) -> Side {
+        let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let ctx = Context::new().unwrap();
+        let pd = ctx.alloc_pd();
+        let dci_cq = ctx.create_cq(1024, None);
+        let dct_cq = ctx.create_cq(1024, None);
+        let srq = ctx.create_srq(RECVS);
+        let mem = Mem::new(&ctx, pd, (RECVS + SENDS) * MSG);
+        for i in 0..RECVS {
+            srq.post_recv(RecvWr {
+                wr_id: i as u64,
+                sgl: mem.sgl(i * MSG, MSG),
+            })
+            .unwrap();
+        }
+        let mut o = opts(lo, 16, Duration::from_secs(2), true);
+        o.table.reverse = reverse;
+        o.table.idle_timeout = idle;
+        let svc = DcService::of(&ctx, o).unwrap();
+        let dct = Dct::new(&svc, pd, dct_cq.clone(), srq.clone(), KEY).unwrap();
+        let dci = Dci::new(&svc, pd, dci_cq.clone(), SENDS);
+        Side {
+            svc,
+            dci,
+            dct,
+            dci_cq,
+            dct_cq,
+            srq,
+            mem,
+            got: Vec::new(),
+            done: Vec::new(),
+            _ctx: ctx,
+        }
+    }
+
+    /// Sends message `i` to `dct` (with `key`), from send slot `i % SENDS`.
+    fn send(&self, i: u32, dct: u32, key: u64) -> Result<(), softrdma_engine::QpError> {
+        let slot = RECVS + i as usize % SENDS;
+        self.mem.write(slot * MSG, &message(i));
+        let wr = SendWr {
+            wr_id: u64::from(i),
+            op: SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+            payload: Payload::Sgl(self.mem.sgl(slot * MSG, MSG)),
+            flags: SendFlags {
+                signaled: true,
+                ..SendFlags::default()
+            },
+        };
+        let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        self.dci.post_send(
+            wr,
+            DcTarget {
+                key,
+                ..target(lo, dct)
+            },
+        )
+    }
+
+    /// Polls both CQs once: received messages are checked and their
+    /// receives reposted; DCI completions recorded. True if anything.
+    fn poll(&mut self) -> bool {
+        let mut buf = [blank(); 32];
+        let mut any = false;
+        let n = self.dct_cq.poll(&mut buf);
+        for c in &buf[..n] {
+            any = true;
+            assert_eq!(c.wc.status, WcStatus::Success, "{:?}", c.wc);
+            assert_eq!(c.wc.byte_len as usize, MSG);
+            let slot = c.wc.wr_id as usize;
+            let mut m = [0u8; MSG];
+            self.mem.read(slot * MSG, &mut m);
+            let i = u32::from_be_bytes(m[..4].try_into().unwrap());
+            assert_eq!(m, message(i), "message {i} corrupted");
+            self.got.push(i);
+            self.srq
+                .post_recv(RecvWr {
+                    wr_id: slot as u64,
+                    sgl: self.mem.sgl(slot * MSG, MSG),
+                })
+                .unwrap();
+        }
+        let n = self.dci_cq.poll(&mut buf);
+        for c in &buf[..n] {
+            any = true;
+            self.done.push((c.wc.wr_id, c.wc.status));
+        }
+        any
+    }
+}
+
+/// Ping-pong of `n` round trips: A sends `i`, B answers `i` when it got
+/// it. Both sides' messages intact and in order, DCI completions in
+/// posting order.
+fn ping_pong(a: &mut Side, b: &mut Side, n: u32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (da, db) = (a.dct.number(), b.dct.number());
+    let (a0, b0) = (a.got.len(), b.got.len());
+    for i in 0..n {
+        a.send(i, db, KEY).unwrap();
+        while b.got.len() < b0 + i as usize + 1 {
+            b.poll();
+            a.poll();
+            assert!(Instant::now() < deadline, "B waits for {i}");
+        }
+        b.send(i, da, KEY).unwrap();
+        while a.got.len() < a0 + i as usize + 1 {
+            a.poll();
+            b.poll();
+            assert!(Instant::now() < deadline, "A waits for {i}");
+        }
+    }
+    for s in [&mut *a, &mut *b] {
+        while s.done.len() < n as usize {
+            s.poll();
+            assert!(Instant::now() < deadline, "completions");
+        }
+        let ids: Vec<u64> = s
+            .done
+            .drain(..)
+            .map(|(id, st)| {
+                assert_eq!(st, WcStatus::Success);
+                id
+            })
+            .collect();
+        assert_eq!(
+            ids,
+            (0..u64::from(n)).collect::<Vec<_>>(),
+            "completion order"
+        );
+    }
+    assert_eq!(a.got[a0..], (0..n).collect::<Vec<_>>()[..]);
+    assert_eq!(b.got[b0..], (0..n).collect::<Vec<_>>()[..]);
+}
+
+/// Reverse use on (the default): B's answers travel over the connection
+/// A opened, so one RC connection (one TCP socket) carries both
+/// directions; with it off, each direction has its own. A wrong key on
+/// the Bind is refused and counted once, failing only that work request.
+/// Then A's idle close while B streams to it: the close handshake moves
+/// B to a fresh connection and no message is lost.
+#[test]
+fn reverse_use_one_connection_both_ways() {
+    // Off: two connections, as before.
+    {
+        let mut a = Side::new(false, Duration::from_secs(2));
+        let mut b = Side::new(false, Duration::from_secs(2));
+        ping_pong(&mut a, &mut b, 100);
+        let (sa, sb) = (a.svc.stats(), b.svc.stats());
+        assert_eq!((sa.rc_qps, sb.rc_qps), (2, 2), "{sa:?} {sb:?}");
+        assert_eq!(sb.table.binds, 0);
+    }
+    let idle = Duration::from_millis(150);
+    let mut a = Side::new(true, idle);
+    let mut b = Side::new(true, idle);
+    let (da, db) = (a.dct.number(), b.dct.number());
+    // A opens the connection (offering its DCT).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    a.send(5000, db, KEY).unwrap();
+    while b.got.is_empty() || a.done.is_empty() {
+        b.poll();
+        a.poll();
+        assert!(Instant::now() < deadline, "first message");
+    }
+    assert_eq!(a.done.remove(0), (5000, WcStatus::Success));
+    // A wrong key for A's DCT: B binds over that connection, A refuses
+    // and counts it once; B's work request fails RemAccessErr and no
+    // connection of B's own is tried.
+    b.send(5001, da, KEY + 1).unwrap();
+    while b.done.is_empty() {
+        b.poll();
+        a.poll();
+        assert!(Instant::now() < deadline, "wrong-key completion");
+    }
+    assert_eq!(b.done.remove(0), (5001, WcStatus::RemAccessErr));
+    assert_eq!(a.dct.rejected(), 1);
+    assert_eq!(a.svc.stats().table.rejected_bad_key, 1);
+    assert_eq!(b.svc.stats().table.binds, 1);
+    // (a) the ping-pong, B answering over A's connection.
+    ping_pong(&mut a, &mut b, 200);
+    let (sa, sb) = (a.svc.stats(), b.svc.stats());
+    // (b) one connection, one slot each side, both directions over it;
+    // B never opened one of its own.
+    assert_eq!((sa.rc_qps, sb.rc_qps), (1, 1), "{sa:?} {sb:?}");
+    assert_eq!((sa.live, sb.live), (1, 1));
+    assert_eq!((sb.table.binds, sb.table.bound), (2, 1), "{sb:?}");
+    assert_eq!(
+        (sb.table.invites, sb.table.direct_attempts),
+        (0, 0),
+        "{sb:?}"
+    );
+    assert_eq!(sa.table.binds_accepted, 1, "{sa:?}");
+    assert_eq!(a.dct.rejected(), 1, "counted once");
+
+    // (c) B streams to A; A posts nothing, so its connection idles out
+    // mid-stream: Unbind, B drains and answers, A closes; B's later
+    // messages take a fresh connection. Every message arrives once.
+    let total = 3000u32;
+    let start = Instant::now();
+    let mut posted = 0u32;
+    let a0 = a.got.len();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while a.got.len() < a0 + total as usize {
+        // Paced over several idle timeouts.
+        let due = ((start.elapsed().as_micros() / 200) as u32).min(total);
+        while posted < due && b.dci.outstanding() < SENDS {
+            b.send(2000 + posted, a.dct.number(), KEY).unwrap();
+            posted += 1;
+        }
+        a.poll();
+        b.poll();
+        assert!(Instant::now() < deadline, "stream stalled at {posted}");
+    }
+    while b.done.len() < total as usize {
+        b.poll();
+        assert!(Instant::now() < deadline, "stream completions");
+    }
+    assert!(b.done.iter().all(|&(_, st)| st == WcStatus::Success));
+    let ids: Vec<u64> = b.done.iter().map(|&(id, _)| id).collect();
+    assert_eq!(ids, (2000..2000 + u64::from(total)).collect::<Vec<_>>());
+    let mut got = a.got[a0..].to_vec();
+    let in_order = got.windows(2).filter(|w| w[1] > w[0]).count();
+    got.sort_unstable();
+    assert_eq!(
+        got,
+        (2000..2000 + total).collect::<Vec<_>>(),
+        "lost or twice"
+    );
+    let (sa, sb) = (a.svc.stats(), b.svc.stats());
+    assert!(sa.table.unbinds >= 1, "no close handshake ran: {sa:?}");
+    assert_eq!(sa.table.unbind_timeouts, 0, "{sa:?}");
+    assert!(sb.table.target_accepts >= 1);
+    eprintln!(
+        "reverse stream: {} of {} arrivals in order after the previous; A {:?}; B {:?}",
+        in_order,
+        total - 1,
+        sa.table,
+        sb.table
+    );
+}

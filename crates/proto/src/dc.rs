@@ -109,6 +109,22 @@ pub enum MsgKind {
     Accept,
     /// Target → initiator: no (see [`RejectReason`]).
     Reject,
+    /// Reverse user → the offering side's DCT: bind the receive side of
+    /// the connection with nonce `cookie` to DCT `dct`; `key` proves the
+    /// right to. Answered by an Accept (echoing the nonce) or a Reject.
+    Bind,
+    /// Connection owner → the reverse user (to the DCT the connection
+    /// goes to): stop using the connection with nonce `cookie`, answer
+    /// when the work on it is done.
+    Unbind,
+    /// Reverse user → connection owner: nothing more will come over the
+    /// connection with nonce `cookie`; it may close.
+    Unbound,
+    /// Offering side → reverse user: the Bind is accepted (the receive
+    /// side is bound), `cookie` echoes the nonce.
+    BindAccept,
+    /// Offering side → reverse user: the Bind is refused (`reason`).
+    BindReject,
 }
 
 /// Why a target refused an invitation.
@@ -121,6 +137,10 @@ pub enum RejectReason {
     /// The target's connection table is full of busy connections: try
     /// again (the invitation keeps retransmitting).
     Busy,
+    /// Bind: no connection with that nonce that may be bound to that DCT
+    /// (gone, closing, bound to another DCT, not offered): use the
+    /// normal path.
+    NoConnection,
     /// A reason this implementation does not know (treated as final).
     Other(u8),
 }
@@ -131,6 +151,7 @@ impl RejectReason {
             RejectReason::BadKey => 1,
             RejectReason::NoSuchDct => 2,
             RejectReason::Busy => 3,
+            RejectReason::NoConnection => 4,
             RejectReason::Other(c) => c,
         }
     }
@@ -140,6 +161,7 @@ impl RejectReason {
             1 => RejectReason::BadKey,
             2 => RejectReason::NoSuchDct,
             3 => RejectReason::Busy,
+            4 => RejectReason::NoConnection,
             c => RejectReason::Other(c),
         }
     }
@@ -160,8 +182,72 @@ pub struct Message {
     pub conn: u64,
     /// Invite: the DC access key.
     pub key: u64,
-    /// Accept: the cookie.
+    /// Accept: the cookie. Bind, Unbind, Unbound, and the Accept of a
+    /// Bind: the connection's reverse-offer nonce.
     pub cookie: u64,
+}
+
+/// Most DCT numbers one [`ReverseOffer`] names.
+pub const MAX_OFFER_DCTS: usize = 16;
+/// Version octet of the [`ReverseOffer`] encoding.
+pub const OFFER_VERSION: u8 = 1;
+
+/// What the side opening a connection offers for reverse use: the peer may
+/// bind the connection's receive side (here) to one of `dcts` by a
+/// [`MsgKind::Bind`] naming `nonce`, and then send over the connection
+/// it accepted instead of opening one of its own (`docs/dc.md` §2).
+///
+/// Appended to the private data of a DC connection request, after the
+/// fixed part: version (1 octet, [`OFFER_VERSION`]), count `n` (1 octet,
+/// 1..=[`MAX_OFFER_DCTS`]), nonce (8), `n` DCT numbers (4 each),
+/// big-endian: exactly `10 + 4 n` octets. Nothing after the fixed part:
+/// an old-format request, no offer. Anything else after it (another
+/// version, a wrong length) is ignored: no offer, the request itself
+/// stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReverseOffer {
+    /// Names the connection in Bind/Unbind/Unbound (random, never 0).
+    pub nonce: u64,
+    /// DCTs of the offering context (same protection domain as the
+    /// connection) its receive side may be bound to.
+    pub dcts: Vec<u32>,
+}
+
+impl ReverseOffer {
+    /// Appends the wire form to `out` (at most [`MAX_OFFER_DCTS`] DCTs
+    /// are written; none: nothing is).
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let n = self.dcts.len().min(MAX_OFFER_DCTS);
+        if n == 0 {
+            return;
+        }
+        out.push(OFFER_VERSION);
+        out.push(n as u8);
+        out.extend_from_slice(&self.nonce.to_be_bytes());
+        for d in &self.dcts[..n] {
+            out.extend_from_slice(&d.to_be_bytes());
+        }
+    }
+
+    /// Parses what follows the fixed part of a request's private data.
+    /// `None`: no offer (nothing there, or not a valid version-1 offer).
+    pub fn decode(tail: &[u8]) -> Option<ReverseOffer> {
+        let (&ver, rest) = tail.split_first()?;
+        let (&n, rest) = rest.split_first()?;
+        let n = usize::from(n);
+        if ver != OFFER_VERSION || n == 0 || n > MAX_OFFER_DCTS || rest.len() != 8 + 4 * n {
+            return None;
+        }
+        let nonce = u64::from_be_bytes(rest[..8].try_into().ok()?);
+        if nonce == 0 {
+            return None;
+        }
+        let dcts = rest[8..]
+            .chunks_exact(4)
+            .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Some(ReverseOffer { nonce, dcts })
+    }
 }
 
 /// Why octets are not a SoftDC message.
@@ -184,6 +270,11 @@ impl Message {
             MsgKind::Invite => 1,
             MsgKind::Accept => 2,
             MsgKind::Reject => 3,
+            MsgKind::Bind => 4,
+            MsgKind::Unbind => 5,
+            MsgKind::Unbound => 6,
+            MsgKind::BindAccept => 7,
+            MsgKind::BindReject => 8,
         };
         b[5] = self.reason.map_or(0, RejectReason::code);
         b[6..8].copy_from_slice(&self.port.to_be_bytes());
@@ -206,12 +297,18 @@ impl Message {
             1 => MsgKind::Invite,
             2 => MsgKind::Accept,
             3 => MsgKind::Reject,
+            4 => MsgKind::Bind,
+            5 => MsgKind::Unbind,
+            6 => MsgKind::Unbound,
+            7 => MsgKind::BindAccept,
+            8 => MsgKind::BindReject,
             k => return Err(DecodeError::Kind(k)),
         };
         let u64_at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().expect("8 octets"));
         Ok(Message {
             kind,
-            reason: (kind == MsgKind::Reject).then(|| RejectReason::from_code(b[5])),
+            reason: matches!(kind, MsgKind::Reject | MsgKind::BindReject)
+                .then(|| RejectReason::from_code(b[5])),
             port: u16::from_be_bytes([b[6], b[7]]),
             dct: u32::from_be_bytes(b[8..12].try_into().expect("4 octets")),
             conn: u64_at(16),
@@ -266,6 +363,14 @@ pub struct DcConfig {
     /// direct attempt (which usually connects first, and then no Invite
     /// is sent at all); it goes at once if the attempt fails.
     pub direct_grace: Duration,
+    /// Reverse use of connections (`docs/dc.md` §2): a connection opened
+    /// by this side offers the peer to send back over it
+    /// ([`DcTable::offer`]), and work for a DCT that offered this side a
+    /// connection goes over that one after a [`MsgKind::Bind`].
+    pub reverse: bool,
+    /// A Bind unanswered this long falls back to the normal path (a
+    /// fresh connection); retransmitted meanwhile like an Invite.
+    pub bind_timeout: Duration,
 }
 
 impl Default for DcConfig {
@@ -281,6 +386,8 @@ impl Default for DcConfig {
             seed: 0x5d_c0de,
             direct_connect: true,
             direct_grace: Duration::from_millis(2),
+            reverse: true,
+            bind_timeout: Duration::from_millis(500),
         }
     }
 }
@@ -339,6 +446,38 @@ pub enum DcEvent {
         /// The connection.
         id: ConnId,
     },
+    /// Offering side: a Bind with the right key for `dct` arrived for
+    /// initiator connection `id`: bind its RC QP's receive side to DCT
+    /// `dct` (its SRQ and CQ) before the Accept that follows goes out.
+    BindReceive {
+        /// The initiator connection.
+        id: ConnId,
+        /// The DCT.
+        dct: u32,
+    },
+    /// Reverse user: initiator connection `id` is bound: its work goes
+    /// over the RC QP of target connection `via` (which stays the
+    /// target's: `id` holds no slot of its own).
+    Bound {
+        /// The reverse-use connection (posted to like any initiator one).
+        id: ConnId,
+        /// The target connection it runs over.
+        via: ConnId,
+    },
+    /// Reverse user: stop using `id` (the connection it ran over is
+    /// closing or gone); do not close the QP, it is the target
+    /// connection's. Its remaining queued work is flushed.
+    Unbound {
+        /// The reverse-use connection.
+        id: ConnId,
+    },
+    /// Reverse user: target connection `id` was asked to unbind and no
+    /// work of ours is left on it; once what was written on it has been
+    /// delivered (acknowledged), call [`DcTable::unbound_ready`].
+    Drained {
+        /// The target connection.
+        id: ConnId,
+    },
     /// Target: an invitation with the wrong key was rejected.
     KeyRejected {
         /// The DCT it named.
@@ -372,7 +511,8 @@ pub struct DcStats {
     pub stale_answers: u64,
     /// Duplicate invitations answered again without a new slot.
     pub duplicate_invites: u64,
-    /// Invitations rejected for a wrong key.
+    /// Invitations and Binds rejected for a wrong key (copies of one
+    /// counted once).
     pub rejected_bad_key: u64,
     /// Invitations rejected for an unknown DCT.
     pub rejected_no_dct: u64,
@@ -403,6 +543,29 @@ pub struct DcStats {
     pub direct_refused: u64,
     /// Highest number of slots in use at once.
     pub max_live: usize,
+    /// Reverse user: Binds sent (first transmissions).
+    pub binds: u64,
+    /// Reverse user: Bind retransmissions.
+    pub bind_retransmits: u64,
+    /// Reverse user: connections bound (Accept received).
+    pub bound: u64,
+    /// Reverse user: Binds that fell back to the normal path (refused,
+    /// timed out, or the connection closing meanwhile).
+    pub bind_fallbacks: u64,
+    /// Offering side: Binds accepted (first time; duplicates are
+    /// answered again and counted in `duplicate_binds`).
+    pub binds_accepted: u64,
+    /// Offering side: duplicate Binds answered again.
+    pub duplicate_binds: u64,
+    /// Offering side: Binds refused for no bindable connection.
+    pub binds_refused: u64,
+    /// Connection owner: close handshakes started (Unbind sent).
+    pub unbinds: u64,
+    /// Connection owner: Unbinds unanswered (closed anyway).
+    pub unbind_timeouts: u64,
+    /// Evictions of bound connections (through the close handshake;
+    /// counted in `evictions` too).
+    pub bound_evictions: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -429,12 +592,40 @@ enum State {
     },
     /// Target, connected.
     TargetLive,
+    /// Reverse user: Bind sent over UD, answer awaited.
+    Binding {
+        next_tx: Instant,
+        rto: Duration,
+        deadline: Instant,
+    },
+    /// Initiator whose receive side is bound: Unbind sent, the peer's
+    /// Unbound awaited before the close.
+    Closing {
+        next_tx: Instant,
+        rto: Duration,
+        deadline: Instant,
+    },
 }
 
-impl State {
-    fn holds_slot(&self) -> bool {
-        !matches!(self, State::Waiting)
-    }
+/// Reverse use of a connection (`docs/dc.md` §2).
+#[derive(Debug, Default)]
+struct Rev {
+    /// Initiator (offering side): the nonce offered (0: none), the DCTs
+    /// offered, the DCT its receive side is bound to.
+    nonce: u64,
+    dcts: Vec<u32>,
+    bound: Option<u32>,
+    /// Target side: the peer's offer (nonce, DCTs), our protection
+    /// domain, whether it may still be bound, the reverse-use entry, and
+    /// where to answer an Unbind (its source, our DCT, its connection).
+    peer: Option<(u64, Vec<u32>, u32)>,
+    open: bool,
+    user: Option<ConnId>,
+    unbind_from: Option<(DgramAddr, u32, u64)>,
+    /// Reverse-use entry: the target connection it runs over; asked to
+    /// stop (no new work; Unbound once idle).
+    via: Option<ConnId>,
+    draining: bool,
 }
 
 #[derive(Debug)]
@@ -455,6 +646,15 @@ struct Entry {
     /// Initiator: invitations started over after a direct attempt that
     /// may have used up the target's reservation ([`MAX_RESTARTS`]).
     restarts: u8,
+    /// Reverse use.
+    rev: Rev,
+}
+
+impl Entry {
+    /// A reverse-use entry shares its target connection's slot.
+    fn holds_slot(&self) -> bool {
+        !matches!(self.state, State::Waiting) && self.rev.via.is_none()
+    }
 }
 
 /// How often an initiator connection whose direct attempt failed starts
@@ -462,6 +662,10 @@ struct Entry {
 /// attempt that reached the target used up the reservation that Accept
 /// was for; a stale copy of it can come later).
 const MAX_RESTARTS: u8 = 4;
+
+/// Wrong-key rejections remembered so that copies of one Invite or Bind
+/// are counted once.
+const RECENT_REJECTIONS: usize = 64;
 
 /// An initiator connection's direct attempt ([`DcEvent::ConnectDirect`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -534,6 +738,13 @@ pub struct DcTable {
     /// Target side: (inviter, its connection id) → our entry.
     seen: HashMap<(DgramAddr, u64), ConnId>,
     cookies: HashMap<u64, ConnId>,
+    /// Wrong-key (source, connection id)s counted lately.
+    recent_rejections: VecDeque<(DgramAddr, u64)>,
+    /// Nonces this side offered → its initiator connection.
+    nonces: LocalMap<u64, ConnId>,
+    /// Nonces peers offered → our target connection (peer-chosen keys:
+    /// SipHash).
+    peer_nonces: HashMap<u64, ConnId>,
     dcts: LocalMap<u32, u64>,
     dct_ports: LocalMap<u32, u16>,
     listen_port: u16,
@@ -560,6 +771,9 @@ impl DcTable {
             waiting: VecDeque::new(),
             seen: HashMap::new(),
             cookies: HashMap::new(),
+            recent_rejections: VecDeque::new(),
+            nonces: LocalMap::default(),
+            peer_nonces: HashMap::new(),
             dcts: LocalMap::default(),
             dct_ports: LocalMap::default(),
             listen_port: 0,
@@ -645,31 +859,105 @@ impl DcTable {
     }
 
     /// The least recently used idle live initiator connection, closed to
-    /// free its slot ([`DcEvent::Teardown`]). False if there is none.
-    fn evict_one(&mut self) -> bool {
+    /// free its slot ([`DcEvent::Teardown`]). False if there is none. A
+    /// connection whose receive side is bound (reverse use) is taken only
+    /// if no other is idle, and only through the close handshake
+    /// (`Closing`, one at a time): its slot is not free yet (false).
+    fn evict_one(&mut self, now: Instant) -> bool {
+        let idle = |e: &Entry| matches!(e.state, State::Live) && e.busy == 0 && e.rev.via.is_none();
         let victim = self
             .entries
             .iter()
-            .filter(|(_, e)| matches!(e.state, State::Live) && e.busy == 0)
+            .filter(|(_, e)| idle(e) && e.rev.bound.is_none())
             .min_by_key(|(_, e)| e.stamp)
             .map(|(&id, _)| id);
-        match victim {
-            Some(id) => {
-                self.stats.evictions += 1;
-                self.remove(id);
-                self.events.push_back(DcEvent::Teardown { id });
-                true
-            }
-            None => false,
+        if let Some(id) = victim {
+            self.stats.evictions += 1;
+            self.remove(id);
+            self.events.push_back(DcEvent::Teardown { id });
+            return true;
         }
+        if self
+            .entries
+            .values()
+            .any(|e| matches!(e.state, State::Closing { .. }))
+        {
+            return false;
+        }
+        let bound = self
+            .entries
+            .iter()
+            .filter(|(_, e)| idle(e))
+            .min_by_key(|(_, e)| e.stamp)
+            .map(|(&id, _)| id);
+        if let Some(id) = bound {
+            self.stats.evictions += 1;
+            self.stats.bound_evictions += 1;
+            self.start_closing(id, now);
+        }
+        false
+    }
+
+    /// Starts the close handshake of bound initiator connection `id`: no
+    /// new work goes to it (its target gets a fresh connection), Unbind to
+    /// the peer; it closes on the peer's Unbound or after
+    /// `invite_timeout`.
+    fn start_closing(&mut self, id: ConnId, now: Instant) {
+        let rto = self.cfg.rto_initial;
+        let deadline = now + self.cfg.invite_timeout;
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        e.state = State::Closing {
+            next_tx: now + rto,
+            rto,
+            deadline,
+        };
+        let (target, nonce) = (e.target, e.rev.nonce);
+        if self.by_target.get(&target) == Some(&id) {
+            self.by_target.remove(&target);
+        }
+        self.stats.unbinds += 1;
+        self.send_unbind(id, target, nonce);
+    }
+
+    fn send_unbind(&mut self, id: ConnId, target: DcTarget, nonce: u64) {
+        self.tx.push_back(Transmit {
+            from_dct: None,
+            to: target.addr,
+            msg: Message {
+                kind: MsgKind::Unbind,
+                reason: None,
+                port: 0,
+                dct: target.addr.qpn,
+                conn: id.0,
+                key: 0,
+                cookie: nonce,
+            },
+        });
     }
 
     fn remove(&mut self, id: ConnId) -> Option<Entry> {
         let e = self.entries.remove(&id)?;
-        if e.state.holds_slot() {
+        if e.holds_slot() {
             self.live -= 1;
-        } else {
+        } else if matches!(e.state, State::Waiting) {
             self.waiting.retain(|w| *w != id);
+        }
+        if e.rev.nonce != 0 {
+            self.nonces.remove(&e.rev.nonce);
+        }
+        if let Some((nonce, ..)) = e.rev.peer {
+            if self.peer_nonces.get(&nonce) == Some(&id) {
+                self.peer_nonces.remove(&nonce);
+            }
+        }
+        if let Some(t) = e.rev.via {
+            if let Some(te) = self.entries.get_mut(&t) {
+                if te.rev.user == Some(id) {
+                    te.rev.user = None;
+                }
+            }
         }
         if e.remote.is_none() {
             if self.by_target.get(&e.target) == Some(&id) {
@@ -738,7 +1026,7 @@ impl DcTable {
     fn admit_waiting(&mut self, now: Instant) {
         while let Some(&id) = self.waiting.front() {
             let full = self.live >= self.cfg.capacity;
-            if full && !self.evict_one() {
+            if full && !self.evict_one(now) {
                 return;
             }
             self.waiting.pop_front();
@@ -762,6 +1050,11 @@ impl DcTable {
             }
         }
         let id = self.new_id();
+        let via = if self.cfg.reverse {
+            self.offered_to(&target)
+        } else {
+            None
+        };
         self.entries.insert(
             id,
             Entry {
@@ -773,12 +1066,195 @@ impl DcTable {
                 stamp,
                 direct: Direct::Off,
                 restarts: 0,
+                rev: Rev::default(),
             },
         );
         self.by_target.insert(target, id);
+        match via {
+            Some((t, nonce)) => self.start_bind(id, t, nonce, now),
+            None => {
+                self.waiting.push_back(id);
+                self.admit_waiting(now);
+            }
+        }
+        (id, true)
+    }
+
+    /// A target connection whose peer offered reverse use for `target`'s
+    /// DCT (same address, same protection domain, not in use or closing),
+    /// with the offer's nonce.
+    fn offered_to(&self, target: &DcTarget) -> Option<(ConnId, u64)> {
+        let ip = target.addr.ip.to_canonical();
+        self.entries.iter().find_map(|(&id, e)| {
+            let (nonce, dcts, local) = e.rev.peer.as_ref()?;
+            let ok = matches!(e.state, State::TargetLive)
+                && e.rev.open
+                && e.rev.user.is_none()
+                && *local == target.local
+                && e.target.addr.ip.to_canonical() == ip
+                && dcts.contains(&target.addr.qpn);
+            ok.then_some((id, *nonce))
+        })
+    }
+
+    /// Reverse user: `id` (new, no slot) asks to run over target
+    /// connection `t`: Bind now, retransmitted until answered or
+    /// `bind_timeout` (then the normal path).
+    fn start_bind(&mut self, id: ConnId, t: ConnId, nonce: u64, now: Instant) {
+        let rto = self.cfg.rto_initial;
+        if let Some(te) = self.entries.get_mut(&t) {
+            te.rev.user = Some(id);
+        }
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        e.rev.via = Some(t);
+        e.state = State::Binding {
+            next_tx: now + rto,
+            rto,
+            deadline: now + self.cfg.bind_timeout,
+        };
+        let target = e.target;
+        self.stats.binds += 1;
+        self.send_bind(id, target, nonce);
+    }
+
+    fn send_bind(&mut self, id: ConnId, target: DcTarget, nonce: u64) {
+        self.tx.push_back(Transmit {
+            from_dct: None,
+            to: target.addr,
+            msg: Message {
+                kind: MsgKind::Bind,
+                reason: None,
+                port: 0,
+                dct: target.addr.qpn,
+                conn: id.0,
+                key: target.key,
+                cookie: nonce,
+            },
+        });
+    }
+
+    /// Reverse user: the Bind of `id` did not work out (refused, timed
+    /// out, its connection closing): the connection it would have run
+    /// over is not tried again, and `id` takes the normal path (a slot,
+    /// a direct attempt, an invitation) with its work kept.
+    fn bind_fallback(&mut self, id: ConnId, now: Instant) {
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        let Some(t) = e.rev.via.take() else {
+            return;
+        };
+        e.state = State::Waiting;
+        if let Some(te) = self.entries.get_mut(&t) {
+            te.rev.user = None;
+            te.rev.open = false;
+        }
+        self.stats.bind_fallbacks += 1;
         self.waiting.push_back(id);
         self.admit_waiting(now);
-        (id, true)
+    }
+
+    /// Reverse user: `id` (running over a target connection) is done:
+    /// gone from the table ([`DcEvent::Unbound`]); if its target
+    /// connection was asked to unbind, [`DcEvent::Drained`] follows.
+    fn finish_reverse(&mut self, id: ConnId) {
+        let Some(e) = self.remove(id) else { return };
+        self.events.push_back(DcEvent::Unbound { id });
+        if let Some(t) = e.rev.via {
+            if self
+                .entries
+                .get(&t)
+                .is_some_and(|te| te.rev.unbind_from.is_some())
+            {
+                self.events.push_back(DcEvent::Drained { id: t });
+            }
+        }
+    }
+
+    /// Offering side: initiator connection `id` offers reverse use to
+    /// its peer for `dcts` (this context's DCTs of the connection's
+    /// protection domain). The offer to put in the connection request
+    /// (`None`: `reverse` is off, no DCT, or `id` is not an initiator
+    /// connection). The same nonce for every request of `id`.
+    pub fn offer(&mut self, id: ConnId, dcts: &[u32]) -> Option<ReverseOffer> {
+        if !self.cfg.reverse || dcts.is_empty() {
+            return None;
+        }
+        let mut nonce = self.entries.get(&id).map(|e| e.rev.nonce)?;
+        if nonce == 0 {
+            nonce = self.rand();
+            while nonce == 0 || self.nonces.contains_key(&nonce) {
+                nonce = self.rand();
+            }
+            self.nonces.insert(nonce, id);
+        }
+        let e = self.entries.get_mut(&id)?;
+        if e.remote.is_some() {
+            self.nonces.remove(&nonce);
+            return None;
+        }
+        e.rev.nonce = nonce;
+        e.rev.dcts = dcts[..dcts.len().min(MAX_OFFER_DCTS)].to_vec();
+        Some(ReverseOffer {
+            nonce,
+            dcts: e.rev.dcts.clone(),
+        })
+    }
+
+    /// Target side: target connection `id` (just accepted) came with the
+    /// peer's `offer`; `local` is the protection domain work sent back
+    /// over it must have (the DCT's). Ignored with `reverse` off.
+    pub fn accept_offer(&mut self, id: ConnId, offer: ReverseOffer, local: u32) {
+        if !self.cfg.reverse || self.peer_nonces.contains_key(&offer.nonce) {
+            return;
+        }
+        if let Some(e) = self.entries.get_mut(&id) {
+            if matches!(e.state, State::TargetLive) && e.rev.peer.is_none() {
+                self.peer_nonces.insert(offer.nonce, id);
+                e.rev.peer = Some((offer.nonce, offer.dcts, local));
+                e.rev.open = true;
+            }
+        }
+    }
+
+    /// Reverse user, after [`DcEvent::Drained`]: what was written over
+    /// target connection `id` has been delivered: answer the Unbind
+    /// (the peer may close it now).
+    pub fn unbound_ready(&mut self, id: ConnId) {
+        let Some(e) = self.entries.get(&id) else {
+            return;
+        };
+        if e.rev.user.is_some() {
+            return;
+        }
+        let (Some((to, dct, conn)), Some((nonce, ..))) = (e.rev.unbind_from, e.rev.peer.as_ref())
+        else {
+            return;
+        };
+        let nonce = *nonce;
+        self.reply(
+            dct,
+            to,
+            Message {
+                kind: MsgKind::Unbound,
+                reason: None,
+                port: 0,
+                dct,
+                conn,
+                key: 0,
+                cookie: nonce,
+            },
+        );
+    }
+
+    /// Reverse user: the connection `id` runs over, if it is bound.
+    pub fn bound_via(&self, id: ConnId) -> Option<ConnId> {
+        self.entries
+            .get(&id)
+            .filter(|e| matches!(e.state, State::Live))
+            .and_then(|e| e.rev.via)
     }
 
     /// Initiator: one work request of `id` completed (successfully or
@@ -787,6 +1263,9 @@ impl DcTable {
         if let Some(e) = self.entries.get_mut(&id) {
             e.busy = e.busy.saturating_sub(1);
             e.last_used = now;
+            if e.busy == 0 && e.rev.draining {
+                self.finish_reverse(id);
+            }
         }
         if !self.waiting.is_empty() {
             self.admit_waiting(now);
@@ -907,7 +1386,21 @@ impl DcTable {
     /// Either side: connection `id` is gone (closed by the peer, failed,
     /// or torn down). Its slot is freed; unknown ids are ignored.
     pub fn closed(&mut self, id: ConnId, now: Instant) {
-        self.remove(id);
+        if let Some(e) = self.remove(id) {
+            // A reverse user of a target connection that is gone: a Bind
+            // under way takes the normal path; a bound one stops (its
+            // work in flight fails with the QP, as a dead peer's).
+            if let Some(r) = e.rev.user {
+                if let Some(re) = self.entries.get(&r) {
+                    if matches!(re.state, State::Binding { .. }) {
+                        self.bind_fallback(r, now);
+                    } else {
+                        self.remove(r);
+                        self.events.push_back(DcEvent::Unbound { id: r });
+                    }
+                }
+            }
+        }
         self.admit_waiting(now);
     }
 
@@ -968,7 +1461,7 @@ impl DcTable {
                 }
             };
         }
-        if self.live >= self.cfg.capacity && !self.evict_one() {
+        if self.live >= self.cfg.capacity && !self.evict_one(now) {
             self.stats.direct_refused += 1;
             return None;
         }
@@ -989,6 +1482,7 @@ impl DcTable {
                 stamp,
                 direct: Direct::Off,
                 restarts: 0,
+                rev: Rev::default(),
             },
         );
         self.take_slot();
@@ -1022,7 +1516,178 @@ impl DcTable {
             MsgKind::Invite => self.on_invite(now, src, local_qpn, msg),
             MsgKind::Accept => self.on_answer(now, msg, None),
             MsgKind::Reject => self.on_answer(now, msg, msg.reason),
+            MsgKind::Bind => self.on_bind(src, local_qpn, msg),
+            MsgKind::Unbind => self.on_unbind(now, src, local_qpn, msg),
+            MsgKind::Unbound => self.on_unbound(now, msg),
+            MsgKind::BindAccept => self.on_bind_answer(now, msg, None),
+            MsgKind::BindReject => self.on_bind_answer(now, msg, msg.reason),
         }
+    }
+
+    /// Offering side: a Bind for connection nonce `m.cookie` to DCT
+    /// `m.dct` (received on `local_qpn`). The key is checked exactly as
+    /// an Invite's (a wrong one is rejected and counted once).
+    fn on_bind(&mut self, src: DgramAddr, local_qpn: u32, m: Message) {
+        let key = match self.dcts.get(&m.dct) {
+            Some(&k) if m.dct == local_qpn => k,
+            _ => {
+                self.stats.rejected_no_dct += 1;
+                self.bind_reject(
+                    Message {
+                        dct: local_qpn,
+                        ..m
+                    },
+                    src,
+                    RejectReason::NoSuchDct,
+                );
+                return;
+            }
+        };
+        if key != m.key {
+            self.count_bad_key(m.dct, src, m.conn);
+            self.bind_reject(m, src, RejectReason::BadKey);
+            return;
+        }
+        let id = self.nonces.get(&m.cookie).copied();
+        let e = id.and_then(|id| self.entries.get_mut(&id).map(|e| (id, e)));
+        let ok = match e {
+            Some((id, e))
+                if matches!(e.state, State::Live)
+                    && e.rev.via.is_none()
+                    && e.rev.dcts.contains(&m.dct) =>
+            {
+                match e.rev.bound {
+                    None => {
+                        e.rev.bound = Some(m.dct);
+                        self.stats.binds_accepted += 1;
+                        self.events
+                            .push_back(DcEvent::BindReceive { id, dct: m.dct });
+                        true
+                    }
+                    Some(d) if d == m.dct => {
+                        self.stats.duplicate_binds += 1;
+                        true
+                    }
+                    Some(_) => false,
+                }
+            }
+            _ => false,
+        };
+        if !ok {
+            self.stats.binds_refused += 1;
+            self.bind_reject(m, src, RejectReason::NoConnection);
+            return;
+        }
+        self.reply(
+            m.dct,
+            src,
+            Message {
+                kind: MsgKind::BindAccept,
+                reason: None,
+                port: 0,
+                dct: m.dct,
+                conn: m.conn,
+                key: 0,
+                cookie: m.cookie,
+            },
+        );
+    }
+
+    /// Counts and reports a wrong-key Invite or Bind once: a
+    /// retransmitted or duplicated copy (same source, same connection
+    /// id, among the last [`RECENT_REJECTIONS`]) is answered again but
+    /// not counted again.
+    fn count_bad_key(&mut self, dct: u32, src: DgramAddr, conn: u64) {
+        if self.recent_rejections.contains(&(src, conn)) {
+            return;
+        }
+        if self.recent_rejections.len() >= RECENT_REJECTIONS {
+            self.recent_rejections.pop_front();
+        }
+        self.recent_rejections.push_back((src, conn));
+        self.stats.rejected_bad_key += 1;
+        self.events.push_back(DcEvent::KeyRejected { dct, src });
+    }
+
+    fn bind_reject(&mut self, m: Message, to: DgramAddr, reason: RejectReason) {
+        self.reply(
+            m.dct,
+            to,
+            Message {
+                kind: MsgKind::BindReject,
+                reason: Some(reason),
+                port: 0,
+                dct: m.dct,
+                conn: m.conn,
+                key: 0,
+                cookie: m.cookie,
+            },
+        );
+    }
+
+    /// Reverse user: the owner of the connection with nonce `m.cookie`
+    /// wants to close it. New work goes elsewhere at once; the answer
+    /// (Unbound) waits for the work on it ([`DcEvent::Drained`]).
+    fn on_unbind(&mut self, now: Instant, src: DgramAddr, local_qpn: u32, m: Message) {
+        let Some(&t) = self.peer_nonces.get(&m.cookie) else {
+            // Gone already (closed): nothing of ours is on it.
+            self.reply(
+                local_qpn,
+                src,
+                Message {
+                    kind: MsgKind::Unbound,
+                    reason: None,
+                    port: 0,
+                    dct: local_qpn,
+                    conn: m.conn,
+                    key: 0,
+                    cookie: m.cookie,
+                },
+            );
+            return;
+        };
+        let Some(te) = self.entries.get_mut(&t) else {
+            return;
+        };
+        te.rev.open = false;
+        te.rev.unbind_from = Some((src, local_qpn, m.conn));
+        match te.rev.user {
+            None => self.events.push_back(DcEvent::Drained { id: t }),
+            Some(r) => {
+                let Some(re) = self.entries.get_mut(&r) else {
+                    return;
+                };
+                if matches!(re.state, State::Binding { .. }) {
+                    self.bind_fallback(r, now);
+                    self.events.push_back(DcEvent::Drained { id: t });
+                    return;
+                }
+                re.rev.draining = true;
+                let (busy, target) = (re.busy, re.target);
+                if self.by_target.get(&target) == Some(&r) {
+                    self.by_target.remove(&target);
+                }
+                if busy == 0 {
+                    self.finish_reverse(r);
+                }
+            }
+        }
+    }
+
+    /// Connection owner: the peer answered the Unbind of `m.conn`.
+    fn on_unbound(&mut self, now: Instant, m: Message) {
+        let id = ConnId(m.conn);
+        let ok = self
+            .entries
+            .get(&id)
+            .is_some_and(|e| matches!(e.state, State::Closing { .. }) && e.rev.nonce == m.cookie);
+        if !ok {
+            self.stats.stale_answers += 1;
+            return;
+        }
+        self.remove(id);
+        self.events.push_back(DcEvent::Teardown { id });
+        self.admit_waiting(now);
     }
 
     fn reply(&mut self, dct: u32, to: DgramAddr, msg: Message) {
@@ -1088,13 +1753,11 @@ impl DcTable {
             }
         };
         if key != m.key {
-            self.stats.rejected_bad_key += 1;
-            self.events
-                .push_back(DcEvent::KeyRejected { dct: m.dct, src });
+            self.count_bad_key(m.dct, src, m.conn);
             self.reject(m.dct, src, m.conn, RejectReason::BadKey);
             return;
         }
-        if self.live >= self.cfg.capacity && !self.evict_one() {
+        if self.live >= self.cfg.capacity && !self.evict_one(now) {
             self.stats.rejected_busy += 1;
             self.reject(m.dct, src, m.conn, RejectReason::Busy);
             return;
@@ -1124,6 +1787,7 @@ impl DcTable {
                 stamp,
                 direct: Direct::Off,
                 restarts: 0,
+                rev: Rev::default(),
             },
         );
         self.take_slot();
@@ -1195,12 +1859,56 @@ impl DcTable {
         }
     }
 
+    /// Reverse user: the answer to the Bind of `id`.
+    fn on_bind_answer(&mut self, now: Instant, m: Message, r: Option<RejectReason>) {
+        let id = ConnId(m.conn);
+        let via = self
+            .entries
+            .get(&id)
+            .filter(|e| matches!(e.state, State::Binding { .. }) && e.target.addr.qpn == m.dct)
+            .and_then(|e| e.rev.via);
+        let Some(via) = via else {
+            self.stats.stale_answers += 1;
+            return;
+        };
+        let nonce = self
+            .entries
+            .get(&via)
+            .and_then(|t| t.rev.peer.as_ref())
+            .map(|p| p.0);
+        match r {
+            None if nonce == Some(m.cookie) => {
+                let e = self.entries.get_mut(&id).expect("checked");
+                e.state = State::Live;
+                e.last_used = now;
+                self.stats.bound += 1;
+                self.events.push_back(DcEvent::Bound { id, via });
+            }
+            None => self.stats.stale_answers += 1,
+            Some(RejectReason::BadKey) => {
+                // As the invitation would have: the key is wrong for the
+                // DCT (counted once, by the target).
+                let e = self.remove(id).expect("checked");
+                self.events.push_back(DcEvent::Failed {
+                    id,
+                    target: e.target,
+                    reason: FailReason::Rejected(RejectReason::BadKey),
+                });
+            }
+            // Anything else: the normal path decides.
+            Some(_) => self.bind_fallback(id, now),
+        }
+    }
+
     /// Runs the timers due at `now`: invitation retransmission and
     /// timeout, idle close, expiry of awaited target connections.
     pub fn handle_timeout(&mut self, now: Instant) {
         let mut retx = Vec::new();
         let mut first = Vec::new();
         let mut gone = Vec::new();
+        let mut rebind = Vec::new();
+        let mut unbind = Vec::new();
+        let mut fallback = Vec::new();
         for (&id, e) in self.entries.iter_mut() {
             match &mut e.state {
                 State::Inviting {
@@ -1222,12 +1930,78 @@ impl DcTable {
                         retx.push((id, e.target));
                     }
                 }
-                State::Live if e.busy == 0 && now >= e.last_used + self.cfg.idle_timeout => {
+                // A reverse user holds no slot: it lives as long as the
+                // connection it runs over.
+                State::Live
+                    if e.busy == 0
+                        && e.rev.via.is_none()
+                        && now >= e.last_used + self.cfg.idle_timeout =>
+                {
                     gone.push((id, 1));
                 }
                 State::TargetPending { expires, .. } if now >= *expires => gone.push((id, 2)),
+                State::Binding {
+                    next_tx,
+                    rto,
+                    deadline,
+                } => {
+                    if now >= *deadline {
+                        fallback.push(id);
+                    } else if now >= *next_tx {
+                        *rto = (*rto * 2).min(self.cfg.rto_max);
+                        *next_tx = now + *rto;
+                        rebind.push(id);
+                    }
+                }
+                State::Closing {
+                    next_tx,
+                    rto,
+                    deadline,
+                } => {
+                    if now >= *deadline {
+                        gone.push((id, 3));
+                    } else if now >= *next_tx {
+                        *rto = (*rto * 2).min(self.cfg.rto_max);
+                        *next_tx = now + *rto;
+                        unbind.push((id, e.target, e.rev.nonce));
+                    }
+                }
                 _ => {}
             }
+        }
+        for id in rebind {
+            let nonce = self
+                .entries
+                .get(&id)
+                .and_then(|e| e.rev.via)
+                .and_then(|t| self.entries.get(&t))
+                .and_then(|t| t.rev.peer.as_ref())
+                .map(|p| p.0);
+            let target = self.entries.get(&id).map(|e| e.target);
+            if let (Some(nonce), Some(target)) = (nonce, target) {
+                self.stats.bind_retransmits += 1;
+                self.send_bind(id, target, nonce);
+            }
+        }
+        for (id, target, nonce) in unbind {
+            self.send_unbind(id, target, nonce);
+        }
+        fallback.sort();
+        for id in fallback {
+            self.bind_fallback(id, now);
+        }
+        // Idle bound connections close through the handshake.
+        let closing: Vec<ConnId> = gone
+            .iter()
+            .filter(|(id, why)| {
+                *why == 1 && self.entries.get(id).is_some_and(|e| e.rev.bound.is_some())
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        gone.retain(|(id, why)| !(*why == 1 && closing.contains(id)));
+        for id in closing {
+            self.stats.idle_closes += 1;
+            self.start_closing(id, now);
         }
         for (id, target) in first {
             self.stats.invites += 1;
@@ -1253,6 +2027,11 @@ impl DcTable {
                     self.stats.idle_closes += 1;
                     self.events.push_back(DcEvent::Teardown { id });
                 }
+                3 => {
+                    // The peer did not answer the Unbind: closed anyway.
+                    self.stats.unbind_timeouts += 1;
+                    self.events.push_back(DcEvent::Teardown { id });
+                }
                 _ => self.stats.accept_expired += 1,
             }
         }
@@ -1267,8 +2046,16 @@ impl DcTable {
                 State::Inviting {
                     next_tx, deadline, ..
                 } => Some(next_tx.min(deadline)),
-                State::Live if e.busy == 0 => Some(e.last_used + self.cfg.idle_timeout),
+                State::Live if e.busy == 0 && e.rev.via.is_none() => {
+                    Some(e.last_used + self.cfg.idle_timeout)
+                }
                 State::TargetPending { expires, .. } => Some(expires),
+                State::Binding {
+                    next_tx, deadline, ..
+                }
+                | State::Closing {
+                    next_tx, deadline, ..
+                } => Some(next_tx.min(deadline)),
                 _ => None,
             })
             .min()
@@ -1516,6 +2303,125 @@ mod tests {
         ini.connected(id3, t1);
         assert!(ini.is_live(id3));
         assert_eq!(tgt.stats().direct_accepts, 2);
+    }
+
+    /// Reverse use, deterministic: A opens a connection to B offering its
+    /// DCT; B's work for that DCT binds over it (Bind, key checked, A
+    /// binds, BindAccept); a wrong key is refused and counted once and
+    /// fails that work as the invitation would (no Invite follows); A's
+    /// idle close goes through Unbind/Unbound; an old-format offer
+    /// (none) means no Bind.
+    #[test]
+    fn reverse_bind_paths() {
+        let t0 = Instant::now();
+        let cfg = DcConfig {
+            direct_connect: true,
+            ..DcConfig::default()
+        };
+        let (a_ctl, b_ctl) = (addr(0x5000), addr(0x7000));
+        let (a_dct, b_dct) = (0x6001u32, 0x8001u32);
+        let mut a = DcTable::new(cfg);
+        let mut b = DcTable::new(DcConfig { seed: 99, ..cfg });
+        a.add_dct(a_dct, 11);
+        b.add_dct(b_dct, 22);
+        // A → B's DCT, direct, with the offer.
+        let to_b = DcTarget {
+            addr: addr(b_dct),
+            key: 22,
+            local: 3,
+        };
+        let (ia, _) = a.post(t0, to_b);
+        assert!(matches!(
+            a.poll_event(),
+            Some(DcEvent::ConnectDirect { .. })
+        ));
+        let offer = a.offer(ia, &[a_dct]).expect("offer");
+        let mut pd = Vec::new();
+        offer.encode(&mut pd);
+        assert_eq!(ReverseOffer::decode(&pd), Some(offer.clone()));
+        assert_eq!(ReverseOffer::decode(&[]), None, "old format: no offer");
+        assert_eq!(ReverseOffer::decode(&pd[..pd.len() - 1]), None);
+        let tb = b
+            .target_direct(t0, a_ctl, b_dct, 22, ia.0)
+            .expect("accepted");
+        b.accept_offer(tb, ReverseOffer::decode(&pd).unwrap(), 3);
+        a.connected(ia, t0);
+        a.completed(ia, t0);
+        // B → A's DCT with a wrong key: Bind, refused, counted once.
+        let bad = DcTarget {
+            addr: addr(a_dct),
+            key: 10,
+            local: 3,
+        };
+        let (rb, new) = b.post(t0, bad);
+        assert!(new);
+        let tx = b.poll_transmit().expect("Bind");
+        assert_eq!((tx.msg.kind, tx.msg.cookie), (MsgKind::Bind, offer.nonce));
+        a.handle_message(t0, b_ctl, a_dct, &tx.msg.encode());
+        assert_eq!(a.stats().rejected_bad_key, 1);
+        assert!(matches!(a.poll_event(), Some(DcEvent::KeyRejected { .. })));
+        let rep = a.poll_transmit().expect("BindReject");
+        assert_eq!(rep.msg.kind, MsgKind::BindReject);
+        b.handle_message(t0, addr(a_dct), 0x7000, &rep.msg.encode());
+        assert_eq!(
+            b.poll_event(),
+            Some(DcEvent::Failed {
+                id: rb,
+                target: bad,
+                reason: FailReason::Rejected(RejectReason::BadKey)
+            })
+        );
+        assert!(b.poll_transmit().is_none(), "no Invite after a bad key");
+        // The right key: bound, A's receive side first.
+        let good = DcTarget { key: 11, ..bad };
+        let (rg, _) = b.post(t0, good);
+        let tx = b.poll_transmit().expect("Bind");
+        // Duplicated on the way: answered twice, bound once.
+        a.handle_message(t0, b_ctl, a_dct, &tx.msg.encode());
+        a.handle_message(t0, b_ctl, a_dct, &tx.msg.encode());
+        assert_eq!(
+            a.poll_event(),
+            Some(DcEvent::BindReceive { id: ia, dct: a_dct })
+        );
+        assert!(a.poll_event().is_none());
+        assert_eq!(a.stats().duplicate_binds, 1);
+        let acc = a.poll_transmit().expect("BindAccept");
+        assert_eq!(acc.msg.kind, MsgKind::BindAccept);
+        b.handle_message(t0, addr(a_dct), 0x7000, &acc.msg.encode());
+        assert_eq!(b.poll_event(), Some(DcEvent::Bound { id: rg, via: tb }));
+        let dup = a.poll_transmit().expect("second BindAccept");
+        b.handle_message(t0, addr(a_dct), 0x7000, &dup.msg.encode());
+        assert!(b.poll_event().is_none());
+        assert_eq!(b.bound_via(rg), Some(tb));
+        assert_eq!((a.live(), b.live()), (1, 1), "one slot each side");
+        // B has work in flight; A goes idle: Unbind, no close yet.
+        let t1 = t0 + Duration::from_secs(3);
+        a.handle_timeout(t1);
+        let ub = a.poll_transmit().expect("Unbind");
+        assert_eq!(ub.msg.kind, MsgKind::Unbind);
+        assert!(a.poll_event().is_none(), "closed before the Unbound");
+        b.handle_message(t1, a_ctl, b_dct, &ub.msg.encode());
+        assert!(b.poll_event().is_none(), "answered with work in flight");
+        // New work for A's DCT goes elsewhere (normal path).
+        let (other, new) = b.post(t1, good);
+        assert!(new && other != rg);
+        assert!(matches!(
+            b.poll_event(),
+            Some(DcEvent::ConnectDirect { id, .. }) if id == other
+        ));
+        b.completed(rg, t1);
+        assert_eq!(b.poll_event(), Some(DcEvent::Unbound { id: rg }));
+        assert_eq!(b.poll_event(), Some(DcEvent::Drained { id: tb }));
+        b.unbound_ready(tb);
+        let ud = loop {
+            let tx = b.poll_transmit().expect("Unbound");
+            if tx.msg.kind == MsgKind::Unbound {
+                break tx;
+            }
+        };
+        a.handle_message(t1, addr(b_dct), 0x5000, &ud.msg.encode());
+        assert_eq!(a.poll_event(), Some(DcEvent::Teardown { id: ia }));
+        assert_eq!(a.live(), 0);
     }
 
     /// A connection that needs an eviction for its slot makes no direct

@@ -314,6 +314,9 @@ impl World {
                 }
             }
             DcEvent::KeyRejected { .. } => panic!("initiators get no invitations"),
+            // Initiators here have no DCTs and accept no connections:
+            // nothing to offer, nothing to bind.
+            e => panic!("reverse-use event without reverse use: {e:?}"),
         }
     }
 
@@ -656,4 +659,583 @@ fn invitation_timeout_fails_only_that_target() {
         ini.handle_timeout(now);
     }
     panic!("the invitation never timed out");
+}
+
+// ----------------------------------------------------------------------
+// Reverse use: two peers, each DCI and DCT of the other (docs/dc.md §2).
+// ----------------------------------------------------------------------
+
+use softrdma_proto::dc::ReverseOffer;
+
+/// Peer `p`'s address of its initiator UD QP.
+fn peer_ctl(p: usize) -> DgramAddr {
+    DgramAddr {
+        ip: IpAddr::V4(Ipv4Addr::new(10, 0, 2, p as u8 + 1)),
+        port: 5000,
+        qpn: 5000 << 8,
+    }
+}
+
+/// Peer `p`'s DCT `d`.
+fn peer_dct(p: usize, d: u32) -> DgramAddr {
+    DgramAddr {
+        ip: IpAddr::V4(Ipv4Addr::new(10, 0, 2, p as u8 + 1)),
+        port: 6000,
+        qpn: (6000 << 8) | d,
+    }
+}
+
+fn peer_of(a: &DgramAddr) -> usize {
+    match a.ip {
+        IpAddr::V4(v4) => usize::from(v4.octets()[3]) - 1,
+        IpAddr::V6(_) => unreachable!(),
+    }
+}
+
+/// One simulated RC connection: opened by `opener` (initiator
+/// connection `id`), accepted by the other peer (target connection
+/// `tid`).
+struct Link {
+    opener: usize,
+    tid: ConnId,
+    /// The opener's receive side is bound to this DCT of the opener.
+    bound: Option<u32>,
+    open: bool,
+    /// Work requests of the acceptor's reverse use in flight on it.
+    reverse_inflight: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum POutcome {
+    Ok,
+    BadKey,
+}
+
+struct PWr {
+    peer: usize,
+    conn: ConnId,
+    dct: u32,
+    expect: POutcome,
+    done: u32,
+    got: Option<POutcome>,
+    /// The link it went over and whether as reverse use.
+    link: Option<(usize, bool)>,
+}
+
+enum PEv {
+    Dgram {
+        to: usize,
+        from: DgramAddr,
+        local_qpn: u32,
+        bytes: [u8; softrdma_proto::dc::MSG_LEN],
+    },
+    /// `from`'s connection request (cookie or direct) reaches the other.
+    Connect {
+        from: usize,
+        id: ConnId,
+        dct: u32,
+        cookie: Option<u64>,
+        key: u64,
+        offer: Option<ReverseOffer>,
+    },
+    ConnectFailed {
+        from: usize,
+        id: ConnId,
+        direct: bool,
+    },
+    WrDone(usize),
+    /// Peer `peer` learns that its target connection `tid` closed.
+    Closed {
+        peer: usize,
+        tid: ConnId,
+    },
+    /// Peer `peer`'s written octets on `tid` are acknowledged.
+    Acked {
+        peer: usize,
+        tid: ConnId,
+    },
+}
+
+struct Pair {
+    rng: Rng,
+    now: Instant,
+    queue: BTreeMap<(Instant, u64), PEv>,
+    seq: u64,
+    t: [DcTable; 2],
+    cap: [usize; 2],
+    n_dct: u32,
+    loss: f64,
+    dup: f64,
+    jitter_us: u64,
+    direct_fail: f64,
+    wrs: Vec<PWr>,
+    pending: [HashMap<ConnId, VecDeque<usize>>; 2],
+    /// Per peer: initiator connection → link it runs over (own or, for
+    /// reverse use, the peer's).
+    up: [HashMap<ConnId, usize>; 2],
+    links: Vec<Link>,
+    /// Per peer: target connection → link.
+    by_tid: [HashMap<ConnId, usize>; 2],
+    key_rejections: u64,
+    reverse_sent: u64,
+    flushed: u64,
+}
+
+impl Pair {
+    fn at(&mut self, delay: Duration, ev: PEv) {
+        self.seq += 1;
+        self.queue.insert((self.now + delay, self.seq), ev);
+    }
+
+    fn send(&mut self, from: usize, tx: Transmit) {
+        let copies = if self.rng.chance(self.loss) {
+            0
+        } else if self.rng.chance(self.dup) {
+            2
+        } else {
+            1
+        };
+        let src = match tx.from_dct {
+            None => peer_ctl(from),
+            Some(d) => peer_dct(from, d & 0xff),
+        };
+        let to = peer_of(&tx.to);
+        assert_ne!(to, from);
+        for _ in 0..copies {
+            let d = Duration::from_micros(20 + self.rng.below(self.jitter_us));
+            self.at(
+                d,
+                PEv::Dgram {
+                    to,
+                    from: src,
+                    local_qpn: tx.to.qpn,
+                    bytes: tx.msg.encode(),
+                },
+            );
+        }
+    }
+
+    fn pump(&mut self) {
+        loop {
+            let mut any = false;
+            for p in 0..2 {
+                while let Some(tx) = self.t[p].poll_transmit() {
+                    any = true;
+                    self.send(p, tx);
+                }
+                while let Some(ev) = self.t[p].poll_event() {
+                    any = true;
+                    self.on_event(p, ev);
+                }
+                assert!(self.t[p].live() <= self.cap[p], "table over capacity");
+            }
+            if !any {
+                return;
+            }
+        }
+    }
+
+    /// Work request `w` goes over link `l` now (completes later).
+    fn start_wr(&mut self, w: usize, l: usize, reverse: bool) {
+        let link = &mut self.links[l];
+        assert!(link.open, "work request on a closed connection");
+        if reverse {
+            // The key was proven: the opener's receive side delivers
+            // into exactly the DCT this work request names.
+            assert_eq!(link.bound, Some(self.wrs[w].dct), "reverse use unbound");
+            link.reverse_inflight += 1;
+            self.reverse_sent += 1;
+        }
+        self.wrs[w].link = Some((l, reverse));
+        let d = Duration::from_micros(10 + self.rng.below(40));
+        self.at(d, PEv::WrDone(w));
+    }
+
+    fn conn_up(&mut self, p: usize, id: ConnId, l: usize, reverse: bool) {
+        self.up[p].insert(id, l);
+        let ws: Vec<usize> = self.pending[p]
+            .get(&id)
+            .map(|q| q.iter().copied().collect())
+            .unwrap_or_default();
+        for w in ws {
+            self.start_wr(w, l, reverse);
+        }
+    }
+
+    fn finish(&mut self, w: usize, got: POutcome) {
+        let wr = &mut self.wrs[w];
+        wr.done += 1;
+        assert_eq!(wr.done, 1, "work request {w} completed twice");
+        wr.got = Some(got);
+        let (p, conn) = (wr.peer, wr.conn);
+        if let Some((l, true)) = wr.link {
+            self.links[l].reverse_inflight -= 1;
+        }
+        if let Some(q) = self.pending[p].get_mut(&conn) {
+            q.retain(|&x| x != w);
+        }
+        let now = self.now;
+        self.t[p].completed(conn, now);
+    }
+
+    fn offer_of(&mut self, p: usize, id: ConnId) -> Option<ReverseOffer> {
+        let dcts: Vec<u32> = (0..self.n_dct).map(|d| peer_dct(p, d).qpn).collect();
+        self.t[p].offer(id, &dcts)
+    }
+
+    fn on_event(&mut self, p: usize, ev: DcEvent) {
+        match ev {
+            DcEvent::Connect {
+                id, target, cookie, ..
+            } => {
+                let offer = self.offer_of(p, id);
+                let d = Duration::from_micros(50 + self.rng.below(100));
+                self.at(
+                    d,
+                    PEv::Connect {
+                        from: p,
+                        id,
+                        dct: target.addr.qpn,
+                        cookie: Some(cookie),
+                        key: target.key,
+                        offer,
+                    },
+                );
+            }
+            DcEvent::ConnectDirect { id, target, .. } => {
+                let offer = self.offer_of(p, id);
+                let d = Duration::from_micros(20 + self.rng.below(200));
+                if self.rng.chance(self.direct_fail) {
+                    self.at(
+                        d,
+                        PEv::ConnectFailed {
+                            from: p,
+                            id,
+                            direct: true,
+                        },
+                    );
+                } else {
+                    self.at(
+                        d,
+                        PEv::Connect {
+                            from: p,
+                            id,
+                            dct: target.addr.qpn,
+                            cookie: None,
+                            key: target.key,
+                            offer,
+                        },
+                    );
+                }
+            }
+            DcEvent::Failed { id, reason, .. } => {
+                assert_eq!(
+                    reason,
+                    FailReason::Rejected(RejectReason::BadKey),
+                    "only wrong keys may fail here"
+                );
+                let ws: Vec<usize> = self.pending[p].remove(&id).unwrap_or_default().into();
+                for w in ws {
+                    self.finish(w, POutcome::BadKey);
+                }
+            }
+            DcEvent::Teardown { id } => {
+                let q = self.pending[p].get(&id).map_or(0, |q| q.len());
+                assert_eq!(q, 0, "teardown of a connection with work in flight");
+                self.pending[p].remove(&id);
+                if let Some(l) = self.up[p].remove(&id) {
+                    let link = &mut self.links[l];
+                    assert_eq!(link.opener, p);
+                    assert_eq!(
+                        link.reverse_inflight, 0,
+                        "closed while the peer's reverse work was in flight"
+                    );
+                    link.open = false;
+                    let tid = link.tid;
+                    self.at(Duration::from_micros(30), PEv::Closed { peer: 1 - p, tid });
+                }
+            }
+            DcEvent::KeyRejected { .. } => self.key_rejections += 1,
+            DcEvent::BindReceive { id, dct } => {
+                let l = *self.up[p].get(&id).expect("bound connection is up");
+                let link = &mut self.links[l];
+                assert_eq!(link.opener, p);
+                assert_eq!(link.bound, None, "bound twice");
+                assert!(link.open);
+                link.bound = Some(dct);
+            }
+            DcEvent::Bound { id, via } => {
+                let l = *self.by_tid[p].get(&via).expect("via a known connection");
+                self.conn_up(p, id, l, true);
+            }
+            DcEvent::Unbound { id } => {
+                self.up[p].remove(&id);
+                let ws: Vec<usize> = self.pending[p].remove(&id).unwrap_or_default().into();
+                for w in ws {
+                    // Lost work: the checks at the end fail on it.
+                    self.flushed += 1;
+                    self.wrs[w].done += 1;
+                }
+            }
+            DcEvent::Drained { id } => {
+                let d = Duration::from_micros(5 + self.rng.below(50));
+                self.at(d, PEv::Acked { peer: p, tid: id });
+            }
+        }
+    }
+
+    fn post(&mut self, p: usize, dct: u32, key: u64) {
+        let target = DcTarget {
+            addr: peer_dct(1 - p, dct),
+            key,
+            local: 0,
+        };
+        let now = self.now;
+        let (conn, _) = self.t[p].post(now, target);
+        let w = self.wrs.len();
+        self.wrs.push(PWr {
+            peer: p,
+            conn,
+            dct: target.addr.qpn,
+            expect: if key == RIGHT_KEY {
+                POutcome::Ok
+            } else {
+                POutcome::BadKey
+            },
+            done: 0,
+            got: None,
+            link: None,
+        });
+        self.pending[p].entry(conn).or_default().push_back(w);
+        if let Some(&l) = self.up[p].get(&conn) {
+            let reverse = self.links[l].opener != p;
+            self.start_wr(w, l, reverse);
+        }
+        self.pump();
+    }
+
+    fn step(&mut self) -> bool {
+        let next_timer = self.t.iter().filter_map(|t| t.poll_timeout()).min();
+        let next_ev = self.queue.keys().next().map(|k| k.0);
+        let t = match (next_timer, next_ev) {
+            (None, None) => return false,
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).expect("one"),
+        };
+        self.now = self.now.max(t);
+        let now = self.now;
+        if next_timer.is_some_and(|x| x <= now) {
+            for t in &mut self.t {
+                t.handle_timeout(now);
+            }
+            self.pump();
+        }
+        while let Some((&k, _)) = self.queue.iter().next() {
+            if k.0 > now {
+                break;
+            }
+            let ev = self.queue.remove(&k).expect("present");
+            self.handle(ev);
+            self.pump();
+        }
+        true
+    }
+
+    fn handle(&mut self, ev: PEv) {
+        let now = self.now;
+        match ev {
+            PEv::Dgram {
+                to,
+                from,
+                local_qpn,
+                bytes,
+            } => self.t[to].handle_message(now, from, local_qpn, &bytes),
+            PEv::Connect {
+                from,
+                id,
+                dct,
+                cookie,
+                key,
+                offer,
+            } => {
+                let q = 1 - from;
+                let gave_up = !self.pending[from].contains_key(&id);
+                let tid = match cookie {
+                    Some(c) => self.t[q].target_attach(c, dct, id.0),
+                    None => self.t[q].target_direct(now, peer_ctl(from), dct, key, id.0),
+                };
+                match tid {
+                    Some(tid) if gave_up => {
+                        self.at(Duration::from_micros(30), PEv::Closed { peer: q, tid });
+                        if cookie.is_none() {
+                            self.t[from].direct_failed(id, now);
+                        }
+                    }
+                    Some(tid) => {
+                        if let Some(o) = offer {
+                            self.t[q].accept_offer(tid, o, 0);
+                        }
+                        let l = self.links.len();
+                        self.links.push(Link {
+                            opener: from,
+                            tid,
+                            bound: None,
+                            open: true,
+                            reverse_inflight: 0,
+                        });
+                        self.by_tid[q].insert(tid, l);
+                        self.t[from].connected(id, now);
+                        assert!(self.t[from].is_live(id));
+                        self.conn_up(from, id, l, false);
+                    }
+                    None if cookie.is_some() => self.t[from].connect_failed(id, now),
+                    None => self.t[from].direct_failed(id, now),
+                }
+            }
+            PEv::ConnectFailed { from, id, direct } => {
+                if direct {
+                    self.t[from].direct_failed(id, now);
+                } else {
+                    self.t[from].connect_failed(id, now);
+                }
+            }
+            PEv::WrDone(w) => {
+                if self.wrs[w].done == 0 {
+                    self.finish(w, POutcome::Ok);
+                }
+            }
+            PEv::Closed { peer, tid } => {
+                self.by_tid[peer].remove(&tid);
+                self.t[peer].closed(tid, now);
+            }
+            PEv::Acked { peer, tid } => self.t[peer].unbound_ready(tid),
+        }
+    }
+}
+
+/// Two peers with tables of `cap` slots and `n_dct` DCTs each, posting
+/// to each other's DCTs at random. Each connection takes a slot on both
+/// sides, so peers that both fill their tables with invitations to each
+/// other would reject each other as busy until the invitations time out
+/// (a limit of the table, with or without reverse use): at least one
+/// table has room for every connection (`2 n_dct` slots).
+fn run_pair(seed: u64, cap: [usize; 2], n_dct: u32, loss: f64, dup: f64, wrs: usize) -> Pair {
+    assert!(cap.iter().any(|&c| c >= 2 * n_dct as usize));
+    let cfg = |s: u64, p: usize| DcConfig {
+        capacity: cap[p],
+        idle_timeout: Duration::from_millis(5),
+        invite_timeout: Duration::from_secs(60),
+        bind_timeout: Duration::from_millis(50),
+        seed: s,
+        ..DcConfig::default()
+    };
+    let mk = |p: usize| {
+        let mut t = DcTable::new(cfg(seed * 2 + p as u64, p));
+        t.set_listen_port(6000);
+        for d in 0..n_dct {
+            t.add_dct(peer_dct(p, d).qpn, RIGHT_KEY);
+        }
+        t
+    };
+    let mut w = Pair {
+        rng: Rng(seed),
+        now: Instant::now(),
+        queue: BTreeMap::new(),
+        seq: 0,
+        t: [mk(0), mk(1)],
+        cap,
+        n_dct,
+        loss,
+        dup,
+        jitter_us: if loss > 0.0 { 3000 } else { 1 },
+        direct_fail: 0.1,
+        wrs: Vec::new(),
+        pending: [HashMap::new(), HashMap::new()],
+        up: [HashMap::new(), HashMap::new()],
+        links: Vec::new(),
+        by_tid: [HashMap::new(), HashMap::new()],
+        key_rejections: 0,
+        reverse_sent: 0,
+        flushed: 0,
+    };
+    for _ in 0..wrs {
+        for _ in 0..w.rng.below(4) {
+            w.step();
+        }
+        // Mostly answers to the other side's traffic (ping-pong), so the
+        // peer's connection is there to be reused.
+        let p = w.rng.below(2) as usize;
+        let dct = w.rng.below(u64::from(n_dct)) as u32;
+        let key = if w.rng.chance(0.03) {
+            RIGHT_KEY + 1
+        } else {
+            RIGHT_KEY
+        };
+        w.post(p, dct, key);
+    }
+    let mut guard = 0u64;
+    while w.step() {
+        guard += 1;
+        assert!(guard < 10_000_000, "simulation does not settle");
+    }
+    assert_eq!(w.flushed, 0, "work lost to an unbind");
+    for (n, wr) in w.wrs.iter().enumerate() {
+        assert_eq!(wr.done, 1, "work request {n} completed {} times", wr.done);
+        assert_eq!(wr.got, Some(wr.expect), "work request {n}");
+    }
+    for (p, t) in w.t.iter().enumerate() {
+        assert_eq!(t.live(), 0, "slots leaked");
+        assert!(t.stats().max_live <= cap[p]);
+    }
+    assert!(w.links.iter().all(|l| !l.open), "a connection stayed open");
+    w
+}
+
+/// Sums a counter of both tables.
+fn both(w: &Pair, f: impl Fn(&softrdma_proto::dc::DcStats) -> u64) -> u64 {
+    w.t.iter().map(|t| f(&t.stats())).sum()
+}
+
+#[test]
+fn reverse_use_clean_network() {
+    let w = run_pair(7, [6, 6], 3, 0.0, 0.0, 3000);
+    assert!(both(&w, |s| s.bound) > 0, "reverse use not exercised");
+    assert!(w.reverse_sent > 0);
+    assert!(both(&w, |s| s.unbinds) > 0, "close handshake not exercised");
+    assert!(w.key_rejections > 0, "wrong keys not exercised");
+    let fallbacks: u64 = w.t.iter().map(|t| t.stats().bind_fallbacks).sum();
+    let refused: u64 = w.t.iter().map(|t| t.stats().binds_refused).sum();
+    // Without loss a Bind falls back only when it raced a close.
+    assert!(fallbacks <= refused + w.t.iter().map(|t| t.stats().unbinds).sum::<u64>());
+}
+
+#[test]
+fn reverse_use_loss_duplication_reordering() {
+    let (mut bound, mut retx, mut dups, mut unbinds, mut fallbacks) = (0, 0, 0, 0, 0);
+    for seed in 0..6 {
+        let w = run_pair(300 + seed, [6, 6], 3, 0.2, 0.2, 1500);
+        bound += both(&w, |s| s.bound);
+        retx += both(&w, |s| s.bind_retransmits);
+        dups += both(&w, |s| s.duplicate_binds);
+        unbinds += both(&w, |s| s.unbinds);
+        fallbacks += both(&w, |s| s.bind_fallbacks);
+    }
+    assert!(bound > 0, "reverse use not exercised");
+    assert!(retx > 0, "Bind loss not exercised");
+    assert!(dups > 0, "Bind duplication not exercised");
+    assert!(unbinds > 0, "close handshake not exercised");
+    assert!(fallbacks > 0, "Bind fallback not exercised");
+}
+
+#[test]
+fn reverse_use_small_tables_evict_through_handshake() {
+    let (mut closing_evictions, mut bound) = (0, 0);
+    for seed in 0..6 {
+        let w = run_pair(400 + seed, [2, 6], 3, 0.05, 0.05, 1500);
+        // Evictions on the small side that went through the handshake.
+        closing_evictions += w.t[0].stats().bound_evictions;
+        bound += both(&w, |s| s.bound);
+    }
+    assert!(bound > 0, "reverse use not exercised");
+    assert!(closing_evictions > 0, "no eviction of a bound connection");
 }
