@@ -339,47 +339,39 @@ fn baselines_alone() {
     }
 }
 
-/// `tcp_crc_bw` (the CRC ceiling) runs alone as a baseline, and as a
-/// test it is measured against `tcp_bw` of the same run.
+/// `tcp_crc_bw` and `udp_crc_bw` (the CRC ceilings) run alone as
+/// baselines, and as tests they are measured against `tcp_bw`/`udp_bw` of
+/// the same run.
 #[test]
-fn crc_ceiling_baseline() {
+fn crc_ceiling_baselines() {
+    for (b, raw) in [("tcp_crc_bw", "tcp_bw"), ("udp_crc_bw", "udp_bw")] {
+        crc_ceiling(b, raw);
+    }
+}
+
+fn crc_ceiling(b: &str, raw: &str) {
     let out = softrdma(
         &[
-            "perf",
-            "baseline",
-            "tcp_crc_bw",
-            "--size",
-            "64Ki",
-            "--iters",
-            "50",
-            "--json",
+            "perf", "baseline", b, "--size", "64Ki", "--iters", "50", "--json",
         ],
         &[],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let objs: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
     assert_eq!(objs.len(), 1);
-    assert_eq!(s(&objs[0], "test"), Some("tcp_crc_bw"));
+    assert_eq!(s(&objs[0], "test"), Some(b));
     assert!(s(&objs[0], "note").unwrap().contains("crc32c"));
     let out = softrdma(
-        &[
-            "perf",
-            "tcp_crc_bw",
-            "--size",
-            "64Ki",
-            "--iters",
-            "50",
-            "--json",
-        ],
+        &["perf", b, "--size", "64Ki", "--iters", "50", "--json"],
         &[],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let objs: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
-    assert_eq!(objs.len(), 2, "tcp_bw + tcp_crc_bw expected");
-    assert_eq!(s(&objs[0], "test"), Some("tcp_bw"));
+    assert_eq!(objs.len(), 2, "{raw} + {b} expected");
+    assert_eq!(s(&objs[0], "test"), Some(raw));
     let r = &objs[1];
-    assert_eq!(s(r, "test"), Some("tcp_crc_bw"));
-    assert_eq!(s(r, "baseline"), Some("tcp_bw"));
+    assert_eq!(s(r, "test"), Some(b));
+    assert_eq!(s(r, "baseline"), Some(raw));
     let (bw, base) = (
         num(r, "bw_gbps").unwrap(),
         num(&objs[0], "bw_gbps").unwrap(),
@@ -389,7 +381,7 @@ fn crc_ceiling_baseline() {
     let ratio = num(r, "ratio").unwrap();
     assert!((ratio - bw / base).abs() < 1e-9 * ratio.max(1.0));
     // A baseline takes no transport.
-    let out = softrdma(&["perf", "tcp_crc_bw", "--transport", "rc"], &[]);
+    let out = softrdma(&["perf", b, "--transport", "rc"], &[]);
     assert_eq!(out.status.code(), Some(2));
 }
 
@@ -732,6 +724,12 @@ fn quick_suite_writes_report_and_pngs() {
             .lines()
             .any(|l| l.starts_with("tcp_crc_bw") && l.contains("tcp_bw")),
         "no CRC ceiling row:\n{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("udp_crc_bw") && l.contains("udp_bw")),
+        "no datagram ceiling row:\n{stdout}"
     );
     let md = std::fs::read_to_string(dir.join("report.md")).expect("report.md");
     for want in [

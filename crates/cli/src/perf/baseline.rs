@@ -12,6 +12,15 @@
 //!   to fold the CRC into the kernel's copy, so this is the ceiling of any
 //!   MPA stream with CRC on this machine; `softrdma perf tcp_crc_bw`
 //!   reports it as a ratio to `tcp_bw` of the same run.
+//! * `udp_crc_bw`: `udp_bw` with the work every datagram iWARP receiver
+//!   must do on top: a CRC32C trailer on every datagram (mandatory in the
+//!   wire format, `docs/datagram.md`), computed by the sender and checked
+//!   by the receiver, which also copies each datagram's payload to its
+//!   place in a 1 MiB target ring (placement; a datagram's payload cannot
+//!   be received straight into its destination, which only its header
+//!   names). The ceiling of UD Send and Write-Record bandwidth on this
+//!   machine; `softrdma perf udp_crc_bw` reports it as a ratio to
+//!   `udp_bw` of the same run.
 //! * `udp_lat`: a `size`-octet message cut into datagrams of
 //!   `spec.payload` message octets (plus an 8-octet seq/index header), the
 //!   same payload softrdma's datagrams carry; the server echoes a message
@@ -232,10 +241,12 @@ fn send_msg(
     seq: u32,
     size: usize,
     payload: usize,
+    crc: bool,
     w: &mut Watch,
 ) -> io::Result<()> {
     let (cnt, p) = chunks(size, payload)?;
-    let seg = UDP_HDR + p;
+    let trailer = if crc { CRC_LEN } else { 0 };
+    let seg = UDP_HDR + p + trailer;
     let per_run = (GSO_RUN / seg).clamp(1, MAX_SEGMENTS);
     let mut i = 0;
     while i < cnt {
@@ -244,8 +255,13 @@ fn send_msg(
         for k in i..i + n {
             let len = if k + 1 == cnt { size - k * p } else { p };
             let at = run_buf.len();
-            run_buf.resize(at + UDP_HDR + len, 0);
+            run_buf.resize(at + UDP_HDR + len + trailer, 0);
             put_hdr(&mut run_buf[at..], seq, k as u16, cnt as u16);
+            if crc {
+                let end = at + UDP_HDR + len;
+                let c = softrdma_wire::crc::crc32c(&run_buf[at..end]);
+                run_buf[end..].copy_from_slice(&softrdma_wire::crc::to_wire(c));
+            }
         }
         loop {
             match s.send_segments(to, run_buf, seg) {
@@ -266,6 +282,10 @@ fn serve_udp(spec: &Spec, ctrl: &mut Ctrl, ip: IpAddr) -> io::Result<()> {
     let mut s = udp_bind(ip, spec.wait)?;
     ctrl.send(&Msg::new("READY").with("port", s.socket().local_addr()?.port()))?;
     let mut run_buf = Vec::new();
+    let crc = with_crc(spec);
+    let trailer = if crc { CRC_LEN } else { 0 };
+    let mut ring = vec![0u8; if crc { PLACE_RING } else { 0 }];
+    let mut bad_crc = 0u64;
     let (mut cur, mut got) = (u32::MAX, 0u16);
     let (mut octets, mut dgrams) = (0u64, 0u64);
     let (mut first, mut last): (Option<(Instant, usize)>, Instant) = (None, Instant::now());
@@ -277,14 +297,30 @@ fn serve_udp(spec: &Spec, ctrl: &mut Ctrl, ip: IpAddr) -> io::Result<()> {
     let mut complete: Vec<(u32, SocketAddr)> = Vec::new();
     loop {
         let r = s.recv_batch(|d, from| {
-            let Some((seq, _idx, cnt)) = get_hdr(d) else {
+            let Some((seq, idx, cnt)) = get_hdr(d) else {
                 return;
             };
+            if d.len() < UDP_HDR + trailer {
+                return;
+            }
+            let body = d.len() - trailer;
+            if crc {
+                let want = softrdma_wire::crc::crc32c(&d[..body]);
+                if d[body..] != softrdma_wire::crc::to_wire(want) {
+                    bad_crc += 1;
+                    return;
+                }
+                // Placement: the chunk to its place in the target ring.
+                let chunk = &d[UDP_HDR..body];
+                let at = ((seq as usize * cnt as usize + idx as usize) * spec.payload)
+                    % (PLACE_RING - spec.payload.min(PLACE_RING / 2));
+                ring[at..at + chunk.len()].copy_from_slice(chunk);
+            }
             let now = Instant::now();
             dgrams += 1;
-            octets += (d.len() - UDP_HDR) as u64;
+            octets += (body - UDP_HDR) as u64;
             if first.is_none() {
-                first = Some((now, d.len() - UDP_HDR));
+                first = Some((now, body - UDP_HDR));
             }
             last = now;
             if lat {
@@ -309,6 +345,7 @@ fn serve_udp(spec: &Spec, ctrl: &mut Ctrl, ip: IpAddr) -> io::Result<()> {
                         seq,
                         spec.size,
                         spec.payload,
+                        crc,
                         &mut w,
                     )?;
                 }
@@ -329,12 +366,18 @@ fn serve_udp(spec: &Spec, ctrl: &mut Ctrl, ip: IpAddr) -> io::Result<()> {
     s.socket().set_nonblocking(true)?;
     while Instant::now() < drain_end {
         let _ = s.recv_batch(|d, _| {
-            if d.len() >= UDP_HDR {
+            if d.len() >= UDP_HDR + trailer {
                 dgrams += 1;
-                octets += (d.len() - UDP_HDR) as u64;
+                octets += (d.len() - UDP_HDR - trailer) as u64;
                 last = Instant::now();
             }
         });
+    }
+    std::hint::black_box(&ring);
+    if bad_crc > 0 {
+        return Err(io::Error::other(format!(
+            "udp_crc_bw: {bad_crc} datagrams failed their CRC"
+        )));
     }
     let (secs, counted) = match first {
         Some((t0, n0)) => (last.duration_since(t0).as_secs_f64(), octets - n0 as u64),
@@ -443,10 +486,16 @@ fn tcp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
     })
 }
 
-/// True for the stream baseline that checksums what it moves.
+/// True for the baselines that checksum what they move.
 fn with_crc(spec: &Spec) -> bool {
-    spec.test.name == "tcp_crc_bw"
+    matches!(spec.test.name, "tcp_crc_bw" | "udp_crc_bw")
 }
+
+/// Octets of the CRC32C trailer of a `udp_crc_bw` datagram.
+const CRC_LEN: usize = 4;
+
+/// Target ring of the `udp_crc_bw` receiver's placement copies.
+const PLACE_RING: usize = 1 << 20;
 
 fn udp_socket(spec: &Spec, ctrl: &Ctrl) -> io::Result<RawUdp> {
     udp_bind(ctrl.local_addr()?.ip(), spec.wait)
@@ -456,6 +505,7 @@ fn udp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured>
     let mut s = udp_socket(spec, ctrl)?;
     let mut w = Watch::new(HANG);
     let mut run_buf = Vec::new();
+    let crc = with_crc(spec);
     let (cnt, _) = chunks(spec.size, spec.payload)?;
     let mut h = Histogram::new();
     let (mut lost, mut seq, mut warm) = (0u64, 0u32, 0u64);
@@ -470,6 +520,7 @@ fn udp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured>
             seq,
             spec.size,
             spec.payload,
+            crc,
             &mut w,
         )?;
         let mut got = 0usize;
@@ -526,6 +577,7 @@ fn udp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
     let mut s = udp_socket(spec, ctrl)?;
     let mut w = Watch::new(HANG);
     let mut run_buf = Vec::new();
+    let crc = with_crc(spec);
     let mut sent = 0u64;
     let t0 = Instant::now();
     while spec.more(sent, t0) {
@@ -536,6 +588,7 @@ fn udp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
             sent as u32,
             spec.size,
             spec.payload,
+            crc,
             &mut w,
         )?;
         sent += 1;
@@ -561,9 +614,14 @@ fn udp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
         secs: secs.max(send_secs),
         lost: lost_msgs,
         note: format!(
-            "counted at the receiver; {} octets/datagram{}",
+            "counted at the receiver; {} octets/datagram{}{}",
             spec.payload,
-            if s.gso() { ", GSO" } else { "" }
+            if s.gso() { ", GSO" } else { "" },
+            if crc {
+                ", crc32c both ends + placement copy"
+            } else {
+                ""
+            }
         ),
         ..Default::default()
     })

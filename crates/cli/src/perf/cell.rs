@@ -99,6 +99,9 @@ pub(crate) const BASELINES: &[TestDef] = &[
     // `tcp_bw` plus CRC32C over every octet at both ends: the ceiling of
     // an MPA stream with CRC over kernel sockets (see baseline.rs).
     t("tcp_crc_bw", Op::Tcp, Kind::Bw),
+    // `udp_bw` plus a CRC32C trailer per datagram and the receiver's
+    // placement copy: the ceiling of datagram iWARP bandwidth.
+    t("udp_crc_bw", Op::Udp, Kind::Bw),
 ];
 
 /// The plain baseline a baseline that does more than a raw socket is
@@ -106,6 +109,7 @@ pub(crate) const BASELINES: &[TestDef] = &[
 pub(crate) fn reference_of(test: &TestDef) -> Option<&'static TestDef> {
     match test.name {
         "tcp_crc_bw" => test_by_name("tcp_bw"),
+        "udp_crc_bw" => test_by_name("udp_bw"),
         _ => None,
     }
 }

@@ -52,8 +52,10 @@ TEST: send_lat send_bw write_lat write_bw read_lat read_bw
       write_record_lat write_record_bw atomic_lat
 B:    tcp_lat tcp_bw udp_lat udp_bw
       tcp_crc_bw (tcp_bw with CRC32C over every octet at both ends, the
-      ceiling of MPA with CRC; `softrdma perf tcp_crc_bw` gives its ratio
-      to tcp_bw)
+      ceiling of MPA with CRC), udp_crc_bw (udp_bw with a CRC32C trailer
+      per datagram and the receiver copying each payload to its place, the
+      ceiling of datagram iWARP); `softrdma perf tcp_crc_bw|udp_crc_bw`
+      gives the ratio to tcp_bw|udp_bw of the same run
 
 options:
   --transport rc|ud|rd|dc  (default rc; write_record_* default ud; dc also
@@ -103,11 +105,11 @@ pub fn main(args: &[String]) -> ExitCode {
                 test_main(b, &rest)
             }
             Some(b) => usage_error(&format!(
-                "unknown baseline {b:?} (tcp_lat, tcp_bw, udp_lat, udp_bw, tcp_crc_bw)"
+                "unknown baseline {b:?} (tcp_lat, tcp_bw, udp_lat, udp_bw, tcp_crc_bw, udp_crc_bw)"
             )),
-            None => {
-                usage_error("baseline: which one? (tcp_lat, tcp_bw, udp_lat, udp_bw, tcp_crc_bw)")
-            }
+            None => usage_error(
+                "baseline: which one? (tcp_lat, tcp_bw, udp_lat, udp_bw, tcp_crc_bw, udp_crc_bw)",
+            ),
         },
         Some(t) if test_by_name(t).is_some() => test_main(t, &args[1..]),
         Some(other) => usage_error(&format!("unknown test or command {other:?}")),
