@@ -38,6 +38,18 @@
 //! internal ([`Qp::set_internal`]): no QP async events (evictions are
 //! normal operation; errors are completions).
 //!
+//! **Reverse use** (`DcConfig::reverse`, `docs/dc.md` §2): a connection
+//! request offers the context's DCTs of the connection's protection
+//! domain ([`ReverseOffer`] after the fixed private data); a peer that
+//! accepted such a connection sends its own work for those DCTs over it
+//! after a UD Bind proved its DC key: this side binds the initiator QP's
+//! receive side to the DCT ([`Qp::bind_receive`]), the peer posts on its
+//! target QP (whose send completions go to the internal CQ, into the
+//! DCIs' reorder rings). A bound connection is closed only after the
+//! Unbind/Unbound handshake; the Unbound goes when the reverse work is
+//! complete and its octets acknowledged ([`Qp::tx_unacked`]), and the
+//! closer reads its socket before closing.
+//!
 //! # Completion order
 //!
 //! A DCI is one send queue: its completions reach the application's CQ in
@@ -122,6 +134,10 @@ const POLLER_IDLE: std::time::Duration = std::time::Duration::from_millis(1);
 /// How often the progress thread looks whether a busy poller stopped
 /// without arming its CQ (arming hands over at once: `on_app_armed`).
 const POLLER_WATCH: std::time::Duration = std::time::Duration::from_millis(20);
+/// Environment variable that turns reverse use off (`0` or `off`) for
+/// every DC service of the process, whatever its options say: for
+/// benchmarks comparing it on and off (`softrdma perf --transport dc`).
+pub const REVERSE_ENV: &str = "SOFTRDMA_DC_REVERSE";
 /// How often target connections waiting for their written octets to be
 /// acknowledged (before an Unbound) are looked at.
 const DRAIN_CHECK: std::time::Duration = std::time::Duration::from_millis(1);
@@ -453,6 +469,12 @@ impl DcService {
             ctl_qp
                 .post_recv(ctl_buf.wr(i))
                 .map_err(|_| DcError::Register)?;
+        }
+        let mut opts = opts;
+        // Benchmark switch (docs/dc.md §7): the environment can turn
+        // reverse use off for a whole run (both processes of `perf`).
+        if std::env::var_os(REVERSE_ENV).is_some_and(|v| v == "0" || v == "off") {
+            opts.table.reverse = false;
         }
         let table = DcTable::new(DcConfig {
             seed: random_seed(),

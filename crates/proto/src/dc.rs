@@ -19,14 +19,14 @@
 //! | octets | field |
 //! |---|---|
 //! | 0–3 | magic `sDC1` |
-//! | 4 | kind: 1 Invite, 2 Accept, 3 Reject |
-//! | 5 | reject reason: 1 bad key, 2 no such DCT, 3 busy |
+//! | 4 | kind: 1 Invite, 2 Accept, 3 Reject, 4 Bind, 5 Unbind, 6 Unbound, 7 BindAccept, 8 BindReject |
+//! | 5 | reject reason: 1 bad key, 2 no such DCT, 3 busy, 4 no connection (Bind) |
 //! | 6–7 | Accept: the target's TCP listen port |
 //! | 8–11 | DCT number (the DCT's UD QPN) |
 //! | 12–15 | reserved, 0 |
-//! | 16–23 | connection id (chosen by the initiator) |
-//! | 24–31 | Invite: DC access key |
-//! | 32–39 | Accept: cookie the RC connection request must present |
+//! | 16–23 | connection id (chosen by the sender of the Invite, Bind or Unbind) |
+//! | 24–31 | Invite, Bind: DC access key |
+//! | 32–39 | Accept: cookie the RC connection request must present; Bind, BindAccept, BindReject, Unbind, Unbound: the connection's reverse-offer nonce |
 //!
 //! # Initiator
 //!
@@ -84,11 +84,47 @@
 //! initiator, which knows whether work is in flight, closes them (and
 //! the engine reports [`DcTable::closed`]).
 //!
+//! # Reverse use (`DcConfig::reverse`, default on)
+//!
+//! An RC connection carries data both ways, so when A's DCI opened a
+//! connection to B's DCT, B's DCI may answer A's DCT over it instead of
+//! opening a second connection (one TCP connection both ways: no
+//! separate pure ACK per message). A offers it: [`DcTable::offer`]
+//! gives the [`ReverseOffer`] (a random nonce and A's DCTs of the
+//! connection's protection domain) the engine appends to the connection
+//! request; B records it with [`DcTable::accept_offer`]. When B's
+//! [`DcTable::post`] finds no connection for a target but a target
+//! connection whose offer names that DCT (same address, same protection
+//! domain), the new entry sends a **Bind** (DC key, nonce) to that DCT
+//! over UD, retransmitted like an Invite. A checks the key exactly as for
+//! an Invite (wrong: BindReject(bad key), counted once, B's work fails as
+//! the invitation would have failed it), binds the connection's receive
+//! side to the DCT ([`DcEvent::BindReceive`], before the answer goes
+//! out) and answers BindAccept; B then sends over the target connection
+//! ([`DcEvent::Bound`]). Any other refusal, a timeout
+//! (`bind_timeout`) or the connection closing meanwhile: the entry takes
+//! the normal path with its work (a slot, a direct attempt, an Invite);
+//! no error that the normal path would not give.
+//!
+//! Closing: only A (which opened the connection) closes it. A bound
+//! connection that A would close (idle timeout, eviction) first goes
+//! `Closing`: no new work of A's goes to it, **Unbind** to B; B stops
+//! putting new work on it (that goes the normal path), and when its work
+//! on it has completed ([`DcEvent::Drained`]) and the engine saw its
+//! octets acknowledged, [`DcTable::unbound_ready`] sends **Unbound**; A
+//! then closes ([`DcEvent::Teardown`]), after `invite_timeout` without an
+//! answer anyway. Evictions go through the handshake one at a time and
+//! only when no unbound idle connection can go instead.
+//!
 //! # Capacity
 //!
-//! Every connection that is inviting, connecting, live, or (target)
-//! accepted and awaited takes one slot; [`DcTable::live`] never exceeds
-//! `capacity` (the high-water mark is [`DcStats::max_live`]).
+//! Every connection that is inviting, connecting, live, closing, or
+//! (target) accepted and awaited takes one slot; [`DcTable::live`] never
+//! exceeds `capacity` (the high-water mark is [`DcStats::max_live`]). A
+//! connection used both ways takes one slot on each side: A's initiator
+//! entry and B's target entry; B's reverse-use entry holds none (it lives
+//! as long as the target connection and is never evicted or idle-closed
+//! itself).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -1387,6 +1423,13 @@ impl DcTable {
     /// or torn down). Its slot is freed; unknown ids are ignored.
     pub fn closed(&mut self, id: ConnId, now: Instant) {
         if let Some(e) = self.remove(id) {
+            // A reverse user that failed: its connection is not offered
+            // again (it is failing, or closing).
+            if let Some(t) = e.rev.via {
+                if let Some(te) = self.entries.get_mut(&t) {
+                    te.rev.open = false;
+                }
+            }
             // A reverse user of a target connection that is gone: a Bind
             // under way takes the normal path; a bound one stops (its
             // work in flight fails with the QP, as a dead peer's).

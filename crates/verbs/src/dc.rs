@@ -23,7 +23,10 @@
 //! The DCIs and DCTs of a context share one connection table
 //! ([`DcOptions::table`]: capacity, default 16 connections; idle
 //! timeout; invitation retransmission) set up by the first of them;
-//! [`DcInitiator::stats`] and [`DcTarget::stats`] read it.
+//! [`DcInitiator::stats`] and [`DcTarget::stats`] read it. With
+//! `DcOptions::table.reverse` (the default) a DCI answering a peer whose
+//! DCI connected to one of this context's DCTs sends over that same
+//! connection (one TCP connection both ways, `docs/dc.md` §2).
 //!
 //! ```
 //! use softrdma_verbs::dc::DcOptions;
