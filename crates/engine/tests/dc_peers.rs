@@ -15,6 +15,12 @@
 //!   successfully, in order; every message arrives once and intact; the
 //!   counters show that invitations were retransmitted and duplicates
 //!   suppressed.
+//! * `reverse_use_one_connection_both_ways` (two contexts in this
+//!   process, each DCI and DCT of the other): with reverse use one RC
+//!   connection carries a ping-pong both ways (two without it); a wrong
+//!   key on the Bind fails that work request and is counted once; an
+//!   idle close of the shared connection while the peer streams to it
+//!   goes through the Unbind/Unbound handshake and loses nothing.
 //!
 //! Peer protocol (stdout `@peer WORD …`): `ready IP ADDR RKEY DCT…` from a
 //! server; `got N` when a server received N messages (after the test's
