@@ -233,18 +233,18 @@ fn chunks(size: usize, payload: usize) -> io::Result<(usize, usize)> {
 
 /// Sends message `seq` of `size` octets as datagrams to `to`, in GSO runs
 /// of at most [`MAX_SEGMENTS`] datagrams / [`GSO_RUN`] octets; `run_buf` holds
-/// a run's datagrams back to back (`[hdr | chunk]` each).
+/// a run's datagrams back to back (`[hdr | chunk]` each, plus the CRC32C
+/// trailer for `udp_crc_bw`).
 fn send_msg(
     s: &mut RawUdp,
     to: SocketAddr,
     run_buf: &mut Vec<u8>,
     seq: u32,
-    size: usize,
-    payload: usize,
-    crc: bool,
+    spec: &Spec,
     w: &mut Watch,
 ) -> io::Result<()> {
-    let (cnt, p) = chunks(size, payload)?;
+    let (size, crc) = (spec.size, with_crc(spec));
+    let (cnt, p) = chunks(size, spec.payload)?;
     let trailer = if crc { CRC_LEN } else { 0 };
     let seg = UDP_HDR + p + trailer;
     let per_run = (GSO_RUN / seg).clamp(1, MAX_SEGMENTS);
@@ -338,16 +338,7 @@ fn serve_udp(spec: &Spec, ctrl: &mut Ctrl, ip: IpAddr) -> io::Result<()> {
             Ok(_) => {
                 idle = 0;
                 for (seq, from) in complete.drain(..) {
-                    send_msg(
-                        &mut s,
-                        from,
-                        &mut run_buf,
-                        seq,
-                        spec.size,
-                        spec.payload,
-                        crc,
-                        &mut w,
-                    )?;
+                    send_msg(&mut s, from, &mut run_buf, seq, spec, &mut w)?;
                 }
             }
             Err(e) if would_block(&e) => {
@@ -505,7 +496,6 @@ fn udp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured>
     let mut s = udp_socket(spec, ctrl)?;
     let mut w = Watch::new(HANG);
     let mut run_buf = Vec::new();
-    let crc = with_crc(spec);
     let (cnt, _) = chunks(spec.size, spec.payload)?;
     let mut h = Histogram::new();
     let (mut lost, mut seq, mut warm) = (0u64, 0u32, 0u64);
@@ -513,16 +503,7 @@ fn udp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured>
     while warm < spec.warmup || spec.more(h.count(), t0) {
         seq = seq.wrapping_add(1);
         let a = Instant::now();
-        send_msg(
-            &mut s,
-            to,
-            &mut run_buf,
-            seq,
-            spec.size,
-            spec.payload,
-            crc,
-            &mut w,
-        )?;
+        send_msg(&mut s, to, &mut run_buf, seq, spec, &mut w)?;
         let mut got = 0usize;
         let mut spins = 0u32;
         let answered = loop {
@@ -581,16 +562,7 @@ fn udp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
     let mut sent = 0u64;
     let t0 = Instant::now();
     while spec.more(sent, t0) {
-        send_msg(
-            &mut s,
-            to,
-            &mut run_buf,
-            sent as u32,
-            spec.size,
-            spec.payload,
-            crc,
-            &mut w,
-        )?;
+        send_msg(&mut s, to, &mut run_buf, sent as u32, spec, &mut w)?;
         sent += 1;
     }
     let send_secs = t0.elapsed().as_secs_f64();
