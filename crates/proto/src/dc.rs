@@ -958,19 +958,7 @@ impl DcTable {
     }
 
     fn send_unbind(&mut self, id: ConnId, target: DcTarget, nonce: u64) {
-        self.tx.push_back(Transmit {
-            from_dct: None,
-            to: target.addr,
-            msg: Message {
-                kind: MsgKind::Unbind,
-                reason: None,
-                port: 0,
-                dct: target.addr.qpn,
-                conn: id.0,
-                key: 0,
-                cookie: nonce,
-            },
-        });
+        self.send_to_target(MsgKind::Unbind, id, target, 0, nonce);
     }
 
     fn remove(&mut self, id: ConnId) -> Option<Entry> {
@@ -1042,17 +1030,31 @@ impl DcTable {
     }
 
     fn send_invite(&mut self, id: ConnId, target: DcTarget) {
+        self.send_to_target(MsgKind::Invite, id, target, target.key, 0);
+    }
+
+    /// Queues an initiator's message about connection `id` to the UD QP
+    /// of `target`'s DCT (Invite, Bind, Unbind: they differ in kind, key
+    /// and cookie only).
+    fn send_to_target(
+        &mut self,
+        kind: MsgKind,
+        id: ConnId,
+        target: DcTarget,
+        key: u64,
+        cookie: u64,
+    ) {
         self.tx.push_back(Transmit {
             from_dct: None,
             to: target.addr,
             msg: Message {
-                kind: MsgKind::Invite,
+                kind,
                 reason: None,
                 port: 0,
                 dct: target.addr.qpn,
                 conn: id.0,
-                key: target.key,
-                cookie: 0,
+                key,
+                cookie,
             },
         });
     }
@@ -1156,19 +1158,7 @@ impl DcTable {
     }
 
     fn send_bind(&mut self, id: ConnId, target: DcTarget, nonce: u64) {
-        self.tx.push_back(Transmit {
-            from_dct: None,
-            to: target.addr,
-            msg: Message {
-                kind: MsgKind::Bind,
-                reason: None,
-                port: 0,
-                dct: target.addr.qpn,
-                conn: id.0,
-                key: target.key,
-                cookie: nonce,
-            },
-        });
+        self.send_to_target(MsgKind::Bind, id, target, target.key, nonce);
     }
 
     /// Reverse user: the Bind of `id` did not work out (refused, timed
