@@ -173,7 +173,7 @@ use softrdma_wire::rd::Framing;
 
 use crate::cq::{AsyncEvent, Completion, Cq, InlineProgress};
 use crate::progress::{Parking, Source, PARK_RECHECK};
-use crate::udp::{self, RxRing, RX_BATCH};
+use crate::udp::{self, RxRing};
 use crate::{Context, QpCaps, QpError, Shared};
 
 /// The destination QPN meaning "every QP attached to the group" (IB's
@@ -830,7 +830,7 @@ impl DgramSocket {
             } else {
                 self.dispatch(&rx.ring, units, now, poller);
             }
-            if n < RX_BATCH {
+            if !rx.ring.filled(n) {
                 break;
             }
         }

@@ -36,7 +36,7 @@
 //! takes a QP lock while holding an SRQ or CQ lock (inline progress from
 //! `Cq::poll` only try-locks a QP).
 
-use std::io::{self, Read};
+use std::io;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,7 +53,7 @@ use crate::cq::{AsyncEvent, Completion, Cq};
 use crate::mr::View;
 use crate::progress::Parking;
 use crate::srq::Srq;
-use crate::sys::NoSigPipe;
+use crate::sys::{self, NoSigPipe};
 use crate::{Context, Shared};
 
 /// Sizes a QP is created with (`ibv_qp_cap`).
@@ -231,7 +231,7 @@ fn read_direct(
         k += 1;
     }
     // SAFETY: every iovec is a range `place_ptr` checked to lie in a live region registered with write access (kept alive by the view's read lock during the call), or `tail`, a live buffer we borrow mutably; the kernel writes at most iov_len octets to each.
-    let r = unsafe { libc::readv(fd, iov.as_ptr(), k as libc::c_int) };
+    let r = unsafe { libc::syscall(libc::SYS_readv, fd, iov.as_ptr(), k as libc::c_int) };
     Some(if r < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -624,7 +624,7 @@ impl QpShared {
                             r.map(|n| (n, d.len + tail))
                         }
                         // A piece failed its check: the copy path reports it.
-                        None => link.sock.read(rxbuf).map(|n| (n, rxbuf.len())),
+                        None => sys::recv(fd, rxbuf).map(|n| (n, rxbuf.len())),
                     }
                 }
                 None => {
@@ -653,11 +653,11 @@ impl QpShared {
                                 io::IoSliceMut::new(space),
                                 io::IoSliceMut::new(&mut rxbuf[..limit]),
                             ];
-                            link.sock
-                                .read_vectored(&mut iov)
+                            sys::readv(link.sock.as_raw_fd(), &mut iov)
                                 .map(|n| (n, stash_need + limit))
                         }
-                        None => link.sock.read(&mut rxbuf[..limit]).map(|n| (n, limit)),
+                        None => sys::recv(link.sock.as_raw_fd(), &mut rxbuf[..limit])
+                            .map(|n| (n, limit)),
                     }
                 }
             };

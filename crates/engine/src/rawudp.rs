@@ -48,6 +48,8 @@ pub struct RawUdp {
     gso: bool,
     gro: bool,
     bufs: Vec<u8>,
+    /// Buffers each `recvmmsg` offers (as the datagram QPs size theirs).
+    sizer: udp::BatchSizer,
 }
 
 impl RawUdp {
@@ -63,6 +65,7 @@ impl RawUdp {
             gso: true,
             gro,
             bufs: vec![0; RX_SLOTS * RX_SLOT],
+            sizer: udp::BatchSizer::default(),
         })
     }
 
@@ -151,7 +154,9 @@ impl RawUdp {
     }
 
     /// One `recvmmsg` (blocking or not as the socket is; a blocking one
-    /// returns once something arrived, `MSG_WAITFORONE`): calls `f` with
+    /// returns once something arrived, `MSG_WAITFORONE`) offering one
+    /// buffer or all [`RX_SLOTS`], sized as the datagram QPs size theirs
+    /// (one while datagrams come one at a time): calls `f` with
     /// every datagram received, in order, with its source; returns how
     /// many datagrams that was. Errors are the kernel's (`WouldBlock` when
     /// nothing is queued on a non-blocking socket).
@@ -183,21 +188,31 @@ impl RawUdp {
                 h.msg_controllen = size_of::<[u64; 4]>() as _;
             }
         }
+        let offer = self.sizer.len(RX_SLOTS);
+        // The system call directly, as the datagram QPs make it (libc's
+        // wrapper is a cancellation point, which costs every call).
         // SAFETY: every header points at live buffers of the sizes it states, all outliving the call; the kernel writes at most those sizes.
         let n = unsafe {
-            libc::recvmmsg(
+            libc::syscall(
+                libc::SYS_recvmmsg,
                 self.sock.as_raw_fd(),
                 hdrs.as_mut_ptr(),
-                RX_SLOTS as libc::c_uint,
+                offer as libc::c_uint,
                 libc::MSG_WAITFORONE,
-                std::ptr::null_mut(),
+                std::ptr::null_mut::<libc::timespec>(),
             )
         };
         if n < 0 {
-            return Err(io::Error::last_os_error());
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock {
+                self.sizer.note(offer, 0);
+            }
+            return Err(e);
         }
+        let n = (n as usize).min(offer);
+        self.sizer.note(offer, n);
         let mut count = 0;
-        for (i, m) in hdrs.iter().enumerate().take(n as usize) {
+        for (i, m) in hdrs.iter().enumerate().take(n) {
             let mut seg = 0usize;
             // SAFETY: the msghdr the kernel filled; its control buffer (`cmsgs[i]`) is live and msg_controllen says how much of it holds control messages; the CMSG macros stay inside it and the payload is read unaligned.
             unsafe {
