@@ -43,7 +43,8 @@ const GSO_MAX_SEGS: usize = 64;
 /// `UDP_GRO`).
 const CMSG_WORDS: usize = 8;
 /// Octets up to which [`send_one`] gathers a datagram's pieces into one
-/// buffer and sends it with `sendto`.
+/// buffer and sends it with `sendto` (a lone datagram of at most 512
+/// payload octets comes as one piece already, `datagram::seal`).
 const GATHER_MAX: usize = 512;
 /// Pieces (datagrams once GRO runs are split) a ring holds without growing.
 const RX_UNITS: usize = RX_BATCH * 64;
@@ -724,7 +725,35 @@ fn send_chunk<const B: usize, const I: usize>(
     Ok(plan[..r as usize].iter().map(|p| p.3).sum())
 }
 
-/// `sendmsg` of one gathered datagram.
+/// `sendto` of one datagram to `addr` (`len` octets of it), as a raw
+/// system call (see [`recv_batch`]).
+fn sendto(
+    fd: RawFd,
+    buf: &[u8],
+    addr: &libc::sockaddr_storage,
+    len: libc::socklen_t,
+) -> io::Result<()> {
+    // SAFETY: `buf` is live for the call and `addr` a live address of at least `len` octets, both read only.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sendto,
+            fd,
+            buf.as_ptr(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+            addr as *const libc::sockaddr_storage as *const libc::sockaddr,
+            len,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// One datagram: `sendto` when it is one piece or small enough to gather
+/// into one, else `sendmsg` of its pieces.
 pub(crate) fn send_one(
     fd: RawFd,
     v6: bool,
@@ -735,36 +764,23 @@ pub(crate) fn send_one(
     let mut addr: libc::sockaddr_storage = unsafe { zeroed() };
     let len =
         encode_addr(dest, v6, &mut addr).ok_or(io::Error::from_raw_os_error(libc::EAFNOSUPPORT))?;
-    // A small datagram (header, payload, trailer) is gathered and sent
-    // as one piece: the kernel's per-io-vector work costs more than
-    // copying a few hundred octets.
-    if bufs.len() > 1 {
-        let total: usize = bufs.iter().map(|b| b.len()).sum();
-        if total <= GATHER_MAX {
-            let mut flat = [0u8; GATHER_MAX];
-            let mut at = 0;
-            for b in bufs {
-                flat[at..at + b.len()].copy_from_slice(b);
-                at += b.len();
-            }
-            // SAFETY: `flat` holds `total` live octets and `addr` a live address of `len` octets, both read only.
-            let r = unsafe {
-                libc::syscall(
-                    libc::SYS_sendto,
-                    fd,
-                    flat.as_ptr(),
-                    total,
-                    libc::MSG_DONTWAIT,
-                    &addr as *const libc::sockaddr_storage as *const libc::sockaddr,
-                    len,
-                )
-            };
-            return if r < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(())
-            };
+    // One piece, or a small datagram (header, payload, trailer) gathered
+    // into one: `sendto`, which spares the kernel the msghdr and
+    // io-vector import (a C ping-pong of 96-octet datagrams on loopback,
+    // ns per message: `sendto` 3 005-3 095, `sendmsg` of the same one
+    // piece 3 100-3 190, of 3 pieces 3 130-3 200).
+    if let [one] = bufs {
+        return sendto(fd, one, &addr, len);
+    }
+    let total: usize = bufs.iter().map(|b| b.len()).sum();
+    if total <= GATHER_MAX {
+        let mut flat = [0u8; GATHER_MAX];
+        let mut at = 0;
+        for b in bufs {
+            flat[at..at + b.len()].copy_from_slice(b);
+            at += b.len();
         }
+        return sendto(fd, &flat[..total], &addr, len);
     }
     // SAFETY: as above.
     let mut h: libc::msghdr = unsafe { zeroed() };
