@@ -339,6 +339,70 @@ fn baselines_alone() {
     }
 }
 
+/// `tcp_mpa_lat` (the RC latency floor: a raw TCP ping-pong of RC Send
+/// FPDUs framed and checked by the wire code) runs alone and against
+/// `tcp_lat` of the same run, with a clear error above one FPDU.
+#[test]
+fn mpa_latency_floor() {
+    let out = softrdma(
+        &[
+            "perf",
+            "baseline",
+            "tcp_mpa_lat",
+            "--size",
+            "64",
+            "--iters",
+            "200",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let objs: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
+    assert_eq!(objs.len(), 1);
+    assert_eq!(s(&objs[0], "test"), Some("tcp_mpa_lat"));
+    assert_eq!(num(&objs[0], "iters"), Some(200.0));
+    assert!(num(&objs[0], "lat_us_p50").unwrap() > 0.0);
+    assert!(s(&objs[0], "note").unwrap().contains("CRC32C"));
+    let out = softrdma(
+        &[
+            "perf",
+            "tcp_mpa_lat",
+            "--sizes",
+            "64,4096",
+            "--iters",
+            "200",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let objs: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
+    let rows: Vec<_> = objs
+        .iter()
+        .filter(|o| s(o, "test") == Some("tcp_mpa_lat"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{objs:?}");
+    for r in rows {
+        assert_eq!(s(r, "baseline"), Some("tcp_lat"));
+        assert!(num(r, "ratio").unwrap() > 0.0);
+    }
+    let out = softrdma(
+        &[
+            "perf",
+            "baseline",
+            "tcp_mpa_lat",
+            "--size",
+            "64Ki",
+            "--iters",
+            "10",
+        ],
+        &[],
+    );
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(all.contains("up to 16384 octets"), "{all}");
+}
+
 /// `tcp_crc_bw` and `udp_crc_bw` (the CRC ceilings) run alone as
 /// baselines, and as tests they are measured against `tcp_bw`/`udp_bw` of
 /// the same run.
@@ -730,6 +794,16 @@ fn quick_suite_writes_report_and_pngs() {
             .lines()
             .any(|l| l.starts_with("udp_crc_bw") && l.contains("udp_bw")),
         "no datagram ceiling row:\n{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("tcp_mpa_lat") && l.contains("tcp_lat")),
+        "no RC latency floor row:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("floor: raw TCP ping-pong framed"),
+        "{stdout}"
     );
     let md = std::fs::read_to_string(dir.join("report.md")).expect("report.md");
     for want in [

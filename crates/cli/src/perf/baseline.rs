@@ -3,6 +3,16 @@
 //! one way = round trip / 2), `tcp_bw` and `udp_bw` (stream).
 //!
 //! * `tcp_lat`: TCP_NODELAY, `size` octets each way per round trip.
+//! * `tcp_mpa_lat`: `tcp_lat` whose messages are what an RC Send puts on
+//!   the wire (one MPA FPDU per message of up to 16 KiB: RDMAP Send header,
+//!   pad, CRC32C), framed and taken apart with softrdma's own wire code
+//!   and nothing else: the sender emits the header, copies the payload
+//!   behind it and computes the CRC; the receiver checks the CRC, parses
+//!   and checks the header (opcode, queue, MSN) and copies the payload to
+//!   its receive buffer. No queues, locks, registry or completion queue:
+//!   the floor of any iWARP Send over kernel sockets built on this wire
+//!   code, so `softrdma perf tcp_mpa_lat` (a ratio to `tcp_lat` of the
+//!   same run) splits the RC latency ratio into protocol and engine.
 //! * `tcp_bw`: `size`-octet writes; the receiver reads 256 KiB at a time
 //!   and acknowledges EOF with one octet; the sender's clock stops at that
 //!   acknowledgement, so nothing still queued in socket buffers counts.
@@ -169,7 +179,14 @@ fn serve_tcp(spec: &Spec, ctrl: &mut Ctrl, ip: IpAddr) -> io::Result<()> {
     prepare_tcp(&s, spec.wait)?;
     let mut w = Watch::new(HANG);
     let mut octets = 0u64;
-    if spec.test.kind == Kind::Lat {
+    if is_mpa(spec) {
+        let mut p = MpaPingPong::new(spec.size)?;
+        let mut msn = 0u32;
+        while p.recv(&mut s, &mut w, &mut msn)? {
+            p.send(&mut s, &mut w, msn)?;
+            octets += spec.size as u64;
+        }
+    } else if spec.test.kind == Kind::Lat {
         let mut buf = vec![0u8; spec.size];
         while read_full(&mut s, &mut buf, &mut w)? {
             write_full(&mut s, &buf, &mut w)?;
@@ -402,6 +419,9 @@ fn tcp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured>
     let mut s = TcpStream::connect_timeout(&to, HANG)?;
     prepare_tcp(&s, spec.wait)?;
     let mut w = Watch::new(HANG);
+    if is_mpa(spec) {
+        return mpa_lat(spec, ctrl, s, &mut w);
+    }
     let tx = vec![0x5au8; spec.size];
     let mut rx = vec![0u8; spec.size];
     let mut h = Histogram::new();
@@ -480,6 +500,148 @@ fn tcp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
 /// True for the baselines that checksum what they move.
 fn with_crc(spec: &Spec) -> bool {
     matches!(spec.test.name, "tcp_crc_bw" | "udp_crc_bw")
+}
+
+/// True for `tcp_mpa_lat` (`tcp_lat` framed as RC Sends).
+fn is_mpa(spec: &Spec) -> bool {
+    spec.test.name == "tcp_mpa_lat"
+}
+
+/// Largest `tcp_mpa_lat` message: one FPDU, as an RC Send of this size is
+/// on a loopback connection (larger ones would be several FPDUs there).
+const MPA_MAX: usize = 16 << 10;
+
+/// One end of the `tcp_mpa_lat` ping-pong: its transmit FPDU buffer, the
+/// "registered" memory its payload comes from and goes to, and a receive
+/// buffer for the stream.
+struct MpaPingPong {
+    size: usize,
+    /// Header (with the length slot), payload, pad and CRC of one FPDU.
+    tx: Vec<u8>,
+    /// Where the sent payload comes from and the received one goes.
+    mem: Vec<u8>,
+    rx: Vec<u8>,
+    /// Octets of `rx` holding stream data not yet taken.
+    have: usize,
+    deframer: softrdma_wire::fpdu::Deframer,
+}
+
+impl MpaPingPong {
+    fn new(size: usize) -> io::Result<Self> {
+        if size > MPA_MAX {
+            return Err(io::Error::other(format!(
+                "tcp_mpa_lat: messages up to {MPA_MAX} octets (one FPDU)"
+            )));
+        }
+        Ok(MpaPingPong {
+            size,
+            tx: vec![0; MPA_MAX + 64],
+            mem: vec![0x3c; size.max(1)],
+            rx: vec![0; TCP_RX],
+            have: 0,
+            deframer: softrdma_wire::fpdu::Deframer::new(true, false),
+        })
+    }
+
+    /// Frames and writes one Send with `msn`.
+    fn send(&mut self, s: &mut TcpStream, w: &mut Watch, msn: u32) -> io::Result<()> {
+        use softrdma_wire::fpdu::{self, LEN_FIELD};
+        use softrdma_wire::rdmap::{Opcode, RdmapBody, SegmentRepr};
+        let repr = SegmentRepr::untagged(Opcode::Send, 0, msn, 0, true, RdmapBody::None);
+        let hlen = repr.header_len();
+        repr.emit(&mut self.tx[LEN_FIELD..LEN_FIELD + hlen]);
+        let ulpdu = fpdu::set_ulpdu_len(&mut self.tx[..LEN_FIELD + hlen], self.size)
+            .map_err(|e| io::Error::other(format!("tcp_mpa_lat: {e:?}")))?;
+        let at = LEN_FIELD + hlen;
+        self.tx[at..at + self.size].copy_from_slice(&self.mem[..self.size]);
+        let pad = fpdu::pad_len(ulpdu);
+        let end = at + self.size + pad;
+        self.tx[at + self.size..end].fill(0);
+        let crc = softrdma_wire::crc::crc32c(&self.tx[..end]);
+        self.tx[end..end + fpdu::CRC_LEN].copy_from_slice(&softrdma_wire::crc::to_wire(crc));
+        let n = end + fpdu::CRC_LEN;
+        write_full(s, &self.tx[..n], w)
+    }
+
+    /// Reads one whole FPDU, checks its CRC and header (a Send on queue 0
+    /// with the next MSN) and copies its payload to `mem`. `Ok(false)` on
+    /// EOF before it.
+    fn recv(&mut self, s: &mut TcpStream, w: &mut Watch, msn: &mut u32) -> io::Result<bool> {
+        use softrdma_wire::ddp::{DdpHeader, Mode};
+        use softrdma_wire::rdmap::{Opcode, SegmentRepr};
+        loop {
+            match self.deframer.decode_whole(&self.rx[..self.have]) {
+                Ok(Some((n, f))) => {
+                    let (repr, _) = SegmentRepr::parse(f.header, Mode::Stream)
+                        .map_err(|e| io::Error::other(format!("tcp_mpa_lat header: {e:?}")))?;
+                    let want = msn.wrapping_add(1);
+                    let ok = repr.opcode == Opcode::Send
+                        && repr.last
+                        && matches!(repr.ddp, DdpHeader::Untagged { qn: 0, msn: m, mo: 0, .. } if m == want)
+                        && f.payload.len() == self.size;
+                    if !ok {
+                        return Err(io::Error::other(format!(
+                            "tcp_mpa_lat: unexpected {repr:?}"
+                        )));
+                    }
+                    self.mem[..self.size].copy_from_slice(f.payload);
+                    *msn = want;
+                    self.rx.copy_within(n..self.have, 0);
+                    self.have -= n;
+                    return Ok(true);
+                }
+                Ok(None) => {}
+                Err(e) => return Err(io::Error::other(format!("tcp_mpa_lat stream: {e:?}"))),
+            }
+            match s.read(&mut self.rx[self.have..]) {
+                Ok(0) if self.have == 0 => return Ok(false),
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "TCP peer closed mid-FPDU",
+                    ))
+                }
+                Ok(n) => {
+                    self.have += n;
+                    w.progress();
+                }
+                Err(e) if would_block(&e) => w.check("an FPDU")?,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// The measuring end of `tcp_mpa_lat`.
+fn mpa_lat(spec: &Spec, ctrl: &mut Ctrl, mut s: TcpStream, w: &mut Watch) -> io::Result<Measured> {
+    let mut p = MpaPingPong::new(spec.size)?;
+    let (mut tx_msn, mut rx_msn) = (0u32, 0u32);
+    let mut h = Histogram::new();
+    let mut round = |p: &mut MpaPingPong, s: &mut TcpStream, w: &mut Watch| -> io::Result<()> {
+        tx_msn = tx_msn.wrapping_add(1);
+        p.send(s, w, tx_msn)?;
+        if !p.recv(s, w, &mut rx_msn)? {
+            return Err(io::Error::other("TCP peer closed"));
+        }
+        Ok(())
+    };
+    for _ in 0..spec.warmup {
+        round(&mut p, &mut s, w)?;
+    }
+    let t0 = Instant::now();
+    while spec.more(h.count(), t0) {
+        let a = Instant::now();
+        round(&mut p, &mut s, w)?;
+        h.record(a.elapsed().as_nanos() as u64 / 2);
+    }
+    s.shutdown(Shutdown::Write)?;
+    ctrl.send(&Msg::new("END"))?;
+    ctrl.expect("DONE")?;
+    Ok(Measured {
+        hist: Some(h),
+        note: "MPA/DDP/RDMAP Send framing with CRC32C, wire code only".into(),
+        ..Default::default()
+    })
 }
 
 /// Octets of the CRC32C trailer of a `udp_crc_bw` datagram.

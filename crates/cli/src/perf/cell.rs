@@ -94,6 +94,9 @@ pub(crate) const TESTS: &[TestDef] = &[
 pub(crate) const BASELINES: &[TestDef] = &[
     t("tcp_lat", Op::Tcp, Kind::Lat),
     t("tcp_bw", Op::Tcp, Kind::Bw),
+    // `tcp_lat` framed as RC Sends with softrdma's wire code alone: the
+    // floor of RC latency over kernel sockets (see baseline.rs).
+    t("tcp_mpa_lat", Op::Tcp, Kind::Lat),
     t("udp_lat", Op::Udp, Kind::Lat),
     t("udp_bw", Op::Udp, Kind::Bw),
     // `tcp_bw` plus CRC32C over every octet at both ends: the ceiling of
@@ -109,6 +112,7 @@ pub(crate) const BASELINES: &[TestDef] = &[
 pub(crate) fn reference_of(test: &TestDef) -> Option<&'static TestDef> {
     match test.name {
         "tcp_crc_bw" => test_by_name("tcp_bw"),
+        "tcp_mpa_lat" => test_by_name("tcp_lat"),
         "udp_crc_bw" => test_by_name("udp_bw"),
         _ => None,
     }

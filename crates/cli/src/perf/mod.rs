@@ -54,8 +54,10 @@ B:    tcp_lat tcp_bw udp_lat udp_bw
       tcp_crc_bw (tcp_bw with CRC32C over every octet at both ends, the
       ceiling of MPA with CRC), udp_crc_bw (udp_bw with a CRC32C trailer
       per datagram and the receiver copying each payload to its place, the
-      ceiling of datagram iWARP); `softrdma perf tcp_crc_bw|udp_crc_bw`
-      gives the ratio to tcp_bw|udp_bw of the same run
+      ceiling of datagram iWARP), tcp_mpa_lat (tcp_lat whose messages
+      are RC Send FPDUs framed and checked by the wire code alone, the
+      floor of RC latency); `softrdma perf tcp_crc_bw|udp_crc_bw|
+      tcp_mpa_lat` gives the ratio to tcp_bw|udp_bw|tcp_lat of the same run
 
 options:
   --transport rc|ud|rd|dc  (default rc; write_record_* default ud; dc also
@@ -105,10 +107,10 @@ pub fn main(args: &[String]) -> ExitCode {
                 test_main(b, &rest)
             }
             Some(b) => usage_error(&format!(
-                "unknown baseline {b:?} (tcp_lat, tcp_bw, udp_lat, udp_bw, tcp_crc_bw, udp_crc_bw)"
+                "unknown baseline {b:?} (tcp_lat, tcp_bw, udp_lat, udp_bw, tcp_crc_bw, udp_crc_bw, tcp_mpa_lat)"
             )),
             None => usage_error(
-                "baseline: which one? (tcp_lat, tcp_bw, udp_lat, udp_bw, tcp_crc_bw, udp_crc_bw)",
+                "baseline: which one? (tcp_lat, tcp_bw, udp_lat, udp_bw, tcp_crc_bw, udp_crc_bw, tcp_mpa_lat)",
             ),
         },
         Some(t) if test_by_name(t).is_some() => test_main(t, &args[1..]),

@@ -129,6 +129,14 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
             no_crc: true,
         },
     );
+    // The floor of the RC latency targets: a raw TCP ping-pong framed as
+    // RC Sends by the wire code alone, against the raw ping-pong.
+    g.push(Group {
+        test: "tcp_mpa_lat",
+        transport: "tcp",
+        sizes: vec![64],
+        no_crc: false,
+    });
     // The ceiling of the CRC target: a raw TCP stream that checksums what
     // it moves, against the raw stream.
     g.push(Group {
@@ -476,6 +484,11 @@ fn targets(rows: &[PerfResult], peers: &[PerfResult]) -> String {
         "<= 1.10",
     );
     line(
+        "  floor: raw TCP ping-pong framed as RC Sends / raw",
+        ratio("tcp_mpa_lat", "tcp", 64, None),
+        "-",
+    );
+    line(
         "UD 64 B send_lat / raw UDP ping-pong",
         ratio("send_lat", "ud", 64, None),
         "<= 1.10",
@@ -808,6 +821,11 @@ shared 2-core VM swing by several times between runs.\n\
 UD and the raw UDP blast are counted at the receiver (what arrived), `lost` says how \
 many messages did not. A UD Write raises nothing at its target, so UD `write_bw` is the \
 sender's rate (noted in the row).\n\
+* Rows with transport `tcp`/`udp` are references, each against its raw baseline: \
+`tcp_crc_bw` (raw stream + CRC32C at both ends) and `udp_crc_bw` (raw blast + CRC32C \
+trailer + placement copy) are the ceilings of CRC'd RC and datagram bandwidth; \
+`tcp_mpa_lat` (raw ping-pong of RC Send FPDUs built and checked by the wire code \
+alone) is the floor of RC latency: what the protocol costs without the engine.\n\
 * `ERROR:` rows are cells that failed, with the reason; the suite's exit code is then 1.\n"
     );
     s
