@@ -25,15 +25,9 @@ impl io::Write for NoSigPipe<'_> {
         // copying a few hundred octets (rc_pathcost `tcpv`: ~100 ns per
         // message less on loopback).
         if bufs.len() > 1 {
-            let total: usize = bufs.iter().map(|b| b.len()).sum();
-            if total <= GATHER_MAX {
-                let mut flat = [0u8; GATHER_MAX];
-                let mut at = 0;
-                for b in bufs {
-                    flat[at..at + b.len()].copy_from_slice(b);
-                    at += b.len();
-                }
-                return self.send_flat(&flat[..total]);
+            let mut flat = [0u8; GATHER_MAX];
+            if let Some(one) = gather(bufs, &mut flat) {
+                return self.send_flat(one);
             }
         }
         // SAFETY: all-zero is a valid msghdr.
@@ -69,9 +63,28 @@ impl io::Write for NoSigPipe<'_> {
     }
 }
 
-/// Octets up to which [`NoSigPipe`] gathers a vectored write into one
-/// buffer before sending it.
-const GATHER_MAX: usize = 512;
+/// Octets up to which a vectored send of a few small pieces (an FPDU's or
+/// a datagram's header, payload and trailer) is gathered into one buffer
+/// and sent as one piece ([`gather`]).
+pub(crate) const GATHER_MAX: usize = 512;
+
+/// Copies `bufs` back to back into `flat` if they fit: the gathered
+/// octets, or `None` when they are more than [`GATHER_MAX`].
+pub(crate) fn gather<'a>(
+    bufs: &[io::IoSlice<'_>],
+    flat: &'a mut [u8; GATHER_MAX],
+) -> Option<&'a [u8]> {
+    let total: usize = bufs.iter().map(|b| b.len()).sum();
+    if total > GATHER_MAX {
+        return None;
+    }
+    let mut at = 0;
+    for b in bufs {
+        flat[at..at + b.len()].copy_from_slice(b);
+        at += b.len();
+    }
+    Some(&flat[..total])
+}
 
 impl NoSigPipe<'_> {
     fn send_flat(&mut self, buf: &[u8]) -> io::Result<usize> {

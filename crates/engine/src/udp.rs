@@ -26,6 +26,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use softrdma_proto::ud::Datagram;
 
+use crate::sys;
+
 /// Datagrams read by one `recvmmsg`.
 pub(crate) const RX_BATCH: usize = 32;
 /// Room for one datagram: the largest UDP payload fits, so nothing a peer
@@ -42,10 +44,6 @@ const GSO_MAX_SEGS: usize = 64;
 /// Control buffer per received datagram (room for `IP_PKTINFO` and
 /// `UDP_GRO`).
 const CMSG_WORDS: usize = 8;
-/// Octets up to which [`send_one`] gathers a datagram's pieces into one
-/// buffer and sends it with `sendto` (a lone datagram of at most 512
-/// payload octets comes as one piece already, `datagram::seal`).
-const GATHER_MAX: usize = 512;
 /// Pieces (datagrams once GRO runs are split) a ring holds without growing.
 const RX_UNITS: usize = RX_BATCH * 64;
 
@@ -772,15 +770,9 @@ pub(crate) fn send_one(
     if let [one] = bufs {
         return sendto(fd, one, &addr, len);
     }
-    let total: usize = bufs.iter().map(|b| b.len()).sum();
-    if total <= GATHER_MAX {
-        let mut flat = [0u8; GATHER_MAX];
-        let mut at = 0;
-        for b in bufs {
-            flat[at..at + b.len()].copy_from_slice(b);
-            at += b.len();
-        }
-        return sendto(fd, &flat[..total], &addr, len);
+    let mut flat = [0u8; sys::GATHER_MAX];
+    if let Some(one) = sys::gather(bufs, &mut flat) {
+        return sendto(fd, one, &addr, len);
     }
     // SAFETY: as above.
     let mut h: libc::msghdr = unsafe { zeroed() };

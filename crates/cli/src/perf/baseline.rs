@@ -419,25 +419,51 @@ fn tcp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured>
     let mut s = TcpStream::connect_timeout(&to, HANG)?;
     prepare_tcp(&s, spec.wait)?;
     let mut w = Watch::new(HANG);
+    let closed = || io::Error::other("TCP peer closed");
     if is_mpa(spec) {
-        return mpa_lat(spec, ctrl, s, &mut w);
+        let mut p = MpaPingPong::new(spec.size)?;
+        let (mut tx_msn, mut rx_msn) = (0u32, 0u32);
+        let round = |s: &mut TcpStream| -> io::Result<()> {
+            tx_msn = tx_msn.wrapping_add(1);
+            p.send(s, &mut w, tx_msn)?;
+            if !p.recv(s, &mut w, &mut rx_msn)? {
+                return Err(closed());
+            }
+            Ok(())
+        };
+        let note = "MPA/DDP/RDMAP Send framing with CRC32C, wire code only";
+        return timed_rounds(spec, ctrl, &mut s, round, note);
     }
     let tx = vec![0x5au8; spec.size];
     let mut rx = vec![0u8; spec.size];
-    let mut h = Histogram::new();
-    for _ in 0..spec.warmup {
-        write_full(&mut s, &tx, &mut w)?;
-        if !read_full(&mut s, &mut rx, &mut w)? {
-            return Err(io::Error::other("TCP peer closed"));
+    let round = |s: &mut TcpStream| -> io::Result<()> {
+        write_full(s, &tx, &mut w)?;
+        if !read_full(s, &mut rx, &mut w)? {
+            return Err(closed());
         }
+        Ok(())
+    };
+    timed_rounds(spec, ctrl, &mut s, round, "")
+}
+
+/// Times a TCP ping-pong: `spec.warmup` unmeasured rounds, then rounds
+/// until the spec says stop, each recorded one way (round trip / 2); then
+/// the end handshake with the server.
+fn timed_rounds(
+    spec: &Spec,
+    ctrl: &mut Ctrl,
+    s: &mut TcpStream,
+    mut round: impl FnMut(&mut TcpStream) -> io::Result<()>,
+    note: &str,
+) -> io::Result<Measured> {
+    for _ in 0..spec.warmup {
+        round(s)?;
     }
+    let mut h = Histogram::new();
     let t0 = Instant::now();
     while spec.more(h.count(), t0) {
         let a = Instant::now();
-        write_full(&mut s, &tx, &mut w)?;
-        if !read_full(&mut s, &mut rx, &mut w)? {
-            return Err(io::Error::other("TCP peer closed"));
-        }
+        round(s)?;
         h.record(a.elapsed().as_nanos() as u64 / 2);
     }
     s.shutdown(Shutdown::Write)?;
@@ -445,6 +471,7 @@ fn tcp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured>
     ctrl.expect("DONE")?;
     Ok(Measured {
         hist: Some(h),
+        note: note.into(),
         ..Default::default()
     })
 }
@@ -610,38 +637,6 @@ impl MpaPingPong {
             }
         }
     }
-}
-
-/// The measuring end of `tcp_mpa_lat`.
-fn mpa_lat(spec: &Spec, ctrl: &mut Ctrl, mut s: TcpStream, w: &mut Watch) -> io::Result<Measured> {
-    let mut p = MpaPingPong::new(spec.size)?;
-    let (mut tx_msn, mut rx_msn) = (0u32, 0u32);
-    let mut h = Histogram::new();
-    let mut round = |p: &mut MpaPingPong, s: &mut TcpStream, w: &mut Watch| -> io::Result<()> {
-        tx_msn = tx_msn.wrapping_add(1);
-        p.send(s, w, tx_msn)?;
-        if !p.recv(s, w, &mut rx_msn)? {
-            return Err(io::Error::other("TCP peer closed"));
-        }
-        Ok(())
-    };
-    for _ in 0..spec.warmup {
-        round(&mut p, &mut s, w)?;
-    }
-    let t0 = Instant::now();
-    while spec.more(h.count(), t0) {
-        let a = Instant::now();
-        round(&mut p, &mut s, w)?;
-        h.record(a.elapsed().as_nanos() as u64 / 2);
-    }
-    s.shutdown(Shutdown::Write)?;
-    ctrl.send(&Msg::new("END"))?;
-    ctrl.expect("DONE")?;
-    Ok(Measured {
-        hist: Some(h),
-        note: "MPA/DDP/RDMAP Send framing with CRC32C, wire code only".into(),
-        ..Default::default()
-    })
 }
 
 /// Octets of the CRC32C trailer of a `udp_crc_bw` datagram.
