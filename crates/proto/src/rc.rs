@@ -1574,7 +1574,9 @@ impl RcQp {
             match self.deframer.decode_whole(data) {
                 Ok(Some((n, w))) => {
                     data = &data[n..];
-                    self.rx_whole(w, mem, srq.as_deref_mut());
+                    if !self.rx_shortcut(&w, mem, srq.as_deref_mut()) {
+                        self.rx_whole(w, mem, srq.as_deref_mut());
+                    }
                     continue;
                 }
                 Ok(None) if self.stashes() => {
@@ -1625,6 +1627,108 @@ impl RcQp {
                 Some(RxEv::End) => self.rx_fpdu_end(mem, srq.as_deref_mut()),
             }
         }
+    }
+
+    /// The commonest FPDUs, handled without the general receive machinery
+    /// (header representation, segment and receive state, deferred
+    /// errors), when they arrive whole and verified between messages in
+    /// the RTS state:
+    ///
+    /// * a plain Send or Send with Solicited Event in one segment (DDP
+    ///   control exactly T=0 L=1 DV=1, RDMAP control exactly RV=1 and the
+    ///   opcode, Invalidate STag 0, QN 0, MO 0, the expected MSN), with no
+    ///   Immediate Data pending and a posted receive large enough whose
+    ///   memory takes the payload: the receive is taken, the payload
+    ///   placed, the MSN advanced, a successful receive completion queued
+    ///   (and the receive limit event, if it fires);
+    /// * an RDMA Write in one segment (T=1 L=1 DV=1, RV=1) that continues
+    ///   no earlier segment and whose STag, offset and rights pass: the
+    ///   payload is placed.
+    ///
+    /// The outcome is the general path's. Returns false when the FPDU is
+    /// anything else, or its receive or memory is missing, too small or
+    /// refuses it; nothing is changed then (beyond memory already written
+    /// with the octets the general path writes there again), and the
+    /// caller hands the FPDU to the general path, which reports every error
+    /// as it always has.
+    fn rx_shortcut<M: Memory>(
+        &mut self,
+        w: &fpdu::WholeFpdu<'_>,
+        mem: &mut M,
+        srq: Option<&mut RecvQueue>,
+    ) -> bool {
+        const LAST_UNTAGGED: u8 = ddp::FLAG_L | ddp::DDP_VERSION;
+        const LAST_TAGGED: u8 = ddp::FLAG_T | ddp::FLAG_L | ddp::DDP_VERSION;
+        if self.state != RcState::Rts
+            || self.awaiting_rtr.is_some()
+            || self.rx_seg.is_some()
+            || self.rx_deferred.is_some()
+        {
+            return false;
+        }
+        let h = w.header;
+        let word = |at: usize| u32::from_be_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
+        let write = Opcode::RdmaWrite.control_octet();
+        if h.len() == ddp::TAGGED_HEADER_LEN && h[0] == LAST_TAGGED && h[1] == write {
+            if self.rx_tagged.is_some() || self.rx_write_open {
+                return false;
+            }
+            let (stag, to) = (word(2), u64::from(word(6)) << 32 | u64::from(word(10)));
+            let len = w.payload.len() as u64;
+            if len > 0
+                && (mem.check_remote_write(stag, to, len).is_err()
+                    || mem.remote_write(stag, to, w.payload).is_err())
+            {
+                return false;
+            }
+            self.rx_any = true;
+            self.rx_write_len = len;
+            return true;
+        }
+        if h.len() != ddp::UNTAGGED_HEADER_LEN
+            || self.rx_recv.is_some()
+            || self.rx_pending_imm.is_some()
+        {
+            return false;
+        }
+        let solicited = match (h[0], h[1]) {
+            (LAST_UNTAGGED, c) if c == Opcode::Send.control_octet() => false,
+            (LAST_UNTAGGED, c) if c == Opcode::SendSe.control_octet() => true,
+            _ => return false,
+        };
+        // Invalidate STag, QN, MSN, MO.
+        if word(2) != 0 || word(6) != 0 || word(10) != self.rx_msn[0] || word(14) != 0 {
+            return false;
+        }
+        let q = match srq {
+            Some(q) => q,
+            None => &mut self.rq,
+        };
+        let Some(front) = q.wrs.front() else {
+            return false;
+        };
+        if w.payload.len() as u64 > front.sgl.total_len()
+            || scatter(mem, &front.sgl, 0, w.payload).is_err()
+        {
+            return false;
+        }
+        let (Some(wr), fired) = q.take() else {
+            return false;
+        };
+        self.rx_any = true;
+        if fired {
+            self.events.push_back(RcEvent::RecvLimitReached);
+        }
+        self.rx_msn[0] = self.rx_msn[0].wrapping_add(1);
+        let mut wc = WorkCompletion::new(
+            wr.wr_id,
+            WcStatus::Success,
+            WcOpcode::Recv,
+            w.payload.len() as u32,
+        );
+        wc.solicited = solicited;
+        self.completions.push_back((CqKind::Recv, wc));
+        true
     }
 
     /// Acts on a whole FPDU whose CRC was verified.

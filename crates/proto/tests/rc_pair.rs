@@ -5,7 +5,9 @@
 use std::io;
 
 use softrdma_proto::memory::{Access, Memory, VecMemory};
-use softrdma_proto::rc::{CqKind, DirectRx, RcConfig, RcEvent, RcQp, RcState, RtrKind, RtrRole};
+use softrdma_proto::rc::{
+    CqKind, DirectRx, RcConfig, RcEvent, RcQp, RcState, RecvQueue, RtrKind, RtrRole,
+};
 use softrdma_proto::wr::{
     InlineData, Payload, RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus,
     WorkCompletion,
@@ -1037,4 +1039,235 @@ fn probe_is_a_harmless_zero_length_read() {
     // b answered the probe, so a has heard from it: no more probes.
     assert!(p.a.qp.received_any());
     assert!(!p.a.qp.send_probe());
+}
+
+/// One receiver of the fast-path comparison: its memory (receive region
+/// `b` at 0x8000, a victim region for Send with Invalidate), its posted
+/// receives or shared receive queue, and what it produced.
+struct Rx {
+    end: End,
+    srq: Option<RecvQueue>,
+    b: u32,
+    victim: u32,
+    sent_back: Vec<u8>,
+}
+
+impl Rx {
+    fn new(crc: bool, case: u32) -> Rx {
+        let mut end = End::new(RcConfig {
+            crc,
+            ..RcConfig::default()
+        });
+        let b = end.mem.register(0, 0x8000, 16384, RW);
+        let victim = end.mem.register(0, 0x10000, 64, RW);
+        let mut rx = Rx {
+            end,
+            srq: None,
+            b,
+            victim,
+            sent_back: Vec::new(),
+        };
+        let one = |wr_id: u64, sgl: SgList| RecvWr { wr_id, sgl };
+        match case {
+            // Too small for the 64-octet Send.
+            1 => rx.post(one(7, SgList::single(0x8000, 16, b))),
+            // No receive at all.
+            2 => {}
+            // A receive whose key names no region.
+            3 => rx.post(one(7, SgList::single(0x8000, 4096, 0xdead_0001))),
+            // A shared receive queue with its limit armed.
+            4 => {
+                let mut q = RecvQueue::new(16);
+                for k in 0..6 {
+                    q.post(one(20 + k, SgList::single(0x8000 + k * 2048, 2048, b)))
+                        .unwrap();
+                }
+                q.arm_limit(3);
+                rx.srq = Some(q);
+            }
+            // A receive scattered over two pieces.
+            8 => {
+                let sgl = SgList::from_slice(&[
+                    Sge {
+                        addr: 0x8000,
+                        length: 300,
+                        lkey: b,
+                    },
+                    Sge {
+                        addr: 0x9000,
+                        length: 500,
+                        lkey: b,
+                    },
+                ])
+                .unwrap();
+                rx.post(one(7, sgl));
+                rx.post(one(8, SgList::single(0xa000, 4096, b)));
+            }
+            _ => {
+                for k in 0..6 {
+                    rx.post(one(10 + k, SgList::single(0x8000 + k * 2048, 2048, b)));
+                }
+            }
+        }
+        rx
+    }
+
+    fn post(&mut self, wr: RecvWr) {
+        self.end.qp.post_recv(wr).unwrap();
+    }
+
+    fn feed(&mut self, data: &[u8]) {
+        match &mut self.srq {
+            Some(q) => self
+                .end
+                .qp
+                .handle_bytes_with_srq(data, &mut self.end.mem, q),
+            None => self.end.qp.handle_bytes(data, &mut self.end.mem),
+        }
+    }
+
+    fn finish(&mut self) {
+        self.end.drain();
+        self.end
+            .qp
+            .poll_transmit(&mut self.end.mem, &mut self.sent_back)
+            .unwrap();
+    }
+}
+
+/// The receive shortcut for whole one-segment Sends and RDMA Writes
+/// (`RcQp::rx_shortcut`) changes nothing a peer or the application can see: the same stream is
+/// fed to two receivers, all at once (whole FPDUs: the shortcut wherever
+/// it applies) and one octet at a time (never a whole FPDU: the general
+/// path), with and without CRC, and both must end with the same
+/// completions, events, state, memory and answer on the wire — for the
+/// Sends the shortcut takes and for every case it must leave alone (too
+/// small or missing receive, a bad key, an SRQ whose limit fires, Send
+/// with Immediate, Send with Invalidate, multi-FPDU and zero-length Sends,
+/// a receive of two pieces; Writes of one and several FPDUs, empty, with
+/// immediate data, to a bad STag and out of bounds).
+#[test]
+fn receive_shortcut_matches_the_general_path() {
+    for crc in [true, false] {
+        for case in 0..12u32 {
+            let mut tx = End::new(RcConfig {
+                crc,
+                ..RcConfig::default()
+            });
+            let a = tx.mem.register(0, 0, 8192, RW);
+            tx.mem
+                .bytes_mut(a)
+                .copy_from_slice(&pattern(8192, case as u8));
+            let rx_probe = Rx::new(crc, case);
+            let (victim, rkey) = (rx_probe.victim, rx_probe.b);
+            let write = |wr_id: u64, len: u32, raddr: u64, rkey: u32, imm: Option<u32>| SendWr {
+                op: SendOp::Write {
+                    remote_addr: raddr,
+                    rkey,
+                    imm,
+                },
+                ..send(wr_id, a, 200, len)
+            };
+            let mut wrs = vec![send(1, a, 0, 64)];
+            match case {
+                0 | 4 => {
+                    for (k, len) in [0u32, 1, 700, 1400, 1436, 1500].into_iter().enumerate() {
+                        let mut w = send(2 + k as u64, a, 64 * k as u64, len);
+                        w.flags.solicited = k % 2 == 1;
+                        wrs.push(w);
+                    }
+                }
+                5 => wrs.insert(
+                    0,
+                    SendWr {
+                        op: SendOp::Send {
+                            imm: Some(0x1234_5678),
+                            invalidate: None,
+                        },
+                        ..send(9, a, 100, 40)
+                    },
+                ),
+                6 => wrs.insert(
+                    0,
+                    SendWr {
+                        op: SendOp::Send {
+                            imm: None,
+                            invalidate: Some(victim),
+                        },
+                        ..send(9, a, 100, 40)
+                    },
+                ),
+                8 => wrs = vec![send(1, a, 0, 700), send(2, a, 1000, 64)],
+                9 => {
+                    wrs = vec![
+                        write(1, 64, 0x8000 + 100, rkey, None),
+                        write(2, 0, 0x8000, rkey, None),
+                        write(3, 3000, 0x9000, rkey, None),
+                        write(4, 200, 0xa000, rkey, Some(77)),
+                        write(5, 1400, 0xb000, rkey, None),
+                        send(6, a, 0, 64),
+                    ]
+                }
+                10 => wrs = vec![write(1, 64, 0x8000, 0xdead_0001, None), send(2, a, 0, 8)],
+                11 => wrs = vec![write(1, 64, 0x8000 + 16380, rkey, None), send(2, a, 0, 8)],
+                _ => {}
+            }
+            for w in wrs {
+                tx.qp.post_send(w).unwrap();
+            }
+            let mut wire = Vec::new();
+            tx.qp.poll_transmit(&mut tx.mem, &mut wire).unwrap();
+            assert!(!wire.is_empty());
+
+            let mut whole = Rx::new(crc, case);
+            whole.feed(&wire);
+            whole.finish();
+            let mut octets = Rx::new(crc, case);
+            for b in wire.chunks(1) {
+                octets.feed(b);
+            }
+            octets.finish();
+
+            let what = format!("crc {crc}, case {case}");
+            assert_eq!(whole.end.recv_wc, octets.end.recv_wc, "{what}");
+            assert_eq!(whole.end.events, octets.end.events, "{what}");
+            assert_eq!(whole.end.qp.state(), octets.end.qp.state(), "{what}");
+            assert_eq!(
+                whole.sent_back, octets.sent_back,
+                "{what}: answer on the wire"
+            );
+            assert_eq!(
+                whole.end.mem.bytes(whole.b),
+                octets.end.mem.bytes(octets.b),
+                "{what}: receive memory"
+            );
+            assert_eq!(
+                whole.srq.as_ref().map(|q| q.len()),
+                octets.srq.as_ref().map(|q| q.len()),
+                "{what}"
+            );
+            // The cases the shortcut takes did complete successfully.
+            if matches!(case, 0 | 4 | 8 | 9) {
+                assert!(
+                    whole
+                        .end
+                        .recv_wc
+                        .iter()
+                        .all(|c| c.status == WcStatus::Success)
+                        && !whole.end.recv_wc.is_empty(),
+                    "{what}: {:?}",
+                    whole.end.recv_wc
+                );
+            }
+            if matches!(case, 1 | 2 | 3 | 10 | 11) {
+                assert_eq!(whole.end.qp.state(), RcState::Error, "{what}");
+            }
+            if case == 4 {
+                assert!(
+                    whole.end.events.contains(&RcEvent::RecvLimitReached),
+                    "{what}"
+                );
+            }
+        }
+    }
 }
