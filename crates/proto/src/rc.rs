@@ -16,7 +16,11 @@
 //! With CRC an FPDU is verified before any of it is acted on (verify, then
 //! place): an FPDU that arrives in pieces is kept until it is complete.
 //! Without CRC (nothing to verify) and with markers (siw interoperation)
-//! FPDUs are processed as they stream in.
+//! FPDUs are processed as they stream in. A whole FPDU that is a
+//! one-segment plain Send or RDMA Write arriving between messages takes a
+//! shortcut past the general receive machinery with the same outcome
+//! (`RcQp::rx_shortcut`); anything unusual about it, errors included, goes
+//! the general way.
 //!
 //! Memory is reached only through [`Memory`]. Every STag, bound and right is
 //! checked before an octet moves; a failed check becomes a Terminate (RFC
