@@ -1679,10 +1679,9 @@ impl RcQp {
             }
             let (stag, to) = (word(2), u64::from(word(6)) << 32 | u64::from(word(10)));
             let len = w.payload.len() as u64;
-            if len > 0
-                && (mem.check_remote_write(stag, to, len).is_err()
-                    || mem.remote_write(stag, to, w.payload).is_err())
-            {
+            // `remote_write` checks STag, bounds and rights before it
+            // writes anything.
+            if len > 0 && mem.remote_write(stag, to, w.payload).is_err() {
                 return false;
             }
             self.rx_any = true;
