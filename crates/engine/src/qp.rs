@@ -387,13 +387,27 @@ impl Qp {
     }
 
     /// Posts a send work request and transmits what the socket takes.
+    ///
+    /// On an open connection that may transmit now, post and write are one
+    /// protocol call (`RcQp::post_send_and_transmit`), whose shortcut sends
+    /// a lone small Send or Write with one system call and nothing queued.
     pub fn post_send(&self, wr: SendWr) -> Result<(), QpError> {
         let mut c = self.inner.lock();
         let Some(link) = c.link.as_mut() else {
             return Err(QpError::NotConnected);
         };
-        link.rc.post_send(wr)?;
-        self.inner.transmit(&mut c);
+        if link.closed || link.hold_until.is_some() {
+            link.rc.post_send(wr)?;
+            self.inner.transmit(&mut c);
+        } else {
+            let pd = self.inner.pd;
+            let rc = &mut link.rc;
+            let sock = &mut link.sock;
+            let res = self.inner.shared.registry.with_view(pd, |v| {
+                rc.post_send_and_transmit(wr, v, &mut NoSigPipe(sock))
+            })?;
+            self.inner.transmitted(link, res);
+        }
         self.inner.flush(c);
         Ok(())
     }
@@ -566,6 +580,12 @@ impl QpShared {
             .shared
             .registry
             .with_view(pd, |v| rc.poll_transmit(v, &mut NoSigPipe(sock)));
+        self.transmitted(link, res);
+    }
+
+    /// After a write attempt: a failed connection is closed under the
+    /// protocol; write interest follows what is left to send.
+    fn transmitted(&self, link: &mut Link, res: io::Result<usize>) {
         if res.is_err() {
             link.rc.handle_llp_closed();
         }

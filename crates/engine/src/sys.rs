@@ -16,7 +16,7 @@ pub(crate) struct NoSigPipe<'a>(pub &'a std::net::TcpStream);
 
 impl io::Write for NoSigPipe<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.write_vectored(&[io::IoSlice::new(buf)])
+        self.send_flat(buf)
     }
 
     fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {

@@ -848,6 +848,26 @@ impl RcQp {
     /// Enters the error state. `cause`: Terminate to send (ours) or received
     /// (`remote`). `current`: status for the oldest outstanding send WR.
     fn fail(&mut self, cause: Option<TerminateRepr>, remote: bool, current: Option<WcStatus>) {
+        self.fail_inner(cause, remote, current, None);
+    }
+
+    /// Enters the error state because send work request `seq` could not be
+    /// framed (a local access failure): it completes with `status`; every
+    /// other outstanding one — a Read still awaiting its response ahead of
+    /// it included — is flushed.
+    fn fail_wr(&mut self, seq: u64, status: WcStatus) {
+        self.fail_inner(None, false, Some(status), Some(seq));
+    }
+
+    /// [`RcQp::fail`]; with `target`, `current` goes to that send work
+    /// request instead of the oldest outstanding one.
+    fn fail_inner(
+        &mut self,
+        cause: Option<TerminateRepr>,
+        remote: bool,
+        current: Option<WcStatus>,
+        target: Option<u64>,
+    ) {
         if self.state == RcState::Error {
             return;
         }
@@ -867,13 +887,16 @@ impl RcQp {
         let mut first = current;
         let mut behind = false;
         for e in self.sq.iter_mut() {
-            if behind {
-                e.state = SqState::Done(WcStatus::WrFlushErr, 0);
-            } else if !matches!(e.state, SqState::Done(..)) {
-                let st = first.take().unwrap_or(WcStatus::WrFlushErr);
-                e.state = SqState::Done(st, 0);
-                behind = true;
+            if !behind && matches!(e.state, SqState::Done(..)) {
+                continue;
             }
+            behind = true;
+            let st = match target {
+                Some(t) if t == e.seq => current,
+                Some(_) => None,
+                None => first.take(),
+            };
+            e.state = SqState::Done(st.unwrap_or(WcStatus::WrFlushErr), 0);
         }
         self.sq_cursor = self.sq.len();
         self.ord.clear();
@@ -977,6 +1000,182 @@ impl RcQp {
     // ------------------------------------------------------------------
     // Transmit
     // ------------------------------------------------------------------
+
+    /// [`RcQp::post_send`] followed by [`RcQp::poll_transmit`], with the
+    /// same effect on the queues, the wire and the completions, and the
+    /// same returns (the outer error: the post was refused and nothing
+    /// happened; the inner: what `poll_transmit` would return).
+    ///
+    /// The commonest latency case takes a shortcut (`tx_shortcut`):
+    /// a plain Send/Send-SE or RDMA Write whose whole message is one small
+    /// FPDU, posted to an idle QP in RTS, is framed into one contiguous
+    /// buffer and written with a single `write`, and a signaled one
+    /// completes at once — no send queue entry, no pending-FPDU ring, no
+    /// io-vectors. Anything else, and any check that does not pass, goes
+    /// the general way.
+    pub fn post_send_and_transmit<M: Memory, W: io::Write>(
+        &mut self,
+        wr: SendWr,
+        mem: &mut M,
+        out: &mut W,
+    ) -> Result<io::Result<usize>, PostError> {
+        if let Some(r) = self.tx_shortcut(&wr, mem, out) {
+            return Ok(r);
+        }
+        self.post_send(wr)?;
+        Ok(self.poll_transmit(mem, out))
+    }
+
+    /// The transmit shortcut of [`RcQp::post_send_and_transmit`], or `None`
+    /// (having changed nothing) when `wr` does not qualify: the QP in RTS
+    /// with nothing queued or in flight in either direction (send queue,
+    /// pending FPDUs, Read/atomic responses owed or awaited, Terminate,
+    /// RTR), no markers; `wr` a Send/Send-SE without Immediate Data or
+    /// Invalidate, or an RDMA Write without Immediate Data, whose payload
+    /// is readable (lkeys, bounds) and fits one FPDU of at most
+    /// [`HDR_CAP`] octets.
+    ///
+    /// The FPDU is built in the free slot of the pending ring — header,
+    /// payload, pad, then the CRC behind them — and written from there. If
+    /// the socket takes all of it, the message is done: MSN advanced (Send),
+    /// completion queued if signaled. If it takes less, or nothing
+    /// (`WouldBlock`), or fails, the slot is committed exactly as the
+    /// general path leaves a partly written FPDU (CRC in the trailer) and
+    /// the work request enters the send queue as framed, so the rest is
+    /// written, completed or flushed the usual way.
+    fn tx_shortcut<M: Memory, W: io::Write>(
+        &mut self,
+        wr: &SendWr,
+        mem: &M,
+        out: &mut W,
+    ) -> Option<io::Result<usize>> {
+        if self.state != RcState::Rts
+            || self.tx_closed
+            || self.cfg.markers_tx
+            || self.cfg.sq_depth == 0
+            || self.terminate.is_some()
+            || self.rtr_to_send.is_some()
+            || self.in_ird_message
+            || !self.pending.is_empty()
+            || !self.sq.is_empty()
+            || !self.ird.is_empty()
+            || !self.ord.is_empty()
+        {
+            return None;
+        }
+        let is_send = match wr.op {
+            SendOp::Send {
+                imm: None,
+                invalidate: None,
+            } => true,
+            SendOp::Write { imm: None, .. } => false,
+            _ => return None,
+        };
+        let len = wr.payload.len();
+        // The header lengths are fixed: untagged Send 18, tagged Write 14.
+        let hlen = if is_send {
+            ddp::UNTAGGED_HEADER_LEN
+        } else {
+            ddp::TAGGED_HEADER_LEN
+        };
+        let ulpdu = hlen + usize::try_from(len).ok()?;
+        let end = fpdu::LEN_FIELD + ulpdu + fpdu::pad_len(ulpdu);
+        if ulpdu > self.cfg.max_ulpdu || end + fpdu::CRC_LEN > HDR_CAP {
+            return None;
+        }
+        let repr = match wr.op {
+            SendOp::Write {
+                remote_addr, rkey, ..
+            } => SegmentRepr::tagged(Opcode::RdmaWrite, rkey, remote_addr, true),
+            _ => {
+                let op = if wr.flags.solicited {
+                    Opcode::SendSe
+                } else {
+                    Opcode::Send
+                };
+                SegmentRepr::untagged(op, 0, self.tx_msn[0], 0, true, RdmapBody::None)
+            }
+        };
+        debug_assert_eq!(repr.header_len(), hlen);
+        let p = self.pending.next_slot();
+        let mut at = fpdu::LEN_FIELD + hlen;
+        match &wr.payload {
+            Payload::Inline(d) => {
+                let d = d.as_slice();
+                p.hdr[at..at + d.len()].copy_from_slice(d);
+                at += d.len();
+            }
+            Payload::Sgl(sgl) => {
+                for sge in sgl.as_slice().iter().filter(|s| s.length > 0) {
+                    // A failed check: the general path reports it.
+                    let d = mem
+                        .local_read(sge.lkey, sge.addr, u64::from(sge.length))
+                        .ok()?;
+                    p.hdr[at..at + d.len()].copy_from_slice(d);
+                    at += d.len();
+                }
+            }
+        }
+        repr.emit(&mut p.hdr[fpdu::LEN_FIELD..fpdu::LEN_FIELD + hlen]);
+        fpdu::set_ulpdu_len(&mut p.hdr[..fpdu::LEN_FIELD + hlen], len as usize)
+            .expect("ULPDU within max_ulpdu");
+        p.hdr[at..end].fill(0);
+        let crc = if self.cfg.crc {
+            let mut c = Crc32c::new();
+            c.update(&p.hdr[..end]);
+            c.wire_bytes()
+        } else {
+            [0; 4]
+        };
+        let total = end + fpdu::CRC_LEN;
+        p.hdr[end..total].copy_from_slice(&crc);
+        let r = loop {
+            match out.write(&p.hdr[..total]) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => break r,
+            }
+        };
+        let (n, res) = match r {
+            Ok(n) => (n.min(total), Ok(n.min(total))),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => (0, Ok(0)),
+            Err(e) => (0, Err(e)),
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if is_send {
+            self.tx_msn[0] = self.tx_msn[0].wrapping_add(1);
+        }
+        self.ird_served_in_row = 0;
+        if n == total {
+            if wr.flags.signaled {
+                self.completions.push_back((
+                    CqKind::Send,
+                    WorkCompletion::new(
+                        wr.wr_id,
+                        WcStatus::Success,
+                        WcOpcode::of(&wr.op),
+                        len as u32,
+                    ),
+                ));
+            }
+            return Some(res);
+        }
+        // The rest goes the general way: the state it would be in now.
+        p.hdr_len = end;
+        p.trailer[..fpdu::CRC_LEN].copy_from_slice(&crc);
+        p.trailer_len = fpdu::CRC_LEN;
+        p.total = total;
+        p.written = n;
+        p.done = Done::SqComplete(seq);
+        self.pending.commit();
+        self.sq.push_back(SqEntry {
+            wr: *wr,
+            state: SqState::Framed,
+            seq,
+        });
+        self.sq_cursor += 1;
+        Some(res)
+    }
 
     /// Frames what can be sent and writes it to `out` with vectored writes,
     /// until everything is written, `out` takes less than offered, or it
@@ -1260,11 +1459,11 @@ impl RcQp {
                     Ok(()) => WcStatus::Success,
                     Err(_) => WcStatus::LocProtErr,
                 };
-                set_state(self, SqState::Done(st, 0));
                 self.sq_cursor += 1;
                 if st != WcStatus::Success {
-                    self.fail(None, false, None);
+                    self.fail_wr(seq, st);
                 } else {
+                    set_state(self, SqState::Done(st, 0));
                     self.reap_sq();
                 }
                 None
@@ -1492,12 +1691,14 @@ impl RcQp {
     ) -> Built {
         let cfg = self.cfg;
         let resolved;
+        let mut seq = None;
         let body = match *body {
             Body::Sq { idx, offset, len } => {
                 let Some(e) = self.sq.get(idx) else {
                     self.fail(None, false, Some(WcStatus::LocQpOpErr));
                     return Built;
                 };
+                seq = Some(e.seq);
                 resolved = Body::Local {
                     payload: &e.wr.payload,
                     offset,
@@ -1524,7 +1725,10 @@ impl RcQp {
                 let t = TerminateRepr::new(e.terminate_cause(false));
                 self.fail(Some(t), false, None);
             }
-            Err((e, false)) => self.fail(None, false, Some(e.local_status())),
+            Err((e, false)) => match seq {
+                Some(seq) => self.fail_wr(seq, e.local_status()),
+                None => self.fail(None, false, Some(e.local_status())),
+            },
         }
         Built
     }

@@ -1271,3 +1271,276 @@ fn receive_shortcut_matches_the_general_path() {
         }
     }
 }
+
+/// A socket with `space` octets of room: takes what fits, `WouldBlock`
+/// when full, or fails every call (`broken`). Counts its plain `write`
+/// calls (the transmit shortcut's) apart from vectored ones.
+struct Sock {
+    buf: Vec<u8>,
+    space: usize,
+    broken: bool,
+    plain_writes: usize,
+}
+impl Sock {
+    fn new(space: usize, broken: bool) -> Sock {
+        Sock {
+            buf: Vec::new(),
+            space,
+            broken,
+            plain_writes: 0,
+        }
+    }
+}
+impl io::Write for Sock {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.plain_writes += 1;
+        self.write_vectored(&[io::IoSlice::new(b)])
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        if self.broken {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        if self.space == 0 {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let mut n = 0;
+        for b in bufs {
+            let take = self.space.min(b.len());
+            self.buf.extend_from_slice(&b[..take]);
+            self.space -= take;
+            n += take;
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `post_send_and_transmit` (whose shortcut frames a lone small Send or
+/// Write into one buffer and writes it with one call) leaves exactly what
+/// `post_send` + `poll_transmit` leave: the same octets on the wire, the
+/// same completions, events, state and wish to transmit, after every post
+/// and every later `poll_transmit` — with and without CRC, on a socket
+/// with room for everything, one that takes a few octets at a time, one
+/// that is full at first, and one that fails. The work requests mix what
+/// the shortcut takes (Sends of 0-304 octets, SE, unsignaled, inline,
+/// two-piece, Writes) with what it must leave alone (too large for one
+/// small FPDU, a bad lkey, Immediate Data, Invalidate, a Read, a Send
+/// behind a Read still waiting for its response). A bad lkey then reports
+/// on its own work request, not on the Read outstanding ahead of it.
+#[test]
+fn transmit_shortcut_matches_the_general_path() {
+    for crc in [true, false] {
+        // (room at first, room added per step, broken)
+        for (space, step, broken) in [
+            (usize::MAX, 0, false),
+            (5, 7, false),
+            (0, 40, false),
+            (usize::MAX, 0, true),
+        ] {
+            let cfg = RcConfig {
+                crc,
+                softrdma_ext: true,
+                ..RcConfig::default()
+            };
+            let mut short = End::new(cfg);
+            let mut general = End::new(cfg);
+            let mut keys = (0, 0);
+            for e in [&mut short, &mut general] {
+                let a = e.mem.register(0, 0, 4096, RW);
+                e.mem.bytes_mut(a).copy_from_slice(&pattern(4096, 9));
+                let i = e.mem.register(0, 0x10000, 64, RW);
+                keys = (a, i);
+            }
+            let (a, _) = keys;
+            let two = SgList::from_slice(&[
+                Sge {
+                    addr: 10,
+                    length: 30,
+                    lkey: a,
+                },
+                Sge {
+                    addr: 100,
+                    length: 0,
+                    lkey: 0xdead,
+                },
+                Sge {
+                    addr: 500,
+                    length: 70,
+                    lkey: a,
+                },
+            ])
+            .unwrap();
+            let write = |wr_id: u64, len: u32| SendWr {
+                op: SendOp::Write {
+                    remote_addr: 0x8000 + u64::from(len),
+                    rkey: 0x77,
+                    imm: None,
+                },
+                ..send(wr_id, a, 40, len)
+            };
+            let mut wrs = vec![
+                send(1, a, 0, 64),
+                send(2, a, 1, 0),
+                send(3, a, 2, 1),
+                SendWr {
+                    flags: SendFlags {
+                        solicited: true,
+                        ..signaled()
+                    },
+                    ..send(4, a, 3, 64)
+                },
+                SendWr {
+                    flags: SendFlags::default(),
+                    ..send(5, a, 4, 200)
+                },
+                // The largest Send that fits the shortcut's buffer, and
+                // one octet more.
+                send(6, a, 5, 304),
+                send(7, a, 6, 305),
+                send(8, a, 7, 1000),
+                SendWr {
+                    payload: Payload::Inline(InlineData::new(&pattern(100, 3)).unwrap()),
+                    ..send(9, a, 0, 0)
+                },
+                SendWr {
+                    payload: Payload::Sgl(two),
+                    ..send(10, a, 0, 0)
+                },
+                write(11, 64),
+                write(12, 0),
+                write(13, 310),
+                SendWr {
+                    op: SendOp::Send {
+                        imm: Some(5),
+                        invalidate: None,
+                    },
+                    ..send(14, a, 8, 16)
+                },
+                SendWr {
+                    op: SendOp::Send {
+                        imm: None,
+                        invalidate: Some(0x1234),
+                    },
+                    ..send(15, a, 9, 16)
+                },
+                SendWr {
+                    op: SendOp::Read {
+                        remote_addr: 0x9000,
+                        rkey: 0x55,
+                    },
+                    ..send(16, a, 3000, 32)
+                },
+                // Behind a Read still outstanding: the general way.
+                send(17, a, 10, 8),
+            ];
+            if !broken {
+                // A bad lkey fails the QP: last.
+                wrs.push(send(18, 0xbad, 0, 8));
+                wrs.push(send(19, a, 0, 8));
+            }
+            let mut s_sock = Sock::new(space, broken);
+            let mut g_sock = Sock::new(space, broken);
+            let mut taken = Vec::new();
+            for (k, wr) in wrs.into_iter().enumerate() {
+                let what = format!("crc {crc}, space {space}/{step}, broken {broken}, wr {k}");
+                let before = s_sock.plain_writes;
+                let rs = short
+                    .qp
+                    .post_send_and_transmit(wr, &mut short.mem, &mut s_sock)
+                    .unwrap();
+                if s_sock.plain_writes > before {
+                    taken.push(wr.wr_id);
+                }
+                general.qp.post_send(wr).unwrap();
+                let rg = general.qp.poll_transmit(&mut general.mem, &mut g_sock);
+                assert_eq!(
+                    rs.as_ref().map_err(|e| e.kind()),
+                    rg.as_ref().map_err(|e| e.kind()),
+                    "{what}"
+                );
+                if rs.is_err() {
+                    short.qp.handle_llp_closed();
+                    general.qp.handle_llp_closed();
+                }
+                for _ in 0..3 {
+                    short.drain();
+                    general.drain();
+                    assert_eq!(s_sock.buf, g_sock.buf, "{what}: wire");
+                    assert_eq!(short.send_wc, general.send_wc, "{what}: completions");
+                    assert_eq!(short.events, general.events, "{what}: events");
+                    assert_eq!(short.qp.state(), general.qp.state(), "{what}");
+                    assert_eq!(
+                        short.qp.wants_transmit(),
+                        general.qp.wants_transmit(),
+                        "{what}"
+                    );
+                    // The socket drains a little; both ends write on.
+                    s_sock.space = s_sock.space.saturating_add(step);
+                    g_sock.space = g_sock.space.saturating_add(step);
+                    let rs = short.qp.poll_transmit(&mut short.mem, &mut s_sock);
+                    let rg = general.qp.poll_transmit(&mut general.mem, &mut g_sock);
+                    assert_eq!(rs.is_ok(), rg.is_ok(), "{what}");
+                }
+            }
+            // Everything written in the end (unless broken).
+            for _ in 0..1000 {
+                s_sock.space = s_sock.space.saturating_add(step);
+                g_sock.space = g_sock.space.saturating_add(step);
+                let _ = short.qp.poll_transmit(&mut short.mem, &mut s_sock);
+                let _ = general.qp.poll_transmit(&mut general.mem, &mut g_sock);
+            }
+            short.drain();
+            general.drain();
+            let what = format!("crc {crc}, space {space}/{step}, broken {broken}");
+            assert_eq!(s_sock.buf, g_sock.buf, "{what}: wire");
+            assert_eq!(short.send_wc, general.send_wc, "{what}: completions");
+            assert_eq!(short.events, general.events, "{what}: events");
+            // The shortcut took the small plain Sends and Writes before the
+            // Read — only those, and only while the QP was idle: on a socket
+            // that keeps up, all of them; on one that is full at first but
+            // soon drains, those after the first message went out; on one
+            // that takes a few octets at a time (or fails), the first only.
+            let expect: &[u64] = match (broken, space, step) {
+                (false, usize::MAX, _) => &[1, 2, 3, 4, 5, 6, 9, 10, 11, 12],
+                (false, 0, _) => &[1, 2, 3, 4, 5, 6],
+                _ => &[1],
+            };
+            assert_eq!(taken, expect, "{what}: taken by the shortcut");
+            if broken {
+                assert!(short
+                    .send_wc
+                    .iter()
+                    .all(|c| c.status == WcStatus::WrFlushErr));
+                assert!(s_sock.buf.is_empty());
+                continue;
+            }
+            // A receiver takes the stream: every message arrives intact up
+            // to the bad lkey, which failed the QP.
+            assert_eq!(short.qp.state(), RcState::Error, "{what}");
+            let statuses: Vec<(u64, WcStatus)> =
+                short.send_wc.iter().map(|c| (c.wr_id, c.status)).collect();
+            // The bad lkey's own work request reports it; the Read still
+            // waiting for its response, and what follows, are flushed. (On
+            // a slow socket the bad one is framed while earlier messages
+            // still wait to be written: those are flushed too.)
+            assert!(statuses.contains(&(18, WcStatus::LocProtErr)), "{what}");
+            assert!(statuses.contains(&(16, WcStatus::WrFlushErr)), "{what}");
+            if space != usize::MAX {
+                continue;
+            }
+            let mut expect: Vec<(u64, WcStatus)> = [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+                .into_iter()
+                .map(|id| (id, WcStatus::Success))
+                .collect();
+            expect.extend([
+                (16, WcStatus::WrFlushErr),
+                (17, WcStatus::WrFlushErr),
+                (18, WcStatus::LocProtErr),
+                (19, WcStatus::WrFlushErr),
+            ]);
+            assert_eq!(statuses, expect, "{what}");
+        }
+    }
+}
