@@ -267,6 +267,12 @@ pub struct Epoll {
     fd: OwnedFd,
 }
 
+impl AsRawFd for Epoll {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
 impl Epoll {
     /// A new epoll instance.
     pub fn new() -> io::Result<Epoll> {
