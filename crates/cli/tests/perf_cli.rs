@@ -805,6 +805,24 @@ fn quick_suite_writes_report_and_pngs() {
         stdout.contains("floor: raw TCP ping-pong framed"),
         "{stdout}"
     );
+    // UD against RC, alternated in one child: its table and a figure.
+    assert!(stdout.contains("head to head:"), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("send_lat") && l.contains("send_lat/rc")),
+        "no head-to-head row:\n{stdout}"
+    );
+    let alternated = stdout
+        .lines()
+        .find(|l| l.contains("RC 64 B send_lat, alternated"))
+        .unwrap_or_else(|| panic!("no alternated UD/RC target line:\n{stdout}"));
+    assert!(
+        alternated
+            .split_whitespace()
+            .any(|w| w.parse::<f64>().is_ok_and(|x| x > 0.0)),
+        "{alternated}"
+    );
     let md = std::fs::read_to_string(dir.join("report.md")).expect("report.md");
     for want in [
         "nproc",
@@ -812,6 +830,7 @@ fn quick_suite_writes_report_and_pngs() {
         "CPU",
         "wait mode",
         "How to read it",
+        "Head to head",
         "send_lat",
         "ratio",
     ] {
@@ -852,4 +871,70 @@ fn rounds_alternate_and_merge() {
     }
     let out = softrdma(&["perf", "send_lat", "--rounds", "0"], &[]);
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// `--versus`: the same test over two transports, alternated round by
+/// round; the reference row is the other transport's, the ratio is the
+/// quotient of their p50s; nonsense combinations are usage errors.
+#[test]
+fn versus_alternates_two_transports() {
+    let out = softrdma(
+        &[
+            "perf",
+            "send_lat",
+            "--transport",
+            "ud",
+            "--versus",
+            "rc",
+            "--iters",
+            "200",
+            "--rounds",
+            "2",
+            "--verify",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let objs: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
+    assert_eq!(objs.len(), 2, "{objs:?}");
+    let rc = &objs[0];
+    let ud = &objs[1];
+    assert_eq!(
+        (s(rc, "test"), s(rc, "transport")),
+        (Some("send_lat"), Some("rc"))
+    );
+    assert_eq!(rc.get("baseline"), Some(&J::Null));
+    assert_eq!(
+        (s(ud, "test"), s(ud, "transport")),
+        (Some("send_lat"), Some("ud"))
+    );
+    assert_eq!(s(ud, "baseline"), Some("send_lat/rc"));
+    for o in &objs {
+        assert_eq!(num(o, "iters"), Some(200.0), "{o:?}");
+    }
+    let (u, r) = (
+        num(ud, "lat_us_p50").unwrap(),
+        num(rc, "lat_us_p50").unwrap(),
+    );
+    let ratio = num(ud, "ratio").unwrap();
+    assert!(
+        (ratio - u / r).abs() < 1e-6 * ratio.max(1.0),
+        "{ratio} vs {u}/{r}"
+    );
+    for bad in [
+        &["perf", "send_lat", "--transport", "ud", "--versus", "ud"][..],
+        &["perf", "read_lat", "--transport", "rc", "--versus", "ud"],
+        &["perf", "tcp_lat", "--versus", "rc"],
+        &["perf", "send_lat", "--versus", "xyz"],
+        &["perf", "send_lat", "--versus", "ud", "--no-baseline"],
+    ] {
+        let out = softrdma(bad, &[]);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert!(
+            text(&out.stderr).contains("--versus"),
+            "{bad:?}: {}",
+            text(&out.stderr)
+        );
+    }
 }

@@ -76,6 +76,9 @@ options:
   --no-baseline            skip the same-run baselines
   --rounds R               alternate baseline and test R times, each with
                            1/R of the iterations (default 1)
+  --versus TRANSPORT       the same test over TRANSPORT as the reference
+                           instead of raw sockets, alternated the same way
+                           (a head-to-head ratio, e.g. UD vs RC latency)
   --peers                  also run fi_pingpong / ucx_perftest if installed";
 
 /// Default control port (perftest's).
@@ -159,6 +162,8 @@ pub(crate) struct Opts {
     pub baseline: bool,
     pub peers: bool,
     pub rounds: u32,
+    /// The reference is the same test over this transport (`--versus`).
+    pub versus: Option<&'static str>,
 }
 
 fn parse_opts(test: &str, args: &[String]) -> Result<Opts, String> {
@@ -186,6 +191,7 @@ fn parse_opts(test: &str, args: &[String]) -> Result<Opts, String> {
         baseline: true,
         peers: false,
         rounds: 1,
+        versus: None,
     };
     let mut transport_given = false;
     let mut it = args.iter();
@@ -274,6 +280,17 @@ fn parse_opts(test: &str, args: &[String]) -> Result<Opts, String> {
                     .ok_or_else(|| format!("bad --rounds {v:?} (1..=100)"))?;
             }
             "--peers" => o.peers = true,
+            "--versus" => {
+                let v = val(a)?;
+                let tr = transport_by_name(&v).ok_or_else(|| {
+                    let names: Vec<_> = TRANSPORTS.iter().map(|t| t.name).collect();
+                    format!(
+                        "unknown --versus transport {v:?} (one of {})",
+                        names.join(", ")
+                    )
+                })?;
+                o.versus = Some(tr.name);
+            }
             other => return Err(format!("unknown option {other:?}")),
         }
     }
@@ -303,6 +320,21 @@ fn parse_opts(test: &str, args: &[String]) -> Result<Opts, String> {
                 " (default transport)"
             };
             return Err(format!("{} over {}{hint}: {why}", t.name, tr.name));
+        }
+    }
+    if let Some(v) = o.versus {
+        if matches!(t.op, Op::Tcp | Op::Udp) {
+            return Err(format!("{}: a baseline takes no --versus", t.name));
+        }
+        if v == o.transport {
+            return Err(format!("--versus {v}: the test runs over {v} already"));
+        }
+        let tr = transport_by_name(v).expect("checked");
+        if let Some(why) = (tr.refuses)(t.op) {
+            return Err(format!("--versus {v}: {} over {v}: {why}", t.name));
+        }
+        if !o.baseline {
+            return Err("--versus and --no-baseline exclude each other".into());
         }
     }
     if t.op == Op::Write && t.kind == Kind::Lat && o.wait == WaitMode::Event {
@@ -480,23 +512,32 @@ pub(crate) fn run_sizes(
             rows.push(r);
             continue;
         }
-        let (b, bspec) = match reference {
+        let (b, bspec) = match (o.versus, reference) {
+            // Head to head: the same test over another transport.
+            (Some(v), _) => (o.test, o.spec(o.test, v, size)),
             // A baseline doing extra work, against the raw one.
-            Some(b) => (b, o.spec(b, o.transport, size)),
-            None => {
+            (None, Some(b)) => (b, o.spec(b, o.transport, size)),
+            (None, None) => {
                 let tr = transport_by_name(o.transport).expect("checked");
                 let b = baseline_for(o.test, tr);
                 (b, o.spec(b, if tr.stream { "tcp" } else { "udp" }, size))
             }
         };
+        let b_label = match o.versus {
+            Some(v) => format!("{} {v}", b.name),
+            None => b.name.to_string(),
+        };
         eprintln!(
-            "  {label} with {} ({} round{}) ...",
-            b.name,
+            "  {label} with {b_label} ({} round{}) ...",
             o.rounds,
             if o.rounds == 1 { "" } else { "s" }
         );
         let (base, mut r) = cell::run_interleaved(ctrl, &bspec, &spec, o.rounds);
         r.set_baseline(&base);
+        if o.versus.is_some() {
+            // Named by transport too: the test's own name says nothing.
+            r.baseline = Some(format!("{}/{}", base.test, base.transport));
+        }
         for x in [&base, &r] {
             if let Some(e) = &x.error {
                 eprintln!("    {} failed: {e}", x.test);

@@ -349,6 +349,16 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         }
         rows.extend(got);
     }
+    // UD against RC latency, alternated in one child: the cells above run
+    // seconds apart, and this machine's TCP latency can change by half in
+    // between, so their quotient is no comparison.
+    let h2h = head_to_head(&o, budget.saturating_sub(started.elapsed()));
+    failed |= h2h.iter().any(|r| r.error.is_some());
+    if o.json {
+        for r in &h2h {
+            println!("{}", r.to_json());
+        }
+    }
     let mut peer_rows = Vec::new();
     let mut peers_found = String::from("peers: not asked for (--peers)");
     if o.peers {
@@ -370,7 +380,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     let wall = started.elapsed().as_secs_f64();
     let mut soft: Vec<PerfResult> = rows.iter().filter(|r| table_row(r)).cloned().collect();
     soft.sort_by_key(table_order);
-    let targets = targets(&rows, &peer_rows);
+    let targets = targets(&rows, &peer_rows, &h2h);
     if !o.json {
         println!(
             "softrdma perf suite: loopback, two processes per cell, wait mode {} on both ends, \
@@ -379,6 +389,11 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             wall
         );
         print!("{}", format_table(&soft));
+        if !h2h.is_empty() {
+            println!();
+            println!("head to head: {H2H_WHAT}");
+            print!("{}", format_table(&h2h));
+        }
         if !peer_rows.is_empty() {
             println!();
             print!("{}", format_table(&peer_rows));
@@ -402,7 +417,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     };
     let md = report_md(
         &o,
-        &rows,
+        (&rows, &h2h),
         &peer_rows,
         &peers_found,
         &targets,
@@ -463,8 +478,78 @@ fn find<'a>(
     })
 }
 
+/// What the head-to-head table is.
+const H2H_WHAT: &str = "UD and RC 64 B send_lat alternated round by round in one \
+    process pair (ratio = UD / RC)";
+
+/// The head-to-head run (`H2H_WHAT`): one child, `perf send_lat
+/// --transport ud --versus rc`, four rounds; nothing if less than two
+/// seconds of the budget are left. A child that fails gives a failed row.
+fn head_to_head(o: &SuiteOpts, left: Duration) -> Vec<PerfResult> {
+    if left < Duration::from_secs(2) {
+        eprintln!("head to head send_lat ud/rc: skipped (time budget used up)");
+        return Vec::new();
+    }
+    let d = if o.quick { 0.3 } else { 0.8 };
+    let args: Vec<String> = [
+        "perf",
+        "send_lat",
+        "--transport",
+        "ud",
+        "--versus",
+        "rc",
+        "--size",
+        "64",
+        "--duration",
+        &format!("{d}"),
+        "--warmup",
+        "10",
+        "--wait",
+        o.wait.name(),
+        "--rounds",
+        "4",
+        "--json",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    let t0 = Instant::now();
+    let deadline = left.min(Duration::from_secs(10)) + Duration::from_secs(2);
+    let (mut got, why) = match spawn::run_self(&args, &[], deadline, &mut |_| {}) {
+        Ok(out) => {
+            let got: Vec<PerfResult> = out
+                .stdout
+                .lines()
+                .filter_map(PerfResult::from_json)
+                .collect();
+            let why = match out.status {
+                Some(st) if st.success() => String::new(),
+                Some(st) => last_line(&out.stderr).unwrap_or_else(|| format!("exit {st}")),
+                None => format!("killed after {:.0} s (deadline)", deadline.as_secs_f64()),
+            };
+            (got, why)
+        }
+        Err(e) => (Vec::new(), format!("cannot run: {e}")),
+    };
+    if !got.iter().any(|r| r.transport == "ud" && r.ratio.is_some()) {
+        let why = if why.is_empty() { "no result" } else { &why };
+        got.retain(|r| r.error.is_some());
+        got.push(PerfResult::failed("send_lat", "ud", 64, o.wait.name(), why));
+    }
+    eprintln!(
+        "head to head send_lat ud/rc: {} ({:.1} s)",
+        if got.iter().any(|r| r.error.is_some()) {
+            "failed"
+        } else {
+            "ok"
+        },
+        t0.elapsed().as_secs_f64()
+    );
+    got
+}
+
 /// The issue-5 targets as lines `name: ratio (target)`.
-fn targets(rows: &[PerfResult], peers: &[PerfResult]) -> String {
+fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> String {
     let mut s = String::new();
     let mut line = |name: &str, v: Option<f64>, target: &str| {
         let v = v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "n/a".into());
@@ -500,7 +585,16 @@ fn targets(rows: &[PerfResult], peers: &[PerfResult]) -> String {
         (Some(u), Some(r)) if r > 0.0 => Some(u / r),
         _ => None,
     };
-    line("UD 64 B send_lat / RC 64 B send_lat", ud_rc, "<= 0.85");
+    let alternated = h2h
+        .iter()
+        .find(|r| r.transport == "ud" && r.error.is_none())
+        .and_then(|r| r.ratio);
+    line(
+        "UD 64 B send_lat / RC 64 B send_lat, alternated",
+        alternated,
+        "<= 0.85",
+    );
+    line("  the two cells above (measured apart)", ud_rc, "-");
     line(
         "RC write_bw 1 MiB, CRC on / raw TCP stream",
         ratio("write_bw", "rc", 1 << 20, Some(true)),
@@ -763,7 +857,7 @@ pub(crate) fn utc_now() -> String {
 
 fn report_md(
     o: &SuiteOpts,
-    rows: &[PerfResult],
+    (rows, h2h): (&[PerfResult], &[PerfResult]),
     peers: &[PerfResult],
     peers_found: &str,
     targets: &str,
@@ -797,6 +891,13 @@ fn report_md(
         super::cell::dgram_mtu()
     );
     let _ = writeln!(s, "## Results\n\n```text\n{}```\n", format_table(&soft));
+    if !h2h.is_empty() {
+        let _ = writeln!(
+            s,
+            "## Head to head\n\n{H2H_WHAT}.\n\n```text\n{}```\n",
+            format_table(h2h)
+        );
+    }
     if !peers.is_empty() {
         let _ = writeln!(s, "## Peers\n\n```text\n{}```\n", format_table(peers));
     }
@@ -824,6 +925,9 @@ raw UDP cut into datagrams of softrdma's payload size). Latency ratio = softrdma
 baseline (below 1 is faster than raw sockets); bandwidth ratio = softrdma / baseline \
 (above 1 is faster). Only these same-run ratios are meaningful: absolute figures on a \
 shared 2-core VM swing by several times between runs.\n\
+* Head to head: UD and RC 64 B `send_lat` alternated round by round in one process \
+pair, ratio UD / RC; the UD/RC target is read from it, not from the two cells, which \
+ran seconds apart.\n\
 * Reliable transports (RC, RD) are timed up to proof that the receiver has everything; \
 UD and the raw UDP blast are counted at the receiver (what arrived), `lost` says how \
 many messages did not. A UD Write raises nothing at its target, so UD `write_bw` is the \
