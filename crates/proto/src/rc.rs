@@ -20,7 +20,10 @@
 //! one-segment plain Send or RDMA Write arriving between messages takes a
 //! shortcut past the general receive machinery with the same outcome
 //! (`RcQp::rx_shortcut`); anything unusual about it, errors included, goes
-//! the general way.
+//! the general way. The same on the way out:
+//! [`RcQp::post_send_and_transmit`] writes a lone small plain Send or
+//! Write posted to an idle QP as one contiguous FPDU, with no send queue
+//! entry unless the socket takes less than all of it.
 //!
 //! Memory is reached only through [`Memory`]. Every STag, bound and right is
 //! checked before an octet moves; a failed check becomes a Terminate (RFC
