@@ -20,10 +20,13 @@ impl io::Write for NoSigPipe<'_> {
     }
 
     fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        // A small FPDU (header, payload, trailer) is gathered here and sent
-        // as one piece: the kernel's per-io-vector work costs more than
-        // copying a few hundred octets (rc_pathcost `tcpv`: ~100 ns per
-        // message less on loopback).
+        // One piece needs no msghdr. A small FPDU (header, payload,
+        // trailer) is gathered here and sent as one piece too: the kernel's
+        // per-io-vector work costs more than copying a few hundred octets
+        // (rc_pathcost `tcpv`: ~100 ns per message less on loopback).
+        if let [one] = bufs {
+            return self.send_flat(one);
+        }
         if bufs.len() > 1 {
             let mut flat = [0u8; GATHER_MAX];
             if let Some(one) = gather(bufs, &mut flat) {

@@ -292,28 +292,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         let t0 = Instant::now();
         // Generous per group, but never past the end of the budget by much.
         let deadline = left.min(Duration::from_secs(20)) + Duration::from_secs(2);
-        let out = spawn::run_self(&args, &[], deadline, &mut |_| {});
-        let mut got: Vec<PerfResult> = Vec::new();
-        let mut why = String::new();
-        match out {
-            Ok(out) => {
-                got = out
-                    .stdout
-                    .lines()
-                    .filter_map(PerfResult::from_json)
-                    .collect();
-                match out.status {
-                    Some(st) if st.success() => {}
-                    Some(st) => {
-                        why = last_line(&out.stderr).unwrap_or_else(|| format!("exit {st}"));
-                    }
-                    None => {
-                        why = format!("killed after {:.0} s (deadline)", deadline.as_secs_f64())
-                    }
-                }
-            }
-            Err(e) => why = format!("cannot run: {e}"),
-        }
+        let (mut got, why) = run_child(&args, deadline);
         // Every size must have a softrdma row.
         for &s in &g.sizes {
             if !got.iter().any(|r| r.test == g.test && r.size == s as u64) {
@@ -444,6 +423,27 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     }
 }
 
+/// Runs `softrdma ARGS` (a `perf … --json` child) under `deadline`: the
+/// result rows it printed, and why it failed (empty if it did not).
+fn run_child(args: &[String], deadline: Duration) -> (Vec<PerfResult>, String) {
+    match spawn::run_self(args, &[], deadline, &mut |_| {}) {
+        Ok(out) => {
+            let got = out
+                .stdout
+                .lines()
+                .filter_map(PerfResult::from_json)
+                .collect();
+            let why = match out.status {
+                Some(st) if st.success() => String::new(),
+                Some(st) => last_line(&out.stderr).unwrap_or_else(|| format!("exit {st}")),
+                None => format!("killed after {:.0} s (deadline)", deadline.as_secs_f64()),
+            };
+            (got, why)
+        }
+        Err(e) => (Vec::new(), format!("cannot run: {e}")),
+    }
+}
+
 fn progress_bar(i: usize, n: usize) -> String {
     let w = 20;
     let done = (i + 1) * w / n.max(1);
@@ -515,22 +515,7 @@ fn head_to_head(o: &SuiteOpts, left: Duration) -> Vec<PerfResult> {
     .collect();
     let t0 = Instant::now();
     let deadline = left.min(Duration::from_secs(10)) + Duration::from_secs(2);
-    let (mut got, why) = match spawn::run_self(&args, &[], deadline, &mut |_| {}) {
-        Ok(out) => {
-            let got: Vec<PerfResult> = out
-                .stdout
-                .lines()
-                .filter_map(PerfResult::from_json)
-                .collect();
-            let why = match out.status {
-                Some(st) if st.success() => String::new(),
-                Some(st) => last_line(&out.stderr).unwrap_or_else(|| format!("exit {st}")),
-                None => format!("killed after {:.0} s (deadline)", deadline.as_secs_f64()),
-            };
-            (got, why)
-        }
-        Err(e) => (Vec::new(), format!("cannot run: {e}")),
-    };
+    let (mut got, why) = run_child(&args, deadline);
     if !got.iter().any(|r| r.transport == "ud" && r.ratio.is_some()) {
         let why = if why.is_empty() { "no result" } else { &why };
         got.retain(|r| r.error.is_some());
