@@ -258,6 +258,19 @@ macro_rules! dgram_kinds {
                     $(AnyQp::$kind(q) => DatagramQp::post_send(q, wr, dest)),+
                 }
             }
+            fn post_send_and_transmit<M: Memory, S: DatagramSink>(
+                &mut self,
+                wr: SendWr,
+                dest: DgramAddr,
+                mem: &M,
+                sink: &mut S,
+            ) -> Result<io::Result<usize>, PostError> {
+                match self {
+                    $(AnyQp::$kind(q) => {
+                        DatagramQp::post_send_and_transmit(q, wr, dest, mem, sink)
+                    }),+
+                }
+            }
             fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
                 match self {
                     $(AnyQp::$kind(q) => DatagramQp::post_recv(q, wr)),+
@@ -1439,13 +1452,38 @@ impl DgramQpHandle {
     /// takes. UD: Send (± immediate, solicited), RDMA Write and
     /// Write-Record; RD: those and RDMA Read and atomics. The engine
     /// refuses the rest ([`QpError::Unsupported`]).
+    ///
+    /// While the socket is not pushing back, post and send are one
+    /// protocol call (`post_send_and_transmit`), whose UD shortcut sends a
+    /// lone small message with one system call and never queues it.
     pub fn post_send(&self, wr: SendWr, dest: DgramAddr) -> Result<(), QpError> {
         let mut c = self.inner.lock();
         if c.qp.wants_now() {
             c.qp.set_now(Instant::now());
         }
-        c.qp.post_send(wr, dest)?;
-        self.inner.transmit(&mut c);
+        if c.tx_waiting {
+            c.qp.post_send(wr, dest)?;
+        } else {
+            let qp = &mut c.qp;
+            let mut sink = SockSink {
+                sock: &self.inner.socket,
+                blocked: false,
+            };
+            // A socket error other than `WouldBlock` has failed the request
+            // (its completion is queued), as in `transmit`.
+            let _ = self.inner.shared.registry.with_view(self.inner.pd, |v| {
+                qp.post_send_and_transmit(wr, dest, v, &mut sink)
+            })?;
+            if sink.blocked {
+                c.tx_waiting = true;
+                self.inner.socket.wait_writable(self.inner.this.clone());
+            }
+        }
+        // What the socket did not take (or what a receive deferred) goes
+        // the usual way: `transmit` sends it or waits for writability.
+        if c.qp.wants_transmit() || self.inner.tx_deferred.load(Ordering::Relaxed) {
+            self.inner.transmit(&mut c);
+        }
         self.inner.arm(&mut c);
         self.inner.flush(c);
         Ok(())

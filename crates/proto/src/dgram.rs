@@ -94,6 +94,20 @@ pub trait DatagramQp {
         mem: &M,
         sink: &mut S,
     ) -> io::Result<usize>;
+    /// `post_send` then `poll_transmit`, as one call (the outer error: the
+    /// post was refused; the inner: what `poll_transmit` returned). A QP
+    /// may send a lone small message without queueing it
+    /// ([`UdQp::post_send_and_transmit`]); the effect must be the same.
+    fn post_send_and_transmit<M: Memory, S: DatagramSink>(
+        &mut self,
+        wr: SendWr,
+        dest: DgramAddr,
+        mem: &M,
+        sink: &mut S,
+    ) -> Result<io::Result<usize>, PostError> {
+        self.post_send(wr, dest)?;
+        Ok(self.poll_transmit(mem, sink))
+    }
     /// True if `poll_transmit` has something to send now.
     fn wants_transmit(&self) -> bool;
     /// The next completion and the queue it belongs to.
@@ -125,6 +139,16 @@ impl DatagramQp for UdQp {
     #[inline]
     fn post_send(&mut self, wr: SendWr, dest: DgramAddr) -> Result<(), PostError> {
         UdQp::post_send(self, wr, dest)
+    }
+    #[inline]
+    fn post_send_and_transmit<M: Memory, S: DatagramSink>(
+        &mut self,
+        wr: SendWr,
+        dest: DgramAddr,
+        mem: &M,
+        sink: &mut S,
+    ) -> Result<io::Result<usize>, PostError> {
+        UdQp::post_send_and_transmit(self, wr, dest, mem, sink)
     }
     #[inline]
     fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {

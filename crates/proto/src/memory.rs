@@ -148,6 +148,40 @@ pub(crate) fn scatter<M: Memory>(
     res
 }
 
+/// Copies octets `[off, off + dst.len())` of a send payload into `dst`,
+/// looking each lkey up once; false if the memory refuses a piece or the
+/// payload is shorter (`dst` then holds what was copied before it).
+pub(crate) fn gather_into<M: Memory>(mem: &M, payload: &Payload, off: u64, dst: &mut [u8]) -> bool {
+    let len = dst.len() as u64;
+    match payload {
+        Payload::Inline(d) => {
+            let s = d.as_slice();
+            let Some(src) = usize::try_from(off)
+                .ok()
+                .and_then(|a| s.get(a..a.checked_add(dst.len())?))
+            else {
+                return false;
+            };
+            dst.copy_from_slice(src);
+            true
+        }
+        Payload::Sgl(sgl) => {
+            let (mut at, mut ok) = (0usize, true);
+            let covered = sgl.for_range(off, len, |sge, o, n| {
+                match mem.local_read(sge.lkey, sge.addr.wrapping_add(o), n) {
+                    // `for_range` hands out pieces adding up to `len`.
+                    Ok(piece) if ok && piece.len() as u64 == n => {
+                        dst[at..at + piece.len()].copy_from_slice(piece);
+                        at += piece.len();
+                    }
+                    _ => ok = false,
+                }
+            });
+            covered && ok
+        }
+    }
+}
+
 /// The slices holding octets `[off, off + len)` of a send payload; returns
 /// how many were written to `out`. The caller has checked the gather list
 /// against the same `mem` (a piece it cannot read comes back empty).

@@ -5,7 +5,9 @@
 //! DQPN word on every segment it sends. It owns no socket and reads no
 //! clock:
 //!
-//! * in: [`UdQp::post_send`] (with the destination of each work request),
+//! * in: [`UdQp::post_send`] (with the destination of each work request;
+//!   [`UdQp::post_send_and_transmit`] posts and transmits in one call and
+//!   sends a lone small message without queueing it),
 //!   [`UdQp::post_recv`], [`UdQp::handle_datagram`] (one UDP payload and its
 //!   source), [`UdQp::handle_timeout`];
 //! * out: [`UdQp::poll_transmit`] (gathers header, payload slices from
@@ -148,7 +150,7 @@ use softrdma_wire::ddp::{self as wddp, DdpHeader, TaggedExt};
 use softrdma_wire::rdmap::{Opcode, RdmapBody, SegmentRepr};
 use softrdma_wire::Error as WireError;
 
-use crate::memory::{payload_pieces, scatter, MemError, Memory};
+use crate::memory::{gather_into, payload_pieces, scatter, MemError, Memory};
 use crate::rc::{CqKind, PostError};
 use crate::record::{RecordConfig, RecordStats, Tracker};
 use crate::wr::{
@@ -444,6 +446,16 @@ struct SqEntry {
     nsegs: u32,
     /// Segments the sink accepted.
     done: u32,
+}
+
+/// What [`UdQp::frame_small`] made of a segment.
+enum Framed {
+    /// Framed: the datagram is the first this many octets of the buffer.
+    Ready(usize),
+    /// More payload than `SMALL_COPY`.
+    TooBig,
+    /// The memory refused part of the gather list.
+    Unreadable,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -767,6 +779,66 @@ impl UdQp {
     /// [`PostError::Invalid`] for a payload above `max_msg` or a QPN above
     /// 24 bits.
     pub fn post_send(&mut self, wr: SendWr, dest: DgramAddr) -> Result<(), PostError> {
+        let e = self.admit(wr, dest)?;
+        self.sq.push_back(e);
+        Ok(())
+    }
+
+    /// [`UdQp::post_send`] followed by [`UdQp::poll_transmit`], with the
+    /// same effect on the queue, the sink, the counters and the
+    /// completions, and the same returns (the outer error: the post was
+    /// refused and nothing happened; the inner: what `poll_transmit`
+    /// would return).
+    ///
+    /// The latency case takes a shortcut: a work request whose message is
+    /// one datagram with at most `SMALL_COPY` (512) payload octets, posted
+    /// to an empty send queue, is framed straight from the request (header,
+    /// payload copied behind it, CRC) and offered to the sink as one
+    /// buffer; once the sink takes it the request is done (a signaled one
+    /// completes at once) and never enters the queue. If the sink refuses
+    /// it, or the payload cannot be read, the request is queued and
+    /// handled exactly as `poll_transmit` handles a queued one (stays
+    /// pending on `WouldBlock`, fails with `GeneralErr` on another socket
+    /// error, with `LocProtErr` on a refused gather list).
+    pub fn post_send_and_transmit<M: Memory, S: DatagramSink>(
+        &mut self,
+        wr: SendWr,
+        dest: DgramAddr,
+        mem: &M,
+        sink: &mut S,
+    ) -> Result<io::Result<usize>, PostError> {
+        let e = self.admit(wr, dest)?;
+        if !self.sq.is_empty() || e.nsegs != 1 {
+            self.sq.push_back(e);
+            return Ok(self.poll_transmit(mem, sink));
+        }
+        let mut buf = [0u8; HDR_CAP + SMALL_COPY + CRC_LEN];
+        let Framed::Ready(n) = self.frame_small(&e, 0, mem, &mut buf) else {
+            self.sq.push_back(e);
+            return Ok(self.poll_transmit(mem, sink));
+        };
+        let sent = sink.send((e.dest.ip, e.dest.port), &[IoSlice::new(&buf[..n])]);
+        if sent.is_ok() {
+            // What `commit` does for a request whose last datagram went.
+            self.stats.tx_datagrams += 1;
+            self.retire(&e);
+            return Ok(Ok(1));
+        }
+        self.sq.push_back(e);
+        Ok(match sent {
+            Ok(()) => Ok(1),
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => Ok(0),
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => self.poll_transmit(mem, sink),
+            Err(err) => {
+                self.fail_head(WcStatus::GeneralErr);
+                Err(err)
+            }
+        })
+    }
+
+    /// Checks a send work request and numbers it (MSN or T-MSN): the
+    /// queue entry [`UdQp::post_send`] queues.
+    fn admit(&mut self, wr: SendWr, dest: DgramAddr) -> Result<SqEntry, PostError> {
         if self.sq.len() >= self.cfg.sq_depth {
             return Err(PostError::QueueFull);
         }
@@ -822,7 +894,7 @@ impl UdQp {
         };
         let msn = *counter;
         *counter = msn.wrapping_add(1);
-        self.sq.push_back(SqEntry {
+        Ok(SqEntry {
             wr,
             dest,
             msn,
@@ -830,8 +902,7 @@ impl UdQp {
             data_segs,
             nsegs: data_segs + u32::from(imm.is_some()),
             done: 0,
-        });
-        Ok(())
+        })
     }
 
     /// Posts a receive. The buffer takes the GRH (if configured) and then
@@ -1063,26 +1134,41 @@ impl UdQp {
         p: &Planned,
     ) -> Option<io::Result<usize>> {
         let e = &self.sq[p.idx];
-        let (repr, off, len) = self.segment(e, p.seg);
-        if len > SMALL_COPY as u64 {
-            return None;
-        }
         let mut buf = [0u8; HDR_CAP + SMALL_COPY + CRC_LEN];
-        let mut at = datagram::emit_header(&repr, &mut buf);
-        let mut pieces: [&[u8]; MAX_SGE] = [&[]; MAX_SGE];
-        let np = payload_pieces(mem, &e.wr.payload, off, len, &mut pieces);
-        for piece in &pieces[..np] {
-            // The pieces add up to at most `len` octets (≤ SMALL_COPY).
-            buf[at..at + piece.len()].copy_from_slice(piece);
-            at += piece.len();
-        }
-        let n = datagram::seal(&mut buf, at);
+        // `plan` checked the gather list: a refused one cannot show here,
+        // and if it did, the general path would send what it can read.
+        let Framed::Ready(n) = self.frame_small(e, p.seg, mem, &mut buf) else {
+            return None;
+        };
         let bufs = [IoSlice::new(&buf[..n])];
         let batch = [Datagram {
             dest: (e.dest.ip, e.dest.port),
             bufs: &bufs,
         }];
         Some(sink.send_batch(&batch))
+    }
+
+    /// Segment `seg` of `e` framed whole into `buf` (header, payload
+    /// copied behind it, CRC) if it carries at most [`SMALL_COPY`] payload
+    /// octets and every one of them can be read.
+    fn frame_small<M: Memory>(
+        &self,
+        e: &SqEntry,
+        seg: u32,
+        mem: &M,
+        buf: &mut [u8; HDR_CAP + SMALL_COPY + CRC_LEN],
+    ) -> Framed {
+        let (repr, off, len) = self.segment(e, seg);
+        if len > SMALL_COPY as u64 {
+            return Framed::TooBig;
+        }
+        let at = datagram::emit_header(&repr, buf);
+        // `len` ≤ SMALL_COPY octets fit behind a header of at most HDR_CAP.
+        let end = at + len as usize;
+        if !gather_into(mem, &e.wr.payload, off, &mut buf[at..end]) {
+            return Framed::Unreadable;
+        }
+        Framed::Ready(datagram::seal(buf, end))
     }
 
     /// [`UdQp::send_planned`] for at most `N` datagrams (`I` = `N` ×
@@ -1148,18 +1234,24 @@ impl UdQp {
         self.stats.tx_datagrams += accepted.len() as u64;
         while self.sq.front().is_some_and(|e| e.done >= e.nsegs) {
             let e = self.sq.pop_front().expect("front exists");
-            self.stats.tx_messages += 1;
-            if e.wr.flags.signaled {
-                self.completions.push_back((
-                    CqKind::Send,
-                    WorkCompletion::new(
-                        e.wr.wr_id,
-                        WcStatus::Success,
-                        WcOpcode::of(&e.wr.op),
-                        e.wr.payload.len() as u32,
-                    ),
-                ));
-            }
+            self.retire(&e);
+        }
+    }
+
+    /// A request all of whose datagrams the sink took: counted, and
+    /// completed if signaled.
+    fn retire(&mut self, e: &SqEntry) {
+        self.stats.tx_messages += 1;
+        if e.wr.flags.signaled {
+            self.completions.push_back((
+                CqKind::Send,
+                WorkCompletion::new(
+                    e.wr.wr_id,
+                    WcStatus::Success,
+                    WcOpcode::of(&e.wr.op),
+                    e.wr.payload.len() as u32,
+                ),
+            ));
         }
     }
 
@@ -1598,8 +1690,8 @@ mod tests {
     use crate::memory::MemError;
     use crate::memory::{Access, VecMemory};
     use crate::rc::SIGNALED;
-    use crate::wr::SgList;
     use crate::wr::{InlineData, SendFlags};
+    use crate::wr::{SgList, Sge};
     use std::net::{Ipv4Addr, Ipv6Addr};
 
     const BASE: u64 = 0x10_0000;
@@ -1755,6 +1847,177 @@ mod tests {
         let n = d.len() - CRC_LEN;
         let t = datagram::trailer(&d[..n], &[]);
         d[n..].copy_from_slice(&t);
+    }
+
+    /// A sink that says which entry point a datagram came through
+    /// (`send`: only the transmit shortcut calls it directly) and can push
+    /// back or fail like a socket.
+    #[derive(Default)]
+    struct TraceSink {
+        inner: VecSink,
+        direct: usize,
+    }
+
+    impl DatagramSink for TraceSink {
+        fn send(&mut self, dest: (IpAddr, u16), bufs: &[IoSlice<'_>]) -> io::Result<()> {
+            self.direct += 1;
+            self.inner.send(dest, bufs)
+        }
+
+        fn send_batch(&mut self, batch: &[Datagram<'_>]) -> io::Result<usize> {
+            self.inner.send_batch(batch)
+        }
+    }
+
+    #[test]
+    fn transmit_shortcut_matches_the_general_path() {
+        // (name, work request, shortcut expected when the queue is empty).
+        let n = a();
+        let imm = |v| SendOp::Send {
+            imm: v,
+            invalidate: None,
+        };
+        let write = SendOp::Write {
+            remote_addr: 0x40_0000,
+            rkey: 0x1234,
+            imm: None,
+        };
+        let record = SendOp::WriteRecord {
+            remote_addr: 0x40_0000,
+            rkey: 0x1234,
+        };
+        let three = SgList::from_slice(&[
+            Sge {
+                addr: BASE + 10,
+                length: 7,
+                lkey: n.buf,
+            },
+            Sge {
+                addr: BASE + 900,
+                length: 0,
+                lkey: 0xdead_0000,
+            },
+            Sge {
+                addr: BASE + 300,
+                length: 50,
+                lkey: n.buf,
+            },
+        ])
+        .expect("three entries");
+        let mut unsignaled = n.wr(6, imm(None), 0, 64);
+        unsignaled.flags = SendFlags::default();
+        let mut solicited = n.wr(7, imm(None), 0, 64);
+        solicited.flags.solicited = true;
+        let mut bad_key = n.wr(12, imm(None), 0, 64);
+        bad_key.payload = Payload::Sgl(SgList::single(BASE, 64, n.buf ^ 0x100));
+        let mut past_end = n.wr(13, imm(None), (1 << 20) - 32, 64);
+        past_end.payload = Payload::Sgl(SgList::single(BASE + (1 << 20) - 32, 64, n.buf));
+        let mut inline = n.wr(14, imm(None), 0, 0);
+        inline.payload = Payload::Inline(InlineData::new(&pattern(40, 3)).expect("fits"));
+        let mut sgl3 = n.wr(15, imm(None), 0, 0);
+        sgl3.payload = Payload::Sgl(three);
+        let cases: Vec<(&str, SendWr, bool)> = vec![
+            ("send 64", n.wr(1, imm(None), 0, 64), true),
+            ("send 0", n.wr(2, imm(None), 0, 0), true),
+            ("send 512", n.wr(3, imm(None), 0, 512), true),
+            ("send 513", n.wr(4, imm(None), 0, 513), false),
+            ("imm, no payload", n.wr(5, imm(Some(9)), 0, 0), true),
+            ("unsignaled", unsignaled, true),
+            ("solicited", solicited, true),
+            ("imm + payload", n.wr(8, imm(Some(9)), 0, 10), false),
+            ("write 100", n.wr(9, write, 0, 100), true),
+            ("write-record 100", n.wr(10, record, 0, 100), true),
+            ("send 2 datagrams", n.wr(11, imm(None), 0, 2000), false),
+            ("bad lkey", bad_key, false),
+            ("past the region", past_end, false),
+            ("inline", inline, true),
+            ("three pieces", sgl3, true),
+            (
+                "read",
+                n.wr(
+                    16,
+                    SendOp::Read {
+                        remote_addr: 0,
+                        rkey: 1,
+                    },
+                    0,
+                    8,
+                ),
+                false,
+            ),
+        ];
+        let dest = b().addr;
+        // How the sink treats the post's datagrams: takes all; pushes back
+        // (then takes all on the next poll); fails the first.
+        for mode in ["all", "would-block", "fail"] {
+            let sink = || {
+                let mut s = TraceSink::default();
+                match mode {
+                    "would-block" => s.inner.budget = Some(0),
+                    "fail" => s.inner.fail_next = Some(io::ErrorKind::ConnectionRefused),
+                    _ => {}
+                }
+                s
+            };
+            let (mut fast, mut slow) = (a(), a());
+            for node in [&mut fast, &mut slow] {
+                node.fill(0, 4096, 5);
+            }
+            for (name, wr, qualifies) in &cases {
+                let (mut fs, mut ss) = (sink(), sink());
+                let fr = fast
+                    .qp
+                    .post_send_and_transmit(*wr, dest, &fast.mem, &mut fs);
+                let sr = slow
+                    .qp
+                    .post_send(*wr, dest)
+                    .map(|()| slow.qp.poll_transmit(&slow.mem, &mut ss));
+                let what = format!("{name} ({mode})");
+                let kinds = |r: &Result<io::Result<usize>, PostError>| match r {
+                    Ok(Ok(k)) => Ok(Ok(*k)),
+                    Ok(Err(e)) => Ok(Err(e.kind())),
+                    Err(e) => Err(*e),
+                };
+                assert_eq!(kinds(&fr), kinds(&sr), "{what}: returns");
+                assert_eq!(fs.inner.out, ss.inner.out, "{what}: datagrams");
+                let took = fs.direct > 0;
+                assert_eq!(took, *qualifies, "{what}: shortcut taken");
+                assert_eq!(ss.direct, 0, "{what}: the general path batches");
+                assert_eq!(fast.wcs(), slow.wcs(), "{what}: completions");
+                assert_eq!(fast.qp.stats(), slow.qp.stats(), "{what}: counters");
+                let wants = fast.qp.wants_transmit();
+                assert_eq!(wants, slow.qp.wants_transmit(), "{what}: pending");
+                if *qualifies {
+                    assert_eq!(wants, mode == "would-block", "{what}: pending");
+                }
+                // Whatever stayed queued goes the same way later.
+                let (mut fs, mut ss) = (TraceSink::default(), TraceSink::default());
+                let fr = fast
+                    .qp
+                    .poll_transmit(&fast.mem, &mut fs)
+                    .map_err(|e| e.kind());
+                let sr = slow
+                    .qp
+                    .poll_transmit(&slow.mem, &mut ss)
+                    .map_err(|e| e.kind());
+                assert_eq!(fr, sr, "{what}: later returns");
+                assert_eq!(fs.inner.out, ss.inner.out, "{what}: later datagrams");
+                assert_eq!(fast.wcs(), slow.wcs(), "{what}: later completions");
+                assert_eq!(fast.qp.stats(), slow.qp.stats(), "{what}: later counters");
+                assert!(!fast.qp.wants_transmit(), "{what}: all sent");
+            }
+        }
+        // Behind a queued request the shortcut waits its turn.
+        let mut q = a();
+        q.qp.post_send(q.wr(1, imm(None), 0, 64), dest)
+            .expect("posted");
+        let mut s = TraceSink::default();
+        let r =
+            q.qp.post_send_and_transmit(q.wr(2, imm(None), 0, 64), dest, &q.mem, &mut s);
+        assert_eq!(r.expect("posted").expect("sent"), 2);
+        assert_eq!(s.direct, 0, "queued first: no shortcut");
+        let ids: Vec<u64> = q.wcs().iter().map(|(_, wc)| wc.wr_id).collect();
+        assert_eq!(ids, [1, 2], "in order");
     }
 
     #[test]
