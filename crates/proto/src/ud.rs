@@ -139,6 +139,7 @@
 //!   40 octets.
 //! ```
 
+use std::borrow::Borrow;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io::{self, IoSlice};
@@ -433,8 +434,10 @@ pub fn grh_header(src: IpAddr, dst: IpAddr, payload_len: u64) -> [u8; GRH_LEN] {
 
 /// A send work request in the send queue.
 #[derive(Debug, Clone, Copy)]
-struct SqEntry {
-    wr: SendWr,
+/// `W`: the work request itself once queued, or a reference to it while
+/// the transmit shortcut looks at it (no copy of its kilobyte or so).
+struct SqEntry<W = SendWr> {
+    wr: W,
     dest: DgramAddr,
     /// MSN (Send) or T-MSN (Write, Write-Record).
     msn: u32,
@@ -446,6 +449,22 @@ struct SqEntry {
     nsegs: u32,
     /// Segments the sink accepted.
     done: u32,
+}
+
+impl SqEntry<&SendWr> {
+    /// The same entry owning its work request (`wr` is the one it refers
+    /// to), to be queued.
+    fn holding(self, wr: SendWr) -> SqEntry {
+        SqEntry {
+            wr,
+            dest: self.dest,
+            msn: self.msn,
+            room: self.room,
+            data_segs: self.data_segs,
+            nsegs: self.nsegs,
+            done: self.done,
+        }
+    }
 }
 
 /// What [`UdQp::frame_small`] made of a segment.
@@ -779,7 +798,7 @@ impl UdQp {
     /// [`PostError::Invalid`] for a payload above `max_msg` or a QPN above
     /// 24 bits.
     pub fn post_send(&mut self, wr: SendWr, dest: DgramAddr) -> Result<(), PostError> {
-        let e = self.admit(wr, dest)?;
+        let e = self.admit(&wr, dest)?.holding(wr);
         self.sq.push_back(e);
         Ok(())
     }
@@ -807,14 +826,14 @@ impl UdQp {
         mem: &M,
         sink: &mut S,
     ) -> Result<io::Result<usize>, PostError> {
-        let e = self.admit(wr, dest)?;
+        let e = self.admit(&wr, dest)?;
         if !self.sq.is_empty() || e.nsegs != 1 {
-            self.sq.push_back(e);
+            self.sq.push_back(e.holding(wr));
             return Ok(self.poll_transmit(mem, sink));
         }
         let mut buf = [0u8; HDR_CAP + SMALL_COPY + CRC_LEN];
         let Framed::Ready(n) = self.frame_small(&e, 0, mem, &mut buf) else {
-            self.sq.push_back(e);
+            self.sq.push_back(e.holding(wr));
             return Ok(self.poll_transmit(mem, sink));
         };
         let sent = sink.send((e.dest.ip, e.dest.port), &[IoSlice::new(&buf[..n])]);
@@ -824,7 +843,7 @@ impl UdQp {
             self.retire(&e);
             return Ok(Ok(1));
         }
-        self.sq.push_back(e);
+        self.sq.push_back(e.holding(wr));
         Ok(match sent {
             Ok(()) => Ok(1),
             Err(err) if err.kind() == io::ErrorKind::WouldBlock => Ok(0),
@@ -838,7 +857,11 @@ impl UdQp {
 
     /// Checks a send work request and numbers it (MSN or T-MSN): the
     /// queue entry [`UdQp::post_send`] queues.
-    fn admit(&mut self, wr: SendWr, dest: DgramAddr) -> Result<SqEntry, PostError> {
+    fn admit<'w>(
+        &mut self,
+        wr: &'w SendWr,
+        dest: DgramAddr,
+    ) -> Result<SqEntry<&'w SendWr>, PostError> {
         if self.sq.len() >= self.cfg.sq_depth {
             return Err(PostError::QueueFull);
         }
@@ -1036,14 +1059,15 @@ impl UdQp {
     }
 
     /// The header and payload range of segment `i` of `e`.
-    fn segment(&self, e: &SqEntry, i: u32) -> (SegmentRepr, u64, u64) {
-        let total = e.wr.payload.len();
+    fn segment<W: Borrow<SendWr>>(&self, e: &SqEntry<W>, i: u32) -> (SegmentRepr, u64, u64) {
+        let wr = e.wr.borrow();
+        let total = wr.payload.len();
         let last = i + 1 == e.nsegs;
         let dqpn = Some(((self.cfg.qpn & 0xFF) << 24) | (e.dest.qpn & QPN_MASK));
-        let solicited = e.wr.flags.solicited;
+        let solicited = wr.flags.solicited;
         if i >= e.data_segs {
             // The Immediate Data segment that ends a Send with immediate.
-            let imm = match e.wr.op {
+            let imm = match wr.op {
                 SendOp::Send { imm: Some(v), .. } => v,
                 _ => 0,
             };
@@ -1066,12 +1090,12 @@ impl UdQp {
         }
         let off = u64::from(i) * e.room;
         let len = e.room.min(total - off);
-        let repr = match e.wr.op {
+        let repr = match wr.op {
             SendOp::Write {
                 remote_addr, rkey, ..
             }
             | SendOp::WriteRecord { remote_addr, rkey } => {
-                let op = if matches!(e.wr.op, SendOp::WriteRecord { .. }) {
+                let op = if matches!(wr.op, SendOp::WriteRecord { .. }) {
                     Opcode::WriteRecord
                 } else {
                     Opcode::RdmaWrite
@@ -1151,9 +1175,9 @@ impl UdQp {
     /// Segment `seg` of `e` framed whole into `buf` (header, payload
     /// copied behind it, CRC) if it carries at most [`SMALL_COPY`] payload
     /// octets and every one of them can be read.
-    fn frame_small<M: Memory>(
+    fn frame_small<M: Memory, W: Borrow<SendWr>>(
         &self,
-        e: &SqEntry,
+        e: &SqEntry<W>,
         seg: u32,
         mem: &M,
         buf: &mut [u8; HDR_CAP + SMALL_COPY + CRC_LEN],
@@ -1165,7 +1189,7 @@ impl UdQp {
         let at = datagram::emit_header(&repr, buf);
         // `len` ≤ SMALL_COPY octets fit behind a header of at most HDR_CAP.
         let end = at + len as usize;
-        if !gather_into(mem, &e.wr.payload, off, &mut buf[at..end]) {
+        if !gather_into(mem, &e.wr.borrow().payload, off, &mut buf[at..end]) {
             return Framed::Unreadable;
         }
         Framed::Ready(datagram::seal(buf, end))
@@ -1240,16 +1264,17 @@ impl UdQp {
 
     /// A request all of whose datagrams the sink took: counted, and
     /// completed if signaled.
-    fn retire(&mut self, e: &SqEntry) {
+    fn retire<W: Borrow<SendWr>>(&mut self, e: &SqEntry<W>) {
+        let wr = e.wr.borrow();
         self.stats.tx_messages += 1;
-        if e.wr.flags.signaled {
+        if wr.flags.signaled {
             self.completions.push_back((
                 CqKind::Send,
                 WorkCompletion::new(
-                    e.wr.wr_id,
+                    wr.wr_id,
                     WcStatus::Success,
-                    WcOpcode::of(&e.wr.op),
-                    e.wr.payload.len() as u32,
+                    WcOpcode::of(&wr.op),
+                    wr.payload.len() as u32,
                 ),
             ));
         }
