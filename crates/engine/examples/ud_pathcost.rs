@@ -5,14 +5,16 @@
 //! `valgrind --tool=callgrind` (the rc_pathcost of datagrams).
 //!
 //! ```sh
-//! cargo run --release -p softrdma-engine --example ud_pathcost -- [ITERS] [MSG] [udp,ud,wr]
+//! cargo run --release -p softrdma-engine --example ud_pathcost -- [ITERS] [MSG] [udp,ud,wr,empty]
 //! ```
 //!
 //! Prints ns per one-way message of raw UDP (`send_to` + `recv_from` on
 //! non-blocking sockets) and of UD Send (post_send, poll the peer's CQ
 //! until the receive completes, repost), the ratio, and the polls that
 //! found nothing; then (`wr`) 64 KiB Write-Records one at a time, each
-//! awaited at the target, in ns per message.
+//! awaited at the target, in ns per message; `empty` (not run by
+//! default) times one busy poll that finds nothing, raw `recv_from`
+//! against the UD CQ's `poll`.
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::Instant;
