@@ -1186,9 +1186,15 @@ impl DgramQpShared {
             }
         }
         if sink.blocked {
-            c.tx_waiting = true;
-            self.socket.wait_writable(self.this.clone());
+            self.wait_for_room(c);
         }
+    }
+
+    /// The socket pushed back: transmit nothing more until it is writable
+    /// again (the progress thread then resumes transmitting).
+    fn wait_for_room(&self, c: &mut Core) {
+        c.tx_waiting = true;
+        self.socket.wait_writable(self.this.clone());
     }
 
     /// Arms the progress thread's timer if the engine needs one earlier
@@ -1475,8 +1481,7 @@ impl DgramQpHandle {
                 qp.post_send_and_transmit(wr, dest, v, &mut sink)
             })?;
             if sink.blocked {
-                c.tx_waiting = true;
-                self.inner.socket.wait_writable(self.inner.this.clone());
+                self.inner.wait_for_room(&mut c);
             }
         }
         // What the socket did not take (or what a receive deferred) goes

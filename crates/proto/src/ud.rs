@@ -827,32 +827,30 @@ impl UdQp {
         sink: &mut S,
     ) -> Result<io::Result<usize>, PostError> {
         let e = self.admit(&wr, dest)?;
-        if !self.sq.is_empty() || e.nsegs != 1 {
-            self.sq.push_back(e.holding(wr));
-            return Ok(self.poll_transmit(mem, sink));
-        }
-        let mut buf = [0u8; HDR_CAP + SMALL_COPY + CRC_LEN];
-        let Framed::Ready(n) = self.frame_small(&e, 0, mem, &mut buf) else {
-            self.sq.push_back(e.holding(wr));
-            return Ok(self.poll_transmit(mem, sink));
-        };
-        let sent = sink.send((e.dest.ip, e.dest.port), &[IoSlice::new(&buf[..n])]);
-        if sent.is_ok() {
-            // What `commit` does for a request whose last datagram went.
-            self.stats.tx_datagrams += 1;
-            self.retire(&e);
-            return Ok(Ok(1));
+        if self.sq.is_empty() && e.nsegs == 1 {
+            let mut buf = [0u8; HDR_CAP + SMALL_COPY + CRC_LEN];
+            if let Framed::Ready(n) = self.frame_small(&e, 0, mem, &mut buf) {
+                let Err(err) = sink.send((e.dest.ip, e.dest.port), &[IoSlice::new(&buf[..n])])
+                else {
+                    // What `commit` does for a request whose last datagram went.
+                    self.stats.tx_datagrams += 1;
+                    self.retire(&e);
+                    return Ok(Ok(1));
+                };
+                // Refused: queued, and what `poll_transmit` does with it.
+                self.sq.push_back(e.holding(wr));
+                return Ok(match err.kind() {
+                    io::ErrorKind::WouldBlock => Ok(0),
+                    io::ErrorKind::Interrupted => self.poll_transmit(mem, sink),
+                    _ => {
+                        self.fail_head(WcStatus::GeneralErr);
+                        Err(err)
+                    }
+                });
+            }
         }
         self.sq.push_back(e.holding(wr));
-        Ok(match sent {
-            Ok(()) => Ok(1),
-            Err(err) if err.kind() == io::ErrorKind::WouldBlock => Ok(0),
-            Err(err) if err.kind() == io::ErrorKind::Interrupted => self.poll_transmit(mem, sink),
-            Err(err) => {
-                self.fail_head(WcStatus::GeneralErr);
-                Err(err)
-            }
-        })
+        Ok(self.poll_transmit(mem, sink))
     }
 
     /// Checks a send work request and numbers it (MSN or T-MSN): the
