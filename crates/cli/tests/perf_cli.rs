@@ -403,17 +403,21 @@ fn mpa_latency_floor() {
     assert!(all.contains("up to 16384 octets"), "{all}");
 }
 
-/// `tcp_crc_bw` and `udp_crc_bw` (the CRC ceilings) run alone as
-/// baselines, and as tests they are measured against `tcp_bw`/`udp_bw` of
-/// the same run.
+/// `tcp_crc_bw` and `udp_crc_bw` (the CRC ceilings) and `tcp_mpa_bw` (the
+/// floor of RC Write bandwidth without CRC) run alone as baselines, and as
+/// tests they are measured against `tcp_bw`/`udp_bw` of the same run.
 #[test]
 fn crc_ceiling_baselines() {
-    for (b, raw) in [("tcp_crc_bw", "tcp_bw"), ("udp_crc_bw", "udp_bw")] {
-        crc_ceiling(b, raw);
+    for (b, raw, note) in [
+        ("tcp_crc_bw", "tcp_bw", "crc32c"),
+        ("udp_crc_bw", "udp_bw", "crc32c"),
+        ("tcp_mpa_bw", "tcp_bw", "RDMA Write FPDUs without CRC"),
+    ] {
+        crc_ceiling(b, raw, note);
     }
 }
 
-fn crc_ceiling(b: &str, raw: &str) {
+fn crc_ceiling(b: &str, raw: &str, note: &str) {
     let out = softrdma(
         &[
             "perf", "baseline", b, "--size", "64Ki", "--iters", "50", "--json",
@@ -424,7 +428,7 @@ fn crc_ceiling(b: &str, raw: &str) {
     let objs: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
     assert_eq!(objs.len(), 1);
     assert_eq!(s(&objs[0], "test"), Some(b));
-    assert!(s(&objs[0], "note").unwrap().contains("crc32c"));
+    assert!(s(&objs[0], "note").unwrap().contains(note), "{b}");
     let out = softrdma(
         &["perf", b, "--size", "64Ki", "--iters", "50", "--json"],
         &[],
@@ -800,6 +804,16 @@ fn quick_suite_writes_report_and_pngs() {
             .lines()
             .any(|l| l.starts_with("tcp_mpa_lat") && l.contains("tcp_lat")),
         "no RC latency floor row:\n{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("tcp_mpa_bw") && l.contains("tcp_bw")),
+        "no RC no-CRC bandwidth floor row:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("floor: raw TCP stream as RC Writes, no CRC"),
+        "{stdout}"
     );
     assert!(
         stdout.contains("floor: raw TCP ping-pong framed"),

@@ -124,6 +124,16 @@ fn mss(sock: &TcpStream) -> usize {
     }
 }
 
+/// The largest ULPDU (DDP segment) an RC connection on `sock` sends: its
+/// TCP maximum segment size, capped by `SOFTRDMA_MAX_FPDU`, less the MPA
+/// framing (and markers when `markers`) — read when the connection starts
+/// and kept for its life. Public so that a raw baseline can frame its
+/// stream exactly as RC would on the same kind of connection.
+pub fn max_ulpdu(cfg: &crate::config::Config, sock: &TcpStream, markers: bool) -> usize {
+    let emss = mss(sock).min(cfg.max_fpdu.unwrap_or(usize::MAX));
+    fpdu::max_ulpdu(emss, markers).max(64)
+}
+
 /// The RC engine's parameters for a negotiated connection.
 pub(crate) fn rc_config(
     ctx: &Context,
@@ -142,15 +152,13 @@ pub(crate) fn rc_config(
         (true, None) => RtrRole::None,
         (false, k) => RtrRole::Await(k),
     };
-    let fpdu_cap = ctx.config().max_fpdu.unwrap_or(usize::MAX);
-    let emss = mss(sock).min(fpdu_cap);
     RcConfig {
         crc: n.crc,
         markers_tx: n.markers_tx,
         markers_rx: n.markers_rx,
         ird: n.ird,
         ord: n.ord,
-        max_ulpdu: fpdu::max_ulpdu(emss, n.markers_tx).max(64),
+        max_ulpdu: max_ulpdu(ctx.config(), sock, n.markers_tx),
         softrdma_ext: n.peer_is_softrdma,
         rtr,
         ..RcConfig::default()

@@ -16,6 +16,9 @@
 //! * `tcp_bw`: `size`-octet writes; the receiver reads 256 KiB at a time
 //!   and acknowledges EOF with one octet; the sender's clock stops at that
 //!   acknowledgement, so nothing still queued in socket buffers counts.
+//! * `tcp_mpa_bw`: `tcp_bw` whose stream is RDMA Write FPDUs without CRC,
+//!   each payload read into place by its own `readv` (the floor of RC
+//!   Write bandwidth without CRC; module [`super::mpa_bw`]).
 //! * `tcp_crc_bw`: `tcp_bw` with CRC32C (the MPA CRC, same code) over
 //!   every octet at both ends: the sender over each message before
 //!   writing it, the receiver over each read. Kernel sockets give no way
@@ -66,7 +69,7 @@ const TCP_RX: usize = 256 * 1024;
 /// Octets of the seq/index header in every baseline UDP datagram.
 pub(crate) const UDP_HDR: usize = 8;
 
-fn would_block(e: &io::Error) -> bool {
+pub(crate) fn would_block(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted | io::ErrorKind::TimedOut
@@ -192,6 +195,11 @@ fn serve_tcp(spec: &Spec, ctrl: &mut Ctrl, ip: IpAddr) -> io::Result<()> {
             write_full(&mut s, &buf, &mut w)?;
             octets += spec.size as u64;
         }
+    } else if is_mpa_bw(spec) {
+        let mut region = vec![0u8; spec.size.max(1)];
+        octets = super::mpa_bw::receive(&mut s, &mut region, &mut w)?;
+        std::hint::black_box(&region);
+        write_full(&mut s, &[1], &mut w)?;
     } else {
         let crc = with_crc(spec);
         let mut sum = 0u32;
@@ -482,6 +490,16 @@ fn tcp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
     let mut w = Watch::new(HANG);
     let msg = vec![0xa5u8; spec.size];
     let crc = with_crc(spec);
+    // tcp_mpa_bw: every message framed as RC would frame a Write of it on
+    // this connection (SOFTRDMA_MAX_FPDU applies as it does to RC).
+    let frames = match is_mpa_bw(spec) {
+        true => {
+            let cfg = softrdma_engine::config::Config::from_env().map_err(io::Error::other)?;
+            let ulpdu = softrdma_engine::cm::max_ulpdu(&cfg, &s, false);
+            Some(super::mpa_bw::WriteFrames::new(spec.size, 0, ulpdu)?)
+        }
+        false => None,
+    };
     let mut sum = 0u32;
     let mut sent = 0u64;
     let t0 = Instant::now();
@@ -489,7 +507,10 @@ fn tcp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
         if crc {
             sum ^= softrdma_wire::crc::crc32c(std::hint::black_box(&msg));
         }
-        write_full(&mut s, &msg, &mut w)?;
+        match &frames {
+            Some(f) => f.write(&mut s, &msg, &mut w)?,
+            None => write_full(&mut s, &msg, &mut w)?,
+        }
         sent += 1;
     }
     std::hint::black_box(sum);
@@ -514,12 +535,14 @@ fn tcp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
         octets,
         msgs: sent,
         secs,
-        note: if crc {
-            "crc32c both ends; timed to the receiver's ack"
-        } else {
-            "timed to the receiver's ack"
-        }
-        .into(),
+        note: match (&frames, crc) {
+            (Some(f), _) => format!(
+                "RDMA Write FPDUs without CRC, {} per message, one readv per FPDU; timed to the receiver's ack",
+                f.count()
+            ),
+            (None, true) => "crc32c both ends; timed to the receiver's ack".into(),
+            (None, false) => "timed to the receiver's ack".into(),
+        },
         ..Default::default()
     })
 }
@@ -527,6 +550,11 @@ fn tcp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
 /// True for the baselines that checksum what they move.
 fn with_crc(spec: &Spec) -> bool {
     matches!(spec.test.name, "tcp_crc_bw" | "udp_crc_bw")
+}
+
+/// True for `tcp_mpa_bw` (`tcp_bw` framed as RC Writes without CRC).
+fn is_mpa_bw(spec: &Spec) -> bool {
+    spec.test.name == "tcp_mpa_bw"
 }
 
 /// True for `tcp_mpa_lat` (`tcp_lat` framed as RC Sends).

@@ -99,6 +99,9 @@ pub(crate) const BASELINES: &[TestDef] = &[
     t("tcp_mpa_lat", Op::Tcp, Kind::Lat),
     t("udp_lat", Op::Udp, Kind::Lat),
     t("udp_bw", Op::Udp, Kind::Bw),
+    // `tcp_bw` framed as RC Writes without CRC, each FPDU's payload read
+    // into place by its own readv: the floor of no-CRC RC Write bandwidth.
+    t("tcp_mpa_bw", Op::Tcp, Kind::Bw),
     // `tcp_bw` plus CRC32C over every octet at both ends: the ceiling of
     // an MPA stream with CRC over kernel sockets (see baseline.rs).
     t("tcp_crc_bw", Op::Tcp, Kind::Bw),
@@ -113,6 +116,7 @@ pub(crate) fn reference_of(test: &TestDef) -> Option<&'static TestDef> {
     match test.name {
         "tcp_crc_bw" => test_by_name("tcp_bw"),
         "tcp_mpa_lat" => test_by_name("tcp_lat"),
+        "tcp_mpa_bw" => test_by_name("tcp_bw"),
         "udp_crc_bw" => test_by_name("udp_bw"),
         _ => None,
     }

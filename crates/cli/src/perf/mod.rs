@@ -19,6 +19,7 @@ pub(crate) mod ctrl;
 pub(crate) mod dc;
 pub(crate) mod hist;
 pub mod loss;
+pub(crate) mod mpa_bw;
 pub(crate) mod peers;
 pub mod plot;
 pub(crate) mod rdma;
@@ -56,8 +57,11 @@ B:    tcp_lat tcp_bw udp_lat udp_bw
       per datagram and the receiver copying each payload to its place, the
       ceiling of datagram iWARP), tcp_mpa_lat (tcp_lat whose messages
       are RC Send FPDUs framed and checked by the wire code alone, the
-      floor of RC latency); `softrdma perf tcp_crc_bw|udp_crc_bw|
-      tcp_mpa_lat` gives the ratio to tcp_bw|udp_bw|tcp_lat of the same run
+      floor of RC latency), tcp_mpa_bw (tcp_bw whose stream is RC Write
+      FPDUs without CRC, each payload read into place by its own readv,
+      the floor of RC Write bandwidth without CRC); `softrdma perf
+      tcp_crc_bw|udp_crc_bw|tcp_mpa_lat|tcp_mpa_bw` gives the ratio to
+      tcp_bw|udp_bw|tcp_lat|tcp_bw of the same run
 
 options:
   --transport rc|ud|rd|dc  (default rc; write_record_* default ud; dc also
@@ -110,10 +114,10 @@ pub fn main(args: &[String]) -> ExitCode {
                 test_main(b, &rest)
             }
             Some(b) => usage_error(&format!(
-                "unknown baseline {b:?} (tcp_lat, tcp_bw, udp_lat, udp_bw, tcp_crc_bw, udp_crc_bw, tcp_mpa_lat)"
+                "unknown baseline {b:?} (tcp_lat, tcp_bw, udp_lat, udp_bw, tcp_crc_bw, udp_crc_bw, tcp_mpa_lat, tcp_mpa_bw)"
             )),
             None => usage_error(
-                "baseline: which one? (tcp_lat, tcp_bw, udp_lat, udp_bw, tcp_crc_bw, udp_crc_bw, tcp_mpa_lat)",
+                "baseline: which one? (tcp_lat, tcp_bw, udp_lat, udp_bw, tcp_crc_bw, udp_crc_bw, tcp_mpa_lat, tcp_mpa_bw)",
             ),
         },
         Some(t) if test_by_name(t).is_some() => test_main(t, &args[1..]),

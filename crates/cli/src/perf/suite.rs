@@ -149,6 +149,19 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
         },
         no_crc: false,
     });
+    // The floor of the no-CRC target: a raw TCP stream framed as RC
+    // Writes without CRC, each FPDU's payload read into place by its own
+    // readv, against the raw stream.
+    g.push(Group {
+        test: "tcp_mpa_bw",
+        transport: "tcp",
+        sizes: if o.quick {
+            vec![64 << 10]
+        } else {
+            vec![1 << 20]
+        },
+        no_crc: false,
+    });
     // And of the Write-Record target: the raw UDP blast doing the CRC and
     // placement work every datagram iWARP receiver must do.
     g.push(Group {
@@ -596,6 +609,11 @@ fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> Str
         ">= 0.95",
     );
     line(
+        "  floor: raw TCP stream as RC Writes, no CRC / raw",
+        ratio("tcp_mpa_bw", "tcp", 1 << 20, None),
+        "-",
+    );
+    line(
         "UD write_record_bw 64 KiB / raw UDP blast",
         ratio("write_record_bw", "ud", 64 << 10, None),
         ">= 0.90",
@@ -921,7 +939,9 @@ sender's rate (noted in the row).\n\
 `tcp_crc_bw` (raw stream + CRC32C at both ends) and `udp_crc_bw` (raw blast + CRC32C \
 trailer + placement copy) are the ceilings of CRC'd RC and datagram bandwidth; \
 `tcp_mpa_lat` (raw ping-pong of RC Send FPDUs built and checked by the wire code \
-alone) is the floor of RC latency: what the protocol costs without the engine.\n\
+alone) is the floor of RC latency: what the protocol costs without the engine; \
+`tcp_mpa_bw` (raw stream of RC Write FPDUs without CRC, each payload read into place \
+by its own `readv` after its header) is the floor of RC Write bandwidth without CRC.\n\
 * `ERROR:` rows are cells that failed, with the reason; the suite's exit code is then 1.\n"
     );
     s
