@@ -137,31 +137,22 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
         sizes: vec![64],
         no_crc: false,
     });
-    // The ceiling of the CRC target: a raw TCP stream that checksums what
-    // it moves, against the raw stream.
-    g.push(Group {
-        test: "tcp_crc_bw",
-        transport: "tcp",
-        sizes: if o.quick {
-            vec![64 << 10]
-        } else {
-            vec![1 << 20]
-        },
-        no_crc: false,
-    });
-    // The floor of the no-CRC target: a raw TCP stream framed as RC
-    // Writes without CRC, each FPDU's payload read into place by its own
-    // readv, against the raw stream.
-    g.push(Group {
-        test: "tcp_mpa_bw",
-        transport: "tcp",
-        sizes: if o.quick {
-            vec![64 << 10]
-        } else {
-            vec![1 << 20]
-        },
-        no_crc: false,
-    });
+    // The ceiling of the CRC target (a raw TCP stream that checksums what
+    // it moves) and the floor of the no-CRC one (a raw TCP stream framed
+    // as RC Writes without CRC, each FPDU's payload read into place by its
+    // own readv), each against the raw stream.
+    for test in ["tcp_crc_bw", "tcp_mpa_bw"] {
+        g.push(Group {
+            test,
+            transport: "tcp",
+            sizes: if o.quick {
+                vec![64 << 10]
+            } else {
+                vec![1 << 20]
+            },
+            no_crc: false,
+        });
+    }
     // And of the Write-Record target: the raw UDP blast doing the CRC and
     // placement work every datagram iWARP receiver must do.
     g.push(Group {
