@@ -787,30 +787,20 @@ fn quick_suite_writes_report_and_pngs() {
         );
     }
     assert!(stdout.contains("issue-5 targets"), "{stdout}");
-    assert!(
-        stdout
-            .lines()
-            .any(|l| l.starts_with("tcp_crc_bw") && l.contains("tcp_bw")),
-        "no CRC ceiling row:\n{stdout}"
-    );
-    assert!(
-        stdout
-            .lines()
-            .any(|l| l.starts_with("udp_crc_bw") && l.contains("udp_bw")),
-        "no datagram ceiling row:\n{stdout}"
-    );
-    assert!(
-        stdout
-            .lines()
-            .any(|l| l.starts_with("tcp_mpa_lat") && l.contains("tcp_lat")),
-        "no RC latency floor row:\n{stdout}"
-    );
-    assert!(
-        stdout
-            .lines()
-            .any(|l| l.starts_with("tcp_mpa_bw") && l.contains("tcp_bw")),
-        "no RC no-CRC bandwidth floor row:\n{stdout}"
-    );
+    // The reference rows, each against its raw baseline.
+    for (row, raw, what) in [
+        ("tcp_crc_bw", "tcp_bw", "CRC ceiling"),
+        ("udp_crc_bw", "udp_bw", "datagram ceiling"),
+        ("tcp_mpa_lat", "tcp_lat", "RC latency floor"),
+        ("tcp_mpa_bw", "tcp_bw", "RC no-CRC bandwidth floor"),
+    ] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(row) && l.contains(raw)),
+            "no {what} row:\n{stdout}"
+        );
+    }
     assert!(
         stdout.contains("floor: raw TCP stream as RC Writes, no CRC"),
         "{stdout}"

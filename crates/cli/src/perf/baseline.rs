@@ -492,13 +492,12 @@ fn tcp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
     let crc = with_crc(spec);
     // tcp_mpa_bw: every message framed as RC would frame a Write of it on
     // this connection (SOFTRDMA_MAX_FPDU applies as it does to RC).
-    let frames = match is_mpa_bw(spec) {
-        true => {
-            let cfg = softrdma_engine::config::Config::from_env().map_err(io::Error::other)?;
-            let ulpdu = softrdma_engine::cm::max_ulpdu(&cfg, &s, false);
-            Some(super::mpa_bw::WriteFrames::new(spec.size, 0, ulpdu)?)
-        }
-        false => None,
+    let frames = if is_mpa_bw(spec) {
+        let cfg = softrdma_engine::config::Config::from_env().map_err(io::Error::other)?;
+        let ulpdu = softrdma_engine::cm::max_ulpdu(&cfg, &s, false);
+        Some(super::mpa_bw::WriteFrames::new(spec.size, 0, ulpdu)?)
+    } else {
+        None
     };
     let mut sum = 0u32;
     let mut sent = 0u64;

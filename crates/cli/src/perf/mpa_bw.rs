@@ -164,14 +164,12 @@ pub(crate) fn receive(s: &mut TcpStream, region: &mut [u8], w: &mut Watch) -> io
         while !input.is_empty() {
             let (used, header) = match deframer.decode(input) {
                 Ok((used, Some(Event::Header(h)))) => {
-                    let mut b = [0u8; TAGGED_HDR];
-                    if h.len() != TAGGED_HDR {
-                        return Err(io::Error::other(format!(
+                    let b: [u8; TAGGED_HDR] = h.try_into().map_err(|_| {
+                        io::Error::other(format!(
                             "tcp_mpa_bw: a {}-octet header, not a tagged one",
                             h.len()
-                        )));
-                    }
-                    b.copy_from_slice(h);
+                        ))
+                    })?;
                     (used, Some(b))
                 }
                 Ok((used, Some(Event::Payload(p)))) => {
