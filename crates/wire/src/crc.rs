@@ -4,8 +4,13 @@
 //! initial value 0xFFFFFFFF, final XOR 0xFFFFFFFF. The 32-bit value is stored
 //! on the wire **least-significant octet first** (the iSCSI digest order;
 //! `docs/wire.md` §6.2), unlike every other field. The computation is
-//! delegated to the `crc32c` crate, which uses SSE4.2 / ARMv8 CRC instructions
-//! when the CPU has them.
+//! delegated to the `crc-fast` crate (its CRC-32/ISCSI), which picks at run
+//! time the fastest kernel the CPU offers: carry-less multiply folding
+//! (PCLMULQDQ, VPCLMULQDQ with AVX-512, ARMv8 PMULL) fused with the CRC32
+//! instructions, and a table-driven fallback elsewhere. On the 2-core EPYC
+//! this project is measured on it checksums a 1 442-octet datagram in about
+//! half the time, and 32 KiB FPDUs at over twice the rate, of the `crc32c`
+//! crate used before (`docs/datagram.md` §12.4).
 
 /// A running CRC32C, updated while a frame is gathered piece by piece.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,7 +35,7 @@ impl Crc32c {
     /// Feeds more octets.
     #[inline]
     pub fn update(&mut self, data: &[u8]) {
-        self.value = crc32c::crc32c_append(self.value, data);
+        self.value = append(self.value, data);
     }
 
     /// The CRC value of everything fed so far.
@@ -49,7 +54,21 @@ impl Crc32c {
 /// CRC32C of one contiguous buffer.
 #[inline]
 pub fn crc32c(data: &[u8]) -> u32 {
-    crc32c::crc32c(data)
+    crc_fast::crc32_iscsi(data)
+}
+
+/// The CRC32C of the octets whose CRC32C is `value` followed by `data`.
+///
+/// `crc-fast` keeps the shift register un-inverted (before the final XOR),
+/// and CRC-32/ISCSI's initial value and final XOR are both all ones, so the
+/// register after the first octets is the complement of their CRC.
+#[inline]
+fn append(value: u32, data: &[u8]) -> u32 {
+    let register = u64::from(!value);
+    let mut digest =
+        crc_fast::Digest::new_with_init_state(crc_fast::CrcAlgorithm::Crc32Iscsi, register);
+    digest.update(data);
+    digest.finalize() as u32
 }
 
 /// The wire octets of a CRC value (least-significant octet first).
@@ -91,6 +110,59 @@ mod tests {
         let dec: Vec<u8> = (0u8..32).rev().collect();
         check(&dec, 0x113F_DB5C, [0x5c, 0xdb, 0x3f, 0x11]);
         check(b"123456789", 0xE306_9283, [0x83, 0x92, 0x06, 0xe3]);
+    }
+
+    /// CRC32C one bit at a time from its definition (reflected polynomial
+    /// 0x82F63B78, all-ones initial value and final XOR).
+    fn bitwise(data: &[u8]) -> u32 {
+        let mut reg = !0u32;
+        for &octet in data {
+            reg ^= u32::from(octet);
+            for _ in 0..8 {
+                reg = if reg & 1 == 1 {
+                    (reg >> 1) ^ 0x82F6_3B78
+                } else {
+                    reg >> 1
+                };
+            }
+        }
+        !reg
+    }
+
+    #[test]
+    fn every_length_alignment_and_split_matches_the_definition() {
+        // The fast kernels switch strategy with length (folding blocks of
+        // 16/64/256 octets, tails) and alignment; cover every length up to
+        // 600 at four alignments and the sizes the datagram and MPA paths
+        // use, whole and split in two and three pieces.
+        let data: Vec<u8> = (0..70_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let mut lengths: Vec<usize> = (0..=600).collect();
+        lengths.extend([
+            1023, 1024, 1025, 1442, 1474, 4095, 4096, 9000, 32_768, 65_535, 65_536, 69_999,
+        ]);
+        for &len in &lengths {
+            for align in 0..4usize.min(data.len() - len + 1) {
+                let piece = &data[align..align + len];
+                let want = bitwise(piece);
+                assert_eq!(crc32c(piece), want, "length {len} at offset {align}");
+                for split in [0, 1, 7, len / 3, len / 2, len.saturating_sub(1), len] {
+                    let split = split.min(len);
+                    let mut c = Crc32c::new();
+                    c.update(&piece[..split]);
+                    let rest = &piece[split..];
+                    let (b, d) = rest.split_at(rest.len() / 2);
+                    c.update(b);
+                    c.update(d);
+                    assert_eq!(
+                        c.value(),
+                        want,
+                        "length {len} at offset {align} split at {split}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
