@@ -735,7 +735,7 @@ fn lat_raw_server(kv: &Kv) {
             }
             Err(_) => {
                 idle += 1;
-                if idle % 4096 == 0 && cmds.try_recv().is_ok() {
+                if idle.is_multiple_of(4096) && cmds.try_recv().is_ok() {
                     break;
                 }
             }

@@ -200,7 +200,7 @@ fn main() {
             ends[0].4,
         )),
         flags: SendFlags {
-            signaled: i % 16 == 0,
+            signaled: i.is_multiple_of(16),
             ..Default::default()
         },
     };

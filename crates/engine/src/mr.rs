@@ -310,7 +310,7 @@ impl Memory for View<'_> {
 
     fn remote_atomic(&mut self, stag: u32, to: u64, op: AtomicOp) -> Result<u64, MemError> {
         let p = self.resolve(stag, to, 8, Access::REMOTE_ATOMIC)?;
-        if to % 8 != 0 || (p as usize) % 8 != 0 {
+        if !to.is_multiple_of(8) || !(p as usize).is_multiple_of(8) {
             return Err(MemError::Misaligned);
         }
         // SAFETY: `p` is 8-aligned and 8 octets inside a live region; an AtomicU64 view makes the update atomic against other QPs of this process operating on the same word.

@@ -110,7 +110,7 @@ impl BusyPoll {
     pub(crate) fn polled(&self) {
         let s = self.streak.load(Ordering::Relaxed);
         self.streak.store(s.wrapping_add(1), Ordering::Relaxed);
-        if s % STAMP_EVERY == 0 || s < SPIN_STREAK {
+        if s.is_multiple_of(STAMP_EVERY) || s < SPIN_STREAK {
             self.last_ns.store(now_ns(), Ordering::Relaxed);
         }
     }

@@ -397,7 +397,7 @@ fn concurrent_requests_on_one_listener() {
     for _ in 0..N {
         let ev = next(&cch, "client outcome");
         let i = by_id[&ev.id().number()];
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             assert_eq!(ev.kind(), CmEventKind::Established, "{ev:?}");
             assert_eq!(ev.private_data(), [i, 0xAA]);
             established.push(ev.id().clone());

@@ -407,7 +407,7 @@ fn dct_peer_killed_mid_transfer() {
     let big = Mem::new(&ctx, pd, BIG);
     let small = Mem::new(&ctx, pd, N * MSG);
     // Even: 64 KiB Write to A (the child); odd: Send to B (here).
-    let to_a = |i: usize| i % 2 == 0;
+    let to_a = |i: usize| i.is_multiple_of(2);
     let mut sends_b = 0u32;
     let deadline = Instant::now() + Duration::from_secs(45);
     let (mut posted, mut done) = (0usize, 0usize);

@@ -1085,7 +1085,7 @@ fn peer_bulk_recv(spec: &str) {
             seq += 1;
             qp.post_recv(rbuf.recv(i as u64, i * BULK_MSG, BULK_MSG))
                 .unwrap();
-            if seq % CREDIT_EVERY == 0 {
+            if seq.is_multiple_of(CREDIT_EVERY) {
                 // Unsignaled: only a failure completes.
                 let credit = SendWr {
                     wr_id: seq,

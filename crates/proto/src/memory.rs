@@ -349,7 +349,7 @@ impl Memory for VecMemory {
 
     fn remote_atomic(&mut self, stag: u32, to: u64, op: AtomicOp) -> Result<u64, MemError> {
         let (i, range) = self.checked(stag, to, 8, Access::REMOTE_ATOMIC)?;
-        if to % 8 != 0 {
+        if !to.is_multiple_of(8) {
             return Err(MemError::Misaligned);
         }
         let cell = &mut self.regions[i].data[range];

@@ -1384,7 +1384,7 @@ mod tests {
     const GOLDEN_REPLY: &str = "4d504120494420526570204672616d655002000a00100010756c702d6f6b";
 
     fn hex(s: &str) -> Vec<u8> {
-        assert!(s.len() % 2 == 0);
+        assert!(s.len().is_multiple_of(2));
         (0..s.len())
             .step_by(2)
             .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())

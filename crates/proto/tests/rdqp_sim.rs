@@ -571,7 +571,7 @@ fn rdqp_64_mib_of_writes_and_reads_land_exactly() {
     let t0 = sim.now;
     while done < n {
         while next < n {
-            let (op, off) = if next % 2 == 0 {
+            let (op, off) = if next.is_multiple_of(2) {
                 let off = (next / 2) * CHUNK;
                 (
                     SendOp::Write {

@@ -276,7 +276,7 @@ struct Gather {
 impl Gather {
     /// The marker due at the current position, if any.
     fn due_marker(&mut self) -> Option<[u8; 4]> {
-        if !self.markers || self.pos % MARKER_INTERVAL != 0 {
+        if !self.markers || !self.pos.is_multiple_of(MARKER_INTERVAL) {
             return None;
         }
         let ptr = match self.fpdu_start {
@@ -565,7 +565,7 @@ impl Deframer {
     /// Consumes a marker if the position calls for one. Returns octets
     /// consumed and whether the marker is complete (or none was due).
     fn strip_marker(&mut self, input: &[u8]) -> Result<(usize, bool)> {
-        if !self.markers || (self.marker_have == 0 && self.pos % MARKER_INTERVAL != 0) {
+        if !self.markers || (self.marker_have == 0 && !self.pos.is_multiple_of(MARKER_INTERVAL)) {
             return Ok((0, true));
         }
         let n = (MARKER_LEN - self.marker_have).min(input.len());

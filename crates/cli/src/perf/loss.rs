@@ -297,9 +297,9 @@ fn gbit(octets_per_s: f64) -> f64 {
 }
 
 fn size_name(size: usize) -> String {
-    if size >= 1 << 20 && size % (1 << 20) == 0 {
+    if size >= 1 << 20 && size.is_multiple_of(1 << 20) {
         format!("{} MiB", size >> 20)
-    } else if size >= 1 << 10 && size % (1 << 10) == 0 {
+    } else if size >= 1 << 10 && size.is_multiple_of(1 << 10) {
         format!("{} KiB", size >> 10)
     } else {
         format!("{size} B")

@@ -329,9 +329,9 @@ fn ticks(a: &Axis, sizes: bool) -> Vec<(f64, String)> {
 
 fn size_label(v: f64) -> String {
     let n = v.round() as u64;
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}Mi", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
         format!("{}Ki", n >> 10)
     } else {
         n.to_string()

@@ -350,9 +350,9 @@ pub(crate) fn parse_flat_json(line: &str) -> Option<BTreeMap<String, Json>> {
 
 /// A size in octets the way the table shows it (`64`, `4Ki`, `1Mi`).
 pub(crate) fn fmt_size(n: u64) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}Mi", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
         format!("{}Ki", n >> 10)
     } else {
         n.to_string()
