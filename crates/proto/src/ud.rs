@@ -191,6 +191,16 @@ const IOV_PER: usize = MAX_SGE + 2;
 /// its header and sent as one buffer: one CRC pass and one io-vector
 /// instead of a three-piece gather (the 64 B latency case).
 const SMALL_COPY: usize = 512;
+/// Octets of the staging buffer in which a batch of datagrams is framed
+/// contiguously (header, payload copied behind it, CRC), so that the
+/// kernel takes each GSO run as one io-vector. A gather of three or more
+/// io-vectors per datagram costs the kernel's copy more than the copy into
+/// the staging buffer costs us (`docs/datagram.md` §12.5). A batch whose
+/// first datagram is larger than [`STAGE_MAX_DGRAM`] is gathered as before.
+const STAGE_CAP: usize = 64 << 10;
+/// Largest datagram staged: at least four fit in the staging buffer, and
+/// for larger ones the io-vectors around the payload cost little.
+const STAGE_MAX_DGRAM: usize = STAGE_CAP / 4;
 
 /// Parameters of a UD queue pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -710,6 +720,9 @@ pub struct UdQp {
     last_source: usize,
     use_clock: u64,
     tracker: Tracker,
+    /// [`STAGE_CAP`] octets once a batch of datagrams has been staged,
+    /// empty before (an idle QP holds none).
+    stage: Vec<u8>,
     // --- outputs ---
     completions: VecDeque<(CqKind, WorkCompletion)>,
     events: VecDeque<UdEvent>,
@@ -746,6 +759,7 @@ impl UdQp {
             last_source: 0,
             use_clock: 0,
             tracker: Tracker::new(cfg.record),
+            stage: Vec::new(),
             completions: VecDeque::with_capacity(cfg.sq_depth + cfg.rq_depth + 64),
             events: VecDeque::with_capacity(cfg.event_depth),
             stats: UdStats::default(),
@@ -1008,7 +1022,9 @@ impl UdQp {
             if n == 0 {
                 return Ok(total);
             }
-            let res = self.send_planned(mem, sink, &plan[..n]);
+            let mut stage = std::mem::take(&mut self.stage);
+            let res = self.send_planned(mem, sink, &plan[..n], &mut stage);
+            self.stage = stage;
             match res {
                 Ok(k) => {
                     let k = k.min(n);
@@ -1133,6 +1149,7 @@ impl UdQp {
         mem: &M,
         sink: &mut S,
         plan: &[Planned],
+        stage: &mut Vec<u8>,
     ) -> io::Result<usize> {
         // Scratch arrays sized for the plan: a lone datagram (the latency
         // case) must not pay for initialising a full batch's kilobytes.
@@ -1142,8 +1159,78 @@ impl UdQp {
                 None => self.send_planned_n::<M, S, 1, IOV_PER>(mem, sink, plan),
             },
             2..=4 => self.send_planned_n::<M, S, 4, { 4 * IOV_PER }>(mem, sink, plan),
-            _ => self.send_planned_n::<M, S, TX_BATCH, { TX_BATCH * IOV_PER }>(mem, sink, plan),
+            _ => match self.send_staged(mem, sink, plan, stage) {
+                Some(r) => r,
+                None => {
+                    self.send_planned_n::<M, S, TX_BATCH, { TX_BATCH * IOV_PER }>(mem, sink, plan)
+                }
+            },
         }
+    }
+
+    /// The datagrams of `plan` that fit in [`STAGE_CAP`] octets, each
+    /// framed whole into `stage` behind the one before it and offered as
+    /// one buffer; `None` (nothing sent) if the first is larger than
+    /// [`STAGE_MAX_DGRAM`] or its payload cannot be read. A later datagram whose payload cannot be
+    /// read ends the batch before it (the general path reports it when it
+    /// reaches the head).
+    fn send_staged<M: Memory, S: DatagramSink>(
+        &self,
+        mem: &M,
+        sink: &mut S,
+        plan: &[Planned],
+        stage: &mut Vec<u8>,
+    ) -> Option<io::Result<usize>> {
+        if stage.len() < STAGE_CAP {
+            stage.resize(STAGE_CAP, 0);
+        }
+        let mut spans = [(0usize, 0usize); TX_BATCH];
+        let mut dests = [(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0u16); TX_BATCH];
+        let (mut n, mut at) = (0, 0);
+        for p in plan.iter().take(TX_BATCH) {
+            let e = &self.sq[p.idx];
+            let (repr, off, len) = self.segment(e, p.seg);
+            let limit = if n == 0 {
+                STAGE_MAX_DGRAM
+            } else {
+                STAGE_CAP - at
+            };
+            let need = usize::try_from(len)
+                .ok()
+                .map(|l| datagram::buffer_len(&repr, l))
+                .filter(|&need| need <= limit);
+            let Some(need) = need else { break };
+            let buf = &mut stage[at..at + need];
+            let h = datagram::emit_header(&repr, buf);
+            let end = need - CRC_LEN;
+            if !gather_into(mem, &e.wr.payload, off, &mut buf[h..end]) {
+                break;
+            }
+            datagram::seal(buf, end);
+            spans[n] = (at, at + need);
+            dests[n] = (e.dest.ip, e.dest.port);
+            at += need;
+            n += 1;
+        }
+        if n == 0 {
+            return None;
+        }
+        let mut iov = [IoSlice::new(&[]); TX_BATCH];
+        for (v, &(a, b)) in iov.iter_mut().zip(&spans[..n]) {
+            *v = IoSlice::new(&stage[a..b]);
+        }
+        let empty = Datagram {
+            dest: dests[0],
+            bufs: &[],
+        };
+        let mut batch = [empty; TX_BATCH];
+        for j in 0..n {
+            batch[j] = Datagram {
+                dest: dests[j],
+                bufs: &iov[j..j + 1],
+            };
+        }
+        Some(sink.send_batch(&batch[..n]))
     }
 
     /// A lone segment of at most [`SMALL_COPY`] payload octets, copied
@@ -2041,6 +2128,163 @@ mod tests {
         assert_eq!(s.direct, 0, "queued first: no shortcut");
         let ids: Vec<u64> = q.wcs().iter().map(|(_, wc)| wc.wr_id).collect();
         assert_eq!(ids, [1, 2], "in order");
+    }
+
+    /// Records each datagram's octets and how many buffers it came in.
+    #[derive(Default)]
+    struct PieceSink {
+        inner: VecSink,
+        pieces: Vec<usize>,
+    }
+
+    impl DatagramSink for PieceSink {
+        fn send(&mut self, dest: (IpAddr, u16), bufs: &[IoSlice<'_>]) -> io::Result<()> {
+            self.inner.send(dest, bufs)?;
+            self.pieces.push(bufs.len());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn staged_batches_send_what_the_gather_sends() {
+        // Batches of five or more datagrams are framed into the staging
+        // buffer and offered one buffer per datagram; the octets,
+        // completions and counters must be those of the gather path
+        // (`send_planned_n`, driven here the way `poll_transmit` drives
+        // it), for every MTU, gather list, mix of requests, and a sink
+        // that takes only part of a batch.
+        let dest = b().addr;
+        let record = SendOp::WriteRecord {
+            remote_addr: 0x40_0000,
+            rkey: 0x1234,
+        };
+        let send = SendOp::Send {
+            imm: None,
+            invalidate: None,
+        };
+        let gather3 = |n: &Node| {
+            // Pieces of 1 000, 5 and 40 000 octets: datagram boundaries
+            // fall inside and across them.
+            let sges = [(0u64, 1000u32), (70_000, 5), (100_000, 40_000)];
+            let v: Vec<Sge> = sges
+                .iter()
+                .map(|&(off, length)| Sge {
+                    addr: BASE + off,
+                    length,
+                    lkey: n.buf,
+                })
+                .collect();
+            Payload::Sgl(SgList::from_slice(&v).expect("three entries"))
+        };
+        // (name, MTU, requests as (op, offset, length), three-piece list).
+        type Case = (&'static str, usize, Vec<(SendOp, usize, usize)>, bool);
+        let cases: Vec<Case> = vec![
+            ("send 20 000", 1500, vec![(send, 0, 20_000)], false),
+            (
+                "write-record 64 KiB",
+                1500,
+                vec![(record, 0, 65_536)],
+                false,
+            ),
+            ("three pieces", 1500, vec![(record, 0, 0)], true),
+            (
+                "a mix in one batch",
+                1500,
+                vec![
+                    (send, 0, 3000),
+                    (send, 7, 100),
+                    (record, 9, 5000),
+                    (send, 0, 0),
+                ],
+                false,
+            ),
+            (
+                "MTU 9000: seven per stage",
+                9000,
+                vec![(record, 0, 200_000)],
+                false,
+            ),
+            (
+                "MTU 65535: too big to stage",
+                65_535,
+                vec![(send, 0, 300_000)],
+                false,
+            ),
+        ];
+        for (name, mtu, reqs, three) in &cases {
+            for budget in [None, Some(3)] {
+                let what = format!("{name} (budget {budget:?})");
+                let mk = || {
+                    let mut n = node([10, 0, 0, 1], 4791, 1, |c| {
+                        c.mtu = *mtu;
+                        c.max_msg = 1 << 20;
+                    });
+                    n.fill(0, 1 << 20, 9);
+                    for (i, &(op, off, len)) in reqs.iter().enumerate() {
+                        let mut wr = n.wr(i as u64 + 1, op, off, len);
+                        if *three {
+                            wr.payload = gather3(&n);
+                        }
+                        n.qp.post_send(wr, dest).expect("posted");
+                    }
+                    n
+                };
+                let (mut staged, mut gathered) = (mk(), mk());
+                // The staging path, through `poll_transmit`, with a sink
+                // that pushes back after `budget` datagrams per poll.
+                let mut ss = PieceSink::default();
+                let mut polls = 0;
+                while staged.qp.wants_transmit() {
+                    ss.inner.budget = budget;
+                    staged.qp.poll_transmit(&staged.mem, &mut ss).expect("sent");
+                    polls += 1;
+                    assert!(polls < 10_000, "{what}: no progress");
+                }
+                // The gather path.
+                let mut gs = PieceSink::default();
+                let mut plan = [Planned::default(); TX_BATCH];
+                loop {
+                    let n = gathered.qp.plan(&gathered.mem, &mut plan);
+                    if n == 0 {
+                        break;
+                    }
+                    let k = gathered
+                        .qp
+                        .send_planned_n::<_, _, TX_BATCH, { TX_BATCH * IOV_PER }>(
+                            &gathered.mem,
+                            &mut gs,
+                            &plan[..n],
+                        )
+                        .expect("sent");
+                    gathered.qp.commit(&plan[..k]);
+                }
+                assert!(!ss.inner.out.is_empty(), "{what}: sent something");
+                assert_eq!(ss.inner.out.len(), gs.inner.out.len(), "{what}: datagrams");
+                for (i, (x, y)) in ss.inner.out.iter().zip(&gs.inner.out).enumerate() {
+                    assert!(x == y, "{what}: datagram {i} differs");
+                }
+                assert_eq!(staged.wcs(), gathered.wcs(), "{what}: completions");
+                assert_eq!(staged.qp.stats(), gathered.qp.stats(), "{what}: counters");
+                // Which path framed them: one buffer per staged datagram,
+                // header + pieces + trailer per gathered one.
+                // (A Send without payload has no piece between the two.)
+                assert!(gs.pieces.iter().all(|&p| p >= 2), "{what}: gathered");
+                let too_big = *mtu > STAGE_MAX_DGRAM;
+                let one_buffer = ss.pieces.iter().filter(|&&p| p == 1).count();
+                if too_big {
+                    assert_eq!(one_buffer, 0, "{what}: nothing staged");
+                } else if budget.is_none() {
+                    // Every datagram but those of a last batch of at most
+                    // four (sent without staging) came in one buffer.
+                    assert!(
+                        one_buffer + 4 >= ss.pieces.len(),
+                        "{what}: staged {one_buffer} of {}",
+                        ss.pieces.len()
+                    );
+                    assert!(one_buffer > 0, "{what}: staged");
+                }
+            }
+        }
     }
 
     #[test]
