@@ -1143,7 +1143,9 @@ impl UdQp {
         (repr, off, len)
     }
 
-    /// Gathers the planned segments and offers them to the sink.
+    /// Frames the planned segments and offers them to the sink: a lone
+    /// small one copied behind its header, five or more staged, the rest
+    /// gathered from memory.
     fn send_planned<M: Memory, S: DatagramSink>(
         &self,
         mem: &M,
@@ -1171,9 +1173,9 @@ impl UdQp {
     /// The datagrams of `plan` that fit in [`STAGE_CAP`] octets, each
     /// framed whole into `stage` behind the one before it and offered as
     /// one buffer; `None` (nothing sent) if the first is larger than
-    /// [`STAGE_MAX_DGRAM`] or its payload cannot be read. A later datagram whose payload cannot be
-    /// read ends the batch before it (the general path reports it when it
-    /// reaches the head).
+    /// [`STAGE_MAX_DGRAM`] or its payload cannot be read. A later datagram
+    /// whose payload cannot be read ends the batch before it (the general
+    /// path reports it when it reaches the head).
     fn send_staged<M: Memory, S: DatagramSink>(
         &self,
         mem: &M,
@@ -1216,21 +1218,12 @@ impl UdQp {
             return None;
         }
         let mut iov = [IoSlice::new(&[]); TX_BATCH];
-        for (v, &(a, b)) in iov.iter_mut().zip(&spans[..n]) {
-            *v = IoSlice::new(&stage[a..b]);
+        let mut bounds = [(0usize, 0usize); TX_BATCH];
+        for (j, &(a, b)) in spans[..n].iter().enumerate() {
+            iov[j] = IoSlice::new(&stage[a..b]);
+            bounds[j] = (j, j + 1);
         }
-        let empty = Datagram {
-            dest: dests[0],
-            bufs: &[],
-        };
-        let mut batch = [empty; TX_BATCH];
-        for j in 0..n {
-            batch[j] = Datagram {
-                dest: dests[j],
-                bufs: &iov[j..j + 1],
-            };
-        }
-        Some(sink.send_batch(&batch[..n]))
+        Some(offer::<S, TX_BATCH>(sink, &dests[..n], &iov, &bounds[..n]))
     }
 
     /// A lone segment of at most [`SMALL_COPY`] payload octets, copied
@@ -1319,18 +1312,7 @@ impl UdQp {
             k += 1;
             bounds[j] = (start, k);
         }
-        let empty = Datagram {
-            dest: dests[0],
-            bufs: &[],
-        };
-        let mut batch = [empty; N];
-        for j in 0..n {
-            batch[j] = Datagram {
-                dest: dests[j],
-                bufs: &iov[bounds[j].0..bounds[j].1],
-            };
-        }
-        sink.send_batch(&batch[..n])
+        offer::<S, N>(sink, &dests[..n], &iov, &bounds[..n])
     }
 
     /// The sink accepted these segments (a prefix of the plan).
@@ -1772,6 +1754,28 @@ impl UdQp {
             self.completions.push_back((CqKind::Recv, wc));
         }
     }
+}
+
+/// Offers at most `N` datagrams to `sink` at once: datagram `j` goes to
+/// `dests[j]` and is made of the io-vectors `iov[bounds[j].0..bounds[j].1]`.
+fn offer<S: DatagramSink, const N: usize>(
+    sink: &mut S,
+    dests: &[(IpAddr, u16)],
+    iov: &[IoSlice<'_>],
+    bounds: &[(usize, usize)],
+) -> io::Result<usize> {
+    let empty = Datagram {
+        dest: dests[0],
+        bufs: &[],
+    };
+    let mut batch = [empty; N];
+    for ((d, dest), &(a, b)) in batch.iter_mut().zip(dests).zip(bounds) {
+        *d = Datagram {
+            dest: *dest,
+            bufs: &iov[a..b],
+        };
+    }
+    sink.send_batch(&batch[..bounds.len().min(N)])
 }
 
 fn set_rsvd_ulp(repr: &mut SegmentRepr, v: u32) {
