@@ -16,6 +16,7 @@ pub mod dc;
 pub mod dgram;
 pub mod memory;
 pub mod mpa;
+mod peers;
 pub mod rc;
 pub mod rd;
 pub mod rdqp;

@@ -129,12 +129,13 @@
 //! `1024 + 2 · peers` entries.
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::hash::Hash;
 use std::time::{Duration, Instant};
 
 use softrdma_wire::rd::{DataSeq, Feedback, RdShimRepr, MAX_QPN};
 
+use crate::peers::PeerTable;
 use crate::wr::DgramAddr;
 
 /// What identifies a peer: any small key the caller derives from a
@@ -713,7 +714,7 @@ impl<K> Ord for TimerEntry<K> {
 pub struct RdEndpoint<K: PeerKey, T: Copy> {
     cfg: RdConfig,
     rx_window: u16,
-    peers: HashMap<K, Peer<T>>,
+    peers: PeerTable<K, Peer<T>>,
     timers: BinaryHeap<Reverse<TimerEntry<K>>>,
     ready: VecDeque<K>,
     control: VecDeque<(K, RdShimRepr)>,
@@ -730,7 +731,7 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
         Ok(RdEndpoint {
             cfg,
             rx_window: cfg.rx_window,
-            peers: HashMap::new(),
+            peers: PeerTable::new(),
             timers: BinaryHeap::new(),
             ready: VecDeque::new(),
             control: VecDeque::new(),
@@ -828,7 +829,7 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
         }
         self.next_id += 1;
         self.stats.peers_created += 1;
-        self.peers.insert(
+        self.peers.insert_new(
             key,
             Peer {
                 id: self.next_id,

@@ -180,7 +180,7 @@
 //!   that datagram, never sees the ACK before the report.
 //! ```
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, IoSlice};
 use std::net::{IpAddr, Ipv4Addr};
@@ -197,6 +197,7 @@ use softrdma_wire::Error as WireError;
 
 use crate::dgram::{DatagramQp, DgramEvent};
 use crate::memory::{payload_pieces, scatter, AtomicOp, Memory};
+use crate::peers::PeerTable;
 use crate::rc::{CqKind, PostError};
 use crate::rd::{
     seq_after, Event, RdConfig, RdConfigError, RdEndpoint, RdStats, SendError, Transmit, Verdict,
@@ -771,7 +772,7 @@ pub struct RdQp {
     inb: Vec<InSlot>,
     in_free: Vec<u32>,
     // --- peers ---
-    peers: HashMap<DgramAddr, PeerState>,
+    peers: PeerTable<DgramAddr, PeerState>,
     ready: VecDeque<DgramAddr>,
     // --- receive ---
     rq: RecvFifo,
@@ -825,7 +826,7 @@ impl RdQp {
             candidates: Vec::with_capacity(cfg.sq_depth),
             inb: vec![InSlot { gen: 0, e: None }; cfg.max_inbound],
             in_free: (0..cfg.max_inbound as u32).rev().collect(),
-            peers: HashMap::new(),
+            peers: PeerTable::new(),
             ready: VecDeque::with_capacity(cfg.sq_depth + cfg.max_inbound),
             rq: RecvFifo::new(cfg.rq_depth),
             tracker: Tracker::new(cfg.record),
@@ -965,7 +966,7 @@ impl RdQp {
             in_fifo: false,
             next: NIL,
         });
-        let p = self.peers.entry(dest).or_insert_with(PeerState::new);
+        let p = self.peers.get_or_insert_with(dest, PeerState::new);
         if p.all_tail == NIL {
             p.all_head = slot;
         } else if let Some(t) = self.sq[p.all_tail as usize].e.as_mut() {
@@ -2216,7 +2217,7 @@ impl RdQp {
         self.drain_rd_events();
         if verdict == Verdict::Deliver {
             if let Some((repr, h)) = parsed {
-                self.peers.entry(src).or_insert_with(PeerState::new);
+                self.peers.get_or_insert_with(src, PeerState::new);
                 self.rx_segment(src, &repr, &seg[h..], seg, mem, now);
             }
             if let Some(d) = shim_in.data {
