@@ -204,7 +204,8 @@ use crate::rd::{
 };
 use crate::record::{RecordConfig, RecordStats, Tracker};
 use crate::ud::{
-    grh_header, Datagram, DatagramSink, RecvFifo, GRH_LEN, MAX_MTU, MIN_MTU, TX_BATCH,
+    grh_header, offer_staged, Datagram, DatagramSink, RecvFifo, GRH_LEN, MAX_MTU, MIN_MTU,
+    STAGE_MIN_BATCH, TX_BATCH,
 };
 use crate::wr::{
     DgramAddr, Payload, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, MAX_SGE,
@@ -774,6 +775,9 @@ pub struct RdQp {
     // --- peers ---
     peers: PeerTable<DgramAddr, PeerState>,
     ready: VecDeque<DgramAddr>,
+    /// Where batches of datagrams are framed contiguously
+    /// ([`crate::ud::offer_staged`]); empty until the first such batch.
+    stage: Vec<u8>,
     // --- receive ---
     rq: RecvFifo,
     tracker: Tracker,
@@ -827,6 +831,7 @@ impl RdQp {
             inb: vec![InSlot { gen: 0, e: None }; cfg.max_inbound],
             in_free: (0..cfg.max_inbound as u32).rev().collect(),
             peers: PeerTable::new(),
+            stage: Vec::new(),
             ready: VecDeque::with_capacity(cfg.sq_depth + cfg.max_inbound),
             rq: RecvFifo::new(cfg.rq_depth),
             tracker: Tracker::new(cfg.record),
@@ -1735,7 +1740,10 @@ impl RdQp {
                 }
                 continue;
             }
-            match self.send_plans(mem, sink, &plans[..n]) {
+            let mut stage = std::mem::take(&mut self.stage);
+            let sent = self.send_plans(mem, sink, &plans[..n], &mut stage);
+            self.stage = stage;
+            match sent {
                 Ok(k) => {
                     let k = k.min(n);
                     for _ in 0..k {
@@ -2092,12 +2100,16 @@ impl RdQp {
         r
     }
 
-    /// Gathers the planned datagrams and offers them to the sink.
+    /// Frames the planned datagrams and offers them to the sink: five or
+    /// more framed contiguously in `stage` (one io-vector each, as UD's
+    /// batches; `docs/datagram.md` §12.5), fewer, or any the stage cannot
+    /// take, gathered from memory.
     fn send_plans<M: Memory, S: DatagramSink>(
         &self,
         mem: &M,
         sink: &mut S,
         plans: &[Plan],
+        stage: &mut Vec<u8>,
     ) -> io::Result<usize> {
         let n = plans.len();
         let mut trailers = [[0u8; CRC_LEN]; TX_BATCH];
@@ -2115,6 +2127,32 @@ impl RdQp {
                     usize::from(len > 0)
                 }
             };
+        }
+        if n >= STAGE_MIN_BATCH {
+            let mut dests = [plans[0].dest; TX_BATCH];
+            for (d, p) in dests.iter_mut().zip(plans) {
+                *d = p.dest;
+            }
+            let staged = offer_staged(sink, stage, &dests[..n], |j, room| {
+                let hdr = &plans[j].hdr[..plans[j].hlen];
+                let body = &pieces[j][..npieces[j]];
+                let len = hdr.len() + body.iter().map(|b| b.len()).sum::<usize>();
+                if len > room.len() {
+                    return None;
+                }
+                room[..hdr.len()].copy_from_slice(hdr);
+                let mut at = hdr.len();
+                for b in body {
+                    room[at..at + b.len()].copy_from_slice(b);
+                    at += b.len();
+                }
+                Some(len)
+            });
+            if let Some(r) = staged {
+                return r;
+            }
+        }
+        for (j, p) in plans.iter().enumerate() {
             trailers[j] = datagram::trailer(&p.hdr[..p.hlen], &pieces[j][..npieces[j]]);
         }
         let mut iov = [IoSlice::new(&[]); TX_BATCH * IOV_PER];
@@ -3493,6 +3531,106 @@ mod tests {
         assert_eq!(p.b.at(0x8000, 2000), &data[..]);
         assert_eq!(p.a.wcs()[0].1.status, WcStatus::Success);
         assert!(p.a.events().is_empty());
+    }
+
+    #[test]
+    fn batches_are_staged_whole_and_arrive_intact() {
+        // A window's worth of datagrams (a 40 000-octet Write, then a
+        // Send whose three-piece gather list puts datagram boundaries
+        // inside and across pieces) leaves in batches of five or more:
+        // each datagram framed into the staging buffer and offered as one
+        // buffer. The target places every octet, and a lone datagram
+        // (fewer than five) is still gathered.
+        let mut p = Pair::new(|_| {}, |_| {});
+        let wdata = p.a.fill(0, 40_000, 3);
+        let sdata = p.a.fill(0x2_0000, 30_000, 5);
+        p.b.recv(7, 0x8_0000, 64 << 10);
+        p.a.post(1, write(0x4_0000, p.b.buf), 0, 40_000, p.b.addr);
+        let three = [
+            (0x2_0000u64, 1000u32),
+            (0x2_0000 + 1000, 5),
+            (0x2_0000 + 1005, 28_995),
+        ];
+        let sges: Vec<crate::wr::Sge> = three
+            .iter()
+            .map(|&(off, length)| crate::wr::Sge {
+                addr: BASE + off,
+                length,
+                lkey: p.a.buf,
+            })
+            .collect();
+        let wr = SendWr {
+            wr_id: 2,
+            op: SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+            payload: Payload::Sgl(SgList::from_slice(&sges).expect("three entries")),
+            flags: SIGNALED,
+        };
+        p.a.qp.post_send(wr, p.b.addr).expect("posted");
+        // Records, per batch offered, how many buffers each datagram came
+        // in.
+        #[derive(Default)]
+        struct Pieces {
+            inner: VecSink,
+            batches: Vec<Vec<usize>>,
+        }
+        impl DatagramSink for Pieces {
+            fn send(&mut self, dest: (IpAddr, u16), bufs: &[IoSlice<'_>]) -> io::Result<()> {
+                self.inner.send(dest, bufs)
+            }
+            fn send_batch(&mut self, batch: &[Datagram<'_>]) -> io::Result<usize> {
+                self.batches
+                    .push(batch.iter().map(|d| d.bufs.len()).collect());
+                for d in batch {
+                    self.inner.send(d.dest, d.bufs)?;
+                }
+                Ok(batch.len())
+            }
+        }
+        let mut sent = 0;
+        let mut staged = 0;
+        for _ in 0..1000 {
+            let mut s = Pieces::default();
+            p.a.qp.poll_transmit(&p.a.mem, &mut s).expect("sent");
+            for b in &s.batches {
+                if b.len() >= STAGE_MIN_BATCH {
+                    staged += b.len();
+                    assert!(
+                        b.iter().all(|&k| k == 1),
+                        "a batch of {} staged whole",
+                        b.len()
+                    );
+                } else {
+                    assert!(b.iter().all(|&k| k >= 2), "a batch of {} gathered", b.len());
+                }
+            }
+            sent += s.inner.out.len();
+            for d in &s.inner.out {
+                p.deliver(Dir::AtoB, d);
+            }
+            // B's ACKs open A's window.
+            for d in p.b.tx() {
+                p.deliver(Dir::BtoA, &d);
+            }
+            if !p.a.qp.wants_transmit() && p.a.wcs().len() == 2 {
+                break;
+            }
+        }
+        assert!(
+            staged >= STAGE_MIN_BATCH,
+            "some batches were staged ({staged} of {sent})"
+        );
+        assert_eq!(p.b.at(0x4_0000, 40_000), &wdata[..], "the Write placed");
+        assert_eq!(p.b.at(0x8_0000, 30_000), &sdata[..], "the Send scattered");
+        let wcs = p.b.wcs();
+        assert_eq!(wcs.len(), 1);
+        assert_eq!(
+            (wcs[0].1.status, wcs[0].1.byte_len),
+            (WcStatus::Success, 30_000)
+        );
+        assert_eq!(p.b.qp.stats().rx_bad_crc, 0);
     }
 
     #[test]

@@ -198,6 +198,9 @@ const SMALL_COPY: usize = 512;
 /// the staging buffer costs us (`docs/datagram.md` §12.5). A batch whose
 /// first datagram is larger than [`STAGE_MAX_DGRAM`] is gathered as before.
 const STAGE_CAP: usize = 64 << 10;
+/// Smallest batch framed in the staging buffer: below it (the latency
+/// path) the datagrams are gathered, or copied whole when small.
+pub(crate) const STAGE_MIN_BATCH: usize = 5;
 /// Largest datagram staged: at least four fit in the staging buffer, and
 /// for larger ones the io-vectors around the payload cost little.
 const STAGE_MAX_DGRAM: usize = STAGE_CAP / 4;
@@ -1160,7 +1163,7 @@ impl UdQp {
                 Some(r) => r,
                 None => self.send_planned_n::<M, S, 1, IOV_PER>(mem, sink, plan),
             },
-            2..=4 => self.send_planned_n::<M, S, 4, { 4 * IOV_PER }>(mem, sink, plan),
+            2..STAGE_MIN_BATCH => self.send_planned_n::<M, S, 4, { 4 * IOV_PER }>(mem, sink, plan),
             _ => match self.send_staged(mem, sink, plan, stage) {
                 Some(r) => r,
                 None => {
@@ -1183,47 +1186,23 @@ impl UdQp {
         plan: &[Planned],
         stage: &mut Vec<u8>,
     ) -> Option<io::Result<usize>> {
-        if stage.len() < STAGE_CAP {
-            stage.resize(STAGE_CAP, 0);
-        }
-        let mut spans = [(0usize, 0usize); TX_BATCH];
+        let n = plan.len().min(TX_BATCH);
         let mut dests = [(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0u16); TX_BATCH];
-        let (mut n, mut at) = (0, 0);
-        for p in plan.iter().take(TX_BATCH) {
+        for (d, p) in dests.iter_mut().zip(&plan[..n]) {
             let e = &self.sq[p.idx];
-            let (repr, off, len) = self.segment(e, p.seg);
-            let limit = if n == 0 {
-                STAGE_MAX_DGRAM
-            } else {
-                STAGE_CAP - at
-            };
-            let need = usize::try_from(len)
+            *d = (e.dest.ip, e.dest.port);
+        }
+        offer_staged(sink, stage, &dests[..n], |j, room| {
+            let e = &self.sq[plan[j].idx];
+            let (repr, off, len) = self.segment(e, plan[j].seg);
+            let h = repr.header_len();
+            let end = usize::try_from(len)
                 .ok()
-                .map(|l| datagram::buffer_len(&repr, l))
-                .filter(|&need| need <= limit);
-            let Some(need) = need else { break };
-            let buf = &mut stage[at..at + need];
-            let h = datagram::emit_header(&repr, buf);
-            let end = need - CRC_LEN;
-            if !gather_into(mem, &e.wr.payload, off, &mut buf[h..end]) {
-                break;
-            }
-            datagram::seal(buf, end);
-            spans[n] = (at, at + need);
-            dests[n] = (e.dest.ip, e.dest.port);
-            at += need;
-            n += 1;
-        }
-        if n == 0 {
-            return None;
-        }
-        let mut iov = [IoSlice::new(&[]); TX_BATCH];
-        let mut bounds = [(0usize, 0usize); TX_BATCH];
-        for (j, &(a, b)) in spans[..n].iter().enumerate() {
-            iov[j] = IoSlice::new(&stage[a..b]);
-            bounds[j] = (j, j + 1);
-        }
-        Some(offer::<S, TX_BATCH>(sink, &dests[..n], &iov, &bounds[..n]))
+                .and_then(|l| h.checked_add(l))
+                .filter(|&end| end <= room.len())?;
+            datagram::emit_header(&repr, room);
+            gather_into(mem, &e.wr.payload, off, &mut room[h..end]).then_some(end)
+        })
     }
 
     /// A lone segment of at most [`SMALL_COPY`] payload octets, copied
@@ -1754,6 +1733,52 @@ impl UdQp {
             self.completions.push_back((CqKind::Recv, wc));
         }
     }
+}
+
+/// Frames datagrams back to back into `stage` (grown to [`STAGE_CAP`] on
+/// first use) and offers each as one buffer, all at once: `frame(j, room)`
+/// writes datagram `j` (for `dests[j]`) without its CRC at the start of
+/// `room` and returns its length, or `None` if it does not fit in `room`
+/// or its payload cannot be read, which ends the batch before it. The
+/// CRC is sealed behind each. The first datagram gets at most
+/// [`STAGE_MAX_DGRAM`] octets of room. `None` (nothing offered) if not
+/// even the first was framed.
+pub(crate) fn offer_staged<S: DatagramSink>(
+    sink: &mut S,
+    stage: &mut Vec<u8>,
+    dests: &[(IpAddr, u16)],
+    mut frame: impl FnMut(usize, &mut [u8]) -> Option<usize>,
+) -> Option<io::Result<usize>> {
+    if stage.len() < STAGE_CAP {
+        stage.resize(STAGE_CAP, 0);
+    }
+    let mut spans = [(0usize, 0usize); TX_BATCH];
+    let (mut n, mut at) = (0, 0);
+    for j in 0..dests.len().min(TX_BATCH) {
+        let limit = if n == 0 {
+            STAGE_MAX_DGRAM
+        } else {
+            STAGE_CAP - at
+        };
+        let room = limit.saturating_sub(CRC_LEN);
+        let Some(len) = frame(j, &mut stage[at..at + room]) else {
+            break;
+        };
+        let end = datagram::seal(&mut stage[at..], len);
+        spans[n] = (at, at + end);
+        at += end;
+        n += 1;
+    }
+    if n == 0 {
+        return None;
+    }
+    let mut iov = [IoSlice::new(&[]); TX_BATCH];
+    let mut bounds = [(0usize, 0usize); TX_BATCH];
+    for (j, &(a, b)) in spans[..n].iter().enumerate() {
+        iov[j] = IoSlice::new(&stage[a..b]);
+        bounds[j] = (j, j + 1);
+    }
+    Some(offer::<S, TX_BATCH>(sink, &dests[..n], &iov, &bounds[..n]))
 }
 
 /// Offers at most `N` datagrams to `sink` at once: datagram `j` goes to
