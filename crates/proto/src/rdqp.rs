@@ -9,9 +9,11 @@
 //! * in: [`RdQp::post_send`] (with the destination of each work request),
 //!   [`RdQp::post_recv`], [`RdQp::handle_datagram`],
 //!   [`RdQp::handle_timeout`], [`RdQp::set_now`];
-//! * out: [`RdQp::poll_transmit`] (gathers shim + header, payload slices
-//!   from registered memory and the CRC into a [`DatagramSink`]; the
-//!   payload is never copied, first transmission or retransmission),
+//! * out: [`RdQp::poll_transmit`] (hands datagrams to a [`DatagramSink`],
+//!   first transmission or retransmission alike: batches of five or more
+//!   framed whole into a staging buffer as UD's are, smaller ones gathered
+//!   as shim + header, payload slices of registered memory and CRC;
+//!   `docs/datagram.md` §12.5-12.6),
 //!   [`RdQp::poll_completion`], [`RdQp::poll_event`], [`RdQp::poll_timeout`].
 //!
 //! It implements [`DatagramQp`], the engine's one interface to datagram

@@ -10,9 +10,12 @@
 //!   sends a lone small message without queueing it),
 //!   [`UdQp::post_recv`], [`UdQp::handle_datagram`] (one UDP payload and its
 //!   source), [`UdQp::handle_timeout`];
-//! * out: [`UdQp::poll_transmit`] (gathers header, payload slices from
-//!   registered memory and the CRC trailer into a [`DatagramSink`]; the
-//!   payload is never copied), [`UdQp::poll_completion`],
+//! * out: [`UdQp::poll_transmit`] (hands datagrams to a [`DatagramSink`]:
+//!   batches of five or more framed whole — header, payload copied from
+//!   registered memory, CRC — one after the other into a 64 KiB staging
+//!   buffer, one buffer each; smaller batches gathered as header, payload
+//!   slices of registered memory and CRC trailer, a lone small datagram
+//!   copied whole; `docs/datagram.md` §12.5), [`UdQp::poll_completion`],
 //!   [`UdQp::poll_event`], [`UdQp::poll_timeout`], [`UdQp::stats`].
 //!
 //! The engine demultiplexes several QPs sharing one UDP socket with
