@@ -453,6 +453,51 @@ fn crc_ceiling(b: &str, raw: &str, note: &str) {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// `perf udp_lat` measures the raw UDP ping-pong against the raw TCP one of
+/// the same run (the floor of the UD/RC latency target), each over its own
+/// socket; `perf baseline udp_lat` still runs it alone.
+#[test]
+fn udp_lat_against_tcp_lat() {
+    let out = softrdma(
+        &[
+            "perf", "udp_lat", "--size", "64", "--iters", "200", "--json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let objs: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
+    assert_eq!(objs.len(), 2, "tcp_lat + udp_lat expected");
+    let (base, r) = (&objs[0], &objs[1]);
+    assert_eq!(
+        (s(base, "test"), s(base, "transport")),
+        (Some("tcp_lat"), Some("tcp"))
+    );
+    assert_eq!(
+        (s(r, "test"), s(r, "transport")),
+        (Some("udp_lat"), Some("udp"))
+    );
+    assert_eq!(s(r, "baseline"), Some("tcp_lat"));
+    let (lat, blat) = (
+        num(r, "lat_us_p50").unwrap(),
+        num(base, "lat_us_p50").unwrap(),
+    );
+    assert!(lat > 0.0 && blat > 0.0);
+    assert_eq!(num(r, "baseline_value"), Some(blat));
+    let ratio = num(r, "ratio").unwrap();
+    assert!((ratio - lat / blat).abs() < 1e-9 * ratio.max(1.0));
+    let out = softrdma(
+        &[
+            "perf", "baseline", "udp_lat", "--size", "64", "--iters", "100", "--json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let objs: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
+    assert_eq!(objs.len(), 1, "alone");
+    assert_eq!(s(&objs[0], "test"), Some("udp_lat"));
+    assert_eq!(s(&objs[0], "baseline"), None);
+}
+
 #[test]
 fn verify_catches_a_flipped_byte() {
     for (t, tr) in [
@@ -793,6 +838,7 @@ fn quick_suite_writes_report_and_pngs() {
         ("udp_crc_bw", "udp_bw", "datagram ceiling"),
         ("tcp_mpa_lat", "tcp_lat", "RC latency floor"),
         ("tcp_mpa_bw", "tcp_bw", "RC no-CRC bandwidth floor"),
+        ("udp_lat", "tcp_lat", "UD/RC latency floor"),
     ] {
         assert!(
             stdout
@@ -807,6 +853,10 @@ fn quick_suite_writes_report_and_pngs() {
     );
     assert!(
         stdout.contains("floor: raw TCP ping-pong framed"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("floor: raw UDP / raw TCP ping-pong, alternated"),
         "{stdout}"
     );
     // UD against RC, alternated in one child: its table and a figure (or,

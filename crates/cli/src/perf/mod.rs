@@ -60,8 +60,9 @@ B:    tcp_lat tcp_bw udp_lat udp_bw
       floor of RC latency), tcp_mpa_bw (tcp_bw whose stream is RC Write
       FPDUs without CRC, each payload read into place by its own readv,
       the floor of RC Write bandwidth without CRC); `softrdma perf
-      tcp_crc_bw|udp_crc_bw|tcp_mpa_lat|tcp_mpa_bw` gives the ratio to
-      tcp_bw|udp_bw|tcp_lat|tcp_bw of the same run
+      tcp_crc_bw|udp_crc_bw|tcp_mpa_lat|tcp_mpa_bw|udp_lat` gives the
+      ratio to tcp_bw|udp_bw|tcp_lat|tcp_bw|tcp_lat of the same run
+      (udp_lat against tcp_lat: the floor of UD latency below RC's)
 
 options:
   --transport rc|ud|rd|dc  (default rc; write_record_* default ud; dc also
@@ -519,8 +520,12 @@ pub(crate) fn run_sizes(
         let (b, bspec) = match (o.versus, reference) {
             // Head to head: the same test over another transport.
             (Some(v), _) => (o.test, o.spec(o.test, v, size)),
-            // A baseline doing extra work, against the raw one.
-            (None, Some(b)) => (b, o.spec(b, o.transport, size)),
+            // A baseline doing extra work against the raw one, or raw
+            // UDP against raw TCP: over the reference's own socket.
+            (None, Some(b)) => {
+                let tr = if b.op == Op::Tcp { "tcp" } else { "udp" };
+                (b, o.spec(b, tr, size))
+            }
             (None, None) => {
                 let tr = transport_by_name(o.transport).expect("checked");
                 let b = baseline_for(o.test, tr);

@@ -153,6 +153,14 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
             no_crc: false,
         });
     }
+    // The floor of "UD latency 15 % below RC": the raw UDP ping-pong
+    // against the raw TCP one, alternated round by round.
+    g.push(Group {
+        test: "udp_lat",
+        transport: "udp",
+        sizes: vec![64],
+        no_crc: false,
+    });
     // And of the Write-Record target: the raw UDP blast doing the CRC and
     // placement work every datagram iWARP receiver must do.
     g.push(Group {
@@ -584,6 +592,22 @@ fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> Str
         "<= 0.85",
     );
     line("  the two cells above (measured apart)", ud_rc, "-");
+    // The udp_lat row measured against tcp_lat (the UD cells' own udp_lat
+    // baselines carry no ratio).
+    let raw_udp_tcp = rows
+        .iter()
+        .find(|r| {
+            r.test == "udp_lat"
+                && r.size == 64
+                && r.error.is_none()
+                && r.baseline.as_deref() == Some("tcp_lat")
+        })
+        .and_then(|r| r.ratio);
+    line(
+        "  floor: raw UDP / raw TCP ping-pong, alternated",
+        raw_udp_tcp,
+        "-",
+    );
     line(
         "RC write_bw 1 MiB, CRC on / raw TCP stream",
         ratio("write_bw", "rc", 1 << 20, Some(true)),
@@ -932,7 +956,9 @@ trailer + placement copy) are the ceilings of CRC'd RC and datagram bandwidth; \
 `tcp_mpa_lat` (raw ping-pong of RC Send FPDUs built and checked by the wire code \
 alone) is the floor of RC latency: what the protocol costs without the engine; \
 `tcp_mpa_bw` (raw stream of RC Write FPDUs without CRC, each payload read into place \
-by its own `readv` after its header) is the floor of RC Write bandwidth without CRC.\n\
+by its own `readv` after its header) is the floor of RC Write bandwidth without CRC; \
+`udp_lat` against `tcp_lat` (the raw UDP ping-pong alternated with the raw TCP one) \
+is the floor of the UD/RC latency target: how far below TCP raw UDP itself is.\n\
 * `ERROR:` rows are cells that failed, with the reason; the suite's exit code is then 1.\n"
     );
     s
