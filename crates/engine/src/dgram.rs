@@ -43,9 +43,11 @@
 //! # Transmit
 //!
 //! On the caller's thread in [`DgramQpHandle::post_send`]: the engine
-//! gathers header, registered memory and CRC trailer into a
-//! [`DatagramSink`] over the socket that sends each batch with one
-//! `sendmmsg` (nothing copied). When the socket pushes back
+//! hands datagrams (framed whole in a staging buffer for batches of five
+//! or more, gathered from header, registered memory and CRC trailer
+//! otherwise; `softrdma_proto::ud`) to a [`DatagramSink`] over the socket
+//! that sends each batch with one `sendmmsg`, io-vectors that continue one
+//! another merged. When the socket pushes back
 //! (`WouldBlock`) the QP waits on the socket's writability, which the
 //! progress thread watches and then resumes the QP's transmit.
 //!

@@ -10,9 +10,10 @@
 //!   [`RdQp::post_recv`], [`RdQp::handle_datagram`],
 //!   [`RdQp::handle_timeout`], [`RdQp::set_now`];
 //! * out: [`RdQp::poll_transmit`] (hands datagrams to a [`DatagramSink`],
-//!   first transmission or retransmission alike: batches of five or more
-//!   framed whole into a staging buffer as UD's are, smaller ones gathered
-//!   as shim + header, payload slices of registered memory and CRC;
+//!   first transmission or retransmission alike: from five planned
+//!   datagrams on, as many as fit framed whole into a staging buffer as
+//!   UD's are; the others gathered as shim + header, payload slices of
+//!   registered memory and CRC;
 //!   `docs/datagram.md` §12.5-12.6),
 //!   [`RdQp::poll_completion`], [`RdQp::poll_event`], [`RdQp::poll_timeout`].
 //!
@@ -206,7 +207,7 @@ use crate::rd::{
 };
 use crate::record::{RecordConfig, RecordStats, Tracker};
 use crate::ud::{
-    grh_header, offer_staged, Datagram, DatagramSink, RecvFifo, GRH_LEN, MAX_MTU, MIN_MTU,
+    grh_header, offer, offer_staged, DatagramSink, RecvFifo, GRH_LEN, MAX_MTU, MIN_MTU,
     STAGE_MIN_BATCH, TX_BATCH,
 };
 use crate::wr::{
@@ -1743,17 +1744,19 @@ impl RdQp {
                 continue;
             }
             let mut stage = std::mem::take(&mut self.stage);
-            let sent = self.send_plans(mem, sink, &plans[..n], &mut stage);
+            // `offered` may be fewer than `n` (the staging buffer full):
+            // only a sink that took fewer than it was offered pushed back.
+            let (offered, sent) = self.send_plans(mem, sink, &plans[..n], &mut stage);
             self.stage = stage;
             match sent {
                 Ok(k) => {
-                    let k = k.min(n);
+                    let k = k.min(offered);
                     for _ in 0..k {
                         self.pending.pop_front();
                     }
                     self.stats.tx_datagrams += k as u64;
                     total += k;
-                    if k < n {
+                    if k < offered {
                         break Ok(total);
                     }
                 }
@@ -2102,17 +2105,18 @@ impl RdQp {
         r
     }
 
-    /// Frames the planned datagrams and offers them to the sink: five or
-    /// more framed contiguously in `stage` (one io-vector each, as UD's
-    /// batches; `docs/datagram.md` §12.5), fewer, or any the stage cannot
-    /// take, gathered from memory.
+    /// Frames the planned datagrams and offers them to the sink: from
+    /// [`STAGE_MIN_BATCH`] on, as many as the staging buffer holds framed
+    /// contiguously there (one io-vector each, as UD's batches;
+    /// `docs/datagram.md` §12.5); otherwise gathered from memory. Returns
+    /// how many were offered (a prefix of `plans`) and what the sink said.
     fn send_plans<M: Memory, S: DatagramSink>(
         &self,
         mem: &M,
         sink: &mut S,
         plans: &[Plan],
         stage: &mut Vec<u8>,
-    ) -> io::Result<usize> {
+    ) -> (usize, io::Result<usize>) {
         let n = plans.len();
         let mut trailers = [[0u8; CRC_LEN]; TX_BATCH];
         let mut pieces: [[&[u8]; MAX_SGE]; TX_BATCH] = [[&[]; MAX_SGE]; TX_BATCH];
@@ -2172,18 +2176,14 @@ impl RdQp {
             k += 1;
             bounds[j] = (start, k);
         }
-        let empty = Datagram {
-            dest: plans[0].dest,
-            bufs: &[],
-        };
-        let mut batch = [empty; TX_BATCH];
-        for j in 0..n {
-            batch[j] = Datagram {
-                dest: plans[j].dest,
-                bufs: &iov[bounds[j].0..bounds[j].1],
-            };
+        let mut dests = [plans[0].dest; TX_BATCH];
+        for (d, p) in dests.iter_mut().zip(plans) {
+            *d = p.dest;
         }
-        sink.send_batch(&batch[..n])
+        (
+            n,
+            offer::<S, TX_BATCH>(sink, &dests[..n], &iov, &bounds[..n]),
+        )
     }
 
     // ------------------------------------------------------------------
@@ -3582,7 +3582,7 @@ mod tests {
             fn send(&mut self, dest: (IpAddr, u16), bufs: &[IoSlice<'_>]) -> io::Result<()> {
                 self.inner.send(dest, bufs)
             }
-            fn send_batch(&mut self, batch: &[Datagram<'_>]) -> io::Result<usize> {
+            fn send_batch(&mut self, batch: &[crate::ud::Datagram<'_>]) -> io::Result<usize> {
                 self.batches
                     .push(batch.iter().map(|d| d.bufs.len()).collect());
                 for d in batch {

@@ -11,11 +11,12 @@
 //!   [`UdQp::post_recv`], [`UdQp::handle_datagram`] (one UDP payload and its
 //!   source), [`UdQp::handle_timeout`];
 //! * out: [`UdQp::poll_transmit`] (hands datagrams to a [`DatagramSink`]:
-//!   batches of five or more framed whole — header, payload copied from
-//!   registered memory, CRC — one after the other into a 64 KiB staging
-//!   buffer, one buffer each; smaller batches gathered as header, payload
-//!   slices of registered memory and CRC trailer, a lone small datagram
-//!   copied whole; `docs/datagram.md` §12.5), [`UdQp::poll_completion`],
+//!   from five planned datagrams on, as many as fit framed whole — header,
+//!   payload copied from registered memory, CRC — one after the other into
+//!   a 64 KiB staging buffer, one buffer each; smaller batches and
+//!   datagrams over 16 KiB gathered as header, payload slices of registered
+//!   memory and CRC trailer; a lone small datagram copied whole;
+//!   `docs/datagram.md` §12.5), [`UdQp::poll_completion`],
 //!   [`UdQp::poll_event`], [`UdQp::poll_timeout`], [`UdQp::stats`].
 //!
 //! The engine demultiplexes several QPs sharing one UDP socket with
@@ -198,14 +199,15 @@ const SMALL_COPY: usize = 512;
 /// contiguously (header, payload copied behind it, CRC), so that the
 /// kernel takes each GSO run as one io-vector. A gather of three or more
 /// io-vectors per datagram costs the kernel's copy more than the copy into
-/// the staging buffer costs us (`docs/datagram.md` §12.5). A batch whose
-/// first datagram is larger than [`STAGE_MAX_DGRAM`] is gathered as before.
+/// the staging buffer costs us (`docs/datagram.md` §12.5). Datagrams
+/// larger than [`STAGE_MAX_DGRAM`] are gathered as before.
 const STAGE_CAP: usize = 64 << 10;
 /// Smallest batch framed in the staging buffer: below it (the latency
 /// path) the datagrams are gathered, or copied whole when small.
 pub(crate) const STAGE_MIN_BATCH: usize = 5;
-/// Largest datagram staged: at least four fit in the staging buffer, and
-/// for larger ones the io-vectors around the payload cost little.
+/// Largest datagram staged (CRC included): at least four fit in the
+/// staging buffer, and for larger ones the io-vectors around the payload
+/// cost little.
 const STAGE_MAX_DGRAM: usize = STAGE_CAP / 4;
 
 /// Parameters of a UD queue pair.
@@ -726,8 +728,8 @@ pub struct UdQp {
     last_source: usize,
     use_clock: u64,
     tracker: Tracker,
-    /// [`STAGE_CAP`] octets once a batch of datagrams has been staged,
-    /// empty before (an idle QP holds none).
+    /// [`STAGE_CAP`] octets from the first batch of datagrams staged on
+    /// (kept for the next ones); empty on a QP that never sent one.
     stage: Vec<u8>,
     // --- outputs ---
     completions: VecDeque<(CqKind, WorkCompletion)>,
@@ -1029,14 +1031,16 @@ impl UdQp {
                 return Ok(total);
             }
             let mut stage = std::mem::take(&mut self.stage);
-            let res = self.send_planned(mem, sink, &plan[..n], &mut stage);
+            // `offered` may be fewer than `n` (the staging buffer full):
+            // only a sink that took fewer than it was offered pushed back.
+            let (offered, res) = self.send_planned(mem, sink, &plan[..n], &mut stage);
             self.stage = stage;
             match res {
                 Ok(k) => {
-                    let k = k.min(n);
+                    let k = k.min(offered);
                     self.commit(&plan[..k]);
                     total += k;
-                    if k < n {
+                    if k < offered {
                         return Ok(total);
                     }
                 }
@@ -1150,45 +1154,53 @@ impl UdQp {
     }
 
     /// Frames the planned segments and offers them to the sink: a lone
-    /// small one copied behind its header, five or more staged, the rest
-    /// gathered from memory.
+    /// small one copied behind its header; from [`STAGE_MIN_BATCH`] on, as
+    /// many as the staging buffer holds framed there; the rest gathered
+    /// from memory. Returns how many were offered (a prefix of the plan)
+    /// and what the sink said.
     fn send_planned<M: Memory, S: DatagramSink>(
         &self,
         mem: &M,
         sink: &mut S,
         plan: &[Planned],
         stage: &mut Vec<u8>,
-    ) -> io::Result<usize> {
+    ) -> (usize, io::Result<usize>) {
         // Scratch arrays sized for the plan: a lone datagram (the latency
         // case) must not pay for initialising a full batch's kilobytes.
+        const SMALL: usize = STAGE_MIN_BATCH - 1;
         match plan.len() {
             1 => match self.send_small(mem, sink, &plan[0]) {
-                Some(r) => r,
-                None => self.send_planned_n::<M, S, 1, IOV_PER>(mem, sink, plan),
+                Some(r) => (1, r),
+                None => (1, self.send_planned_n::<M, S, 1, IOV_PER>(mem, sink, plan)),
             },
-            2..STAGE_MIN_BATCH => self.send_planned_n::<M, S, 4, { 4 * IOV_PER }>(mem, sink, plan),
+            2..STAGE_MIN_BATCH => (
+                plan.len(),
+                self.send_planned_n::<M, S, SMALL, { SMALL * IOV_PER }>(mem, sink, plan),
+            ),
             _ => match self.send_staged(mem, sink, plan, stage) {
                 Some(r) => r,
-                None => {
-                    self.send_planned_n::<M, S, TX_BATCH, { TX_BATCH * IOV_PER }>(mem, sink, plan)
-                }
+                None => (
+                    plan.len().min(TX_BATCH),
+                    self.send_planned_n::<M, S, TX_BATCH, { TX_BATCH * IOV_PER }>(mem, sink, plan),
+                ),
             },
         }
     }
 
     /// The datagrams of `plan` that fit in [`STAGE_CAP`] octets, each
     /// framed whole into `stage` behind the one before it and offered as
-    /// one buffer; `None` (nothing sent) if the first is larger than
-    /// [`STAGE_MAX_DGRAM`] or its payload cannot be read. A later datagram
-    /// whose payload cannot be read ends the batch before it (the general
-    /// path reports it when it reaches the head).
+    /// one buffer (see [`offer_staged`]); `None` (nothing sent) if the
+    /// first is larger than [`STAGE_MAX_DGRAM`] or its payload cannot be
+    /// read. A later datagram that is too large, or whose payload cannot
+    /// be read, ends the batch before it (the general path takes it when it
+    /// reaches the head).
     fn send_staged<M: Memory, S: DatagramSink>(
         &self,
         mem: &M,
         sink: &mut S,
         plan: &[Planned],
         stage: &mut Vec<u8>,
-    ) -> Option<io::Result<usize>> {
+    ) -> Option<(usize, io::Result<usize>)> {
         let n = plan.len().min(TX_BATCH);
         let mut dests = [(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0u16); TX_BATCH];
         for (d, p) in dests.iter_mut().zip(&plan[..n]) {
@@ -1739,31 +1751,28 @@ impl UdQp {
 }
 
 /// Frames datagrams back to back into `stage` (grown to [`STAGE_CAP`] on
-/// first use) and offers each as one buffer, all at once: `frame(j, room)`
-/// writes datagram `j` (for `dests[j]`) without its CRC at the start of
-/// `room` and returns its length, or `None` if it does not fit in `room`
-/// or its payload cannot be read, which ends the batch before it. The
-/// CRC is sealed behind each. The first datagram gets at most
-/// [`STAGE_MAX_DGRAM`] octets of room. `None` (nothing offered) if not
-/// even the first was framed.
+/// first use and kept) and offers each as one buffer, all at once:
+/// `frame(j, room)` writes datagram `j` (for `dests[j]`) without its CRC at
+/// the start of `room` and returns its length, or `None` if it does not
+/// fit in `room` or its payload cannot be read, which ends the batch before
+/// it. No datagram gets more than [`STAGE_MAX_DGRAM`] octets (CRC
+/// included). The CRC is sealed behind each. Returns how many were offered
+/// and what the sink said of them; `None` (nothing offered) if not even
+/// the first was framed. Fewer may be offered than `dests` holds: a sink
+/// that takes all it was offered has not pushed back.
 pub(crate) fn offer_staged<S: DatagramSink>(
     sink: &mut S,
     stage: &mut Vec<u8>,
     dests: &[(IpAddr, u16)],
     mut frame: impl FnMut(usize, &mut [u8]) -> Option<usize>,
-) -> Option<io::Result<usize>> {
+) -> Option<(usize, io::Result<usize>)> {
     if stage.len() < STAGE_CAP {
         stage.resize(STAGE_CAP, 0);
     }
     let mut spans = [(0usize, 0usize); TX_BATCH];
     let (mut n, mut at) = (0, 0);
     for j in 0..dests.len().min(TX_BATCH) {
-        let limit = if n == 0 {
-            STAGE_MAX_DGRAM
-        } else {
-            STAGE_CAP - at
-        };
-        let room = limit.saturating_sub(CRC_LEN);
+        let room = STAGE_MAX_DGRAM.min(STAGE_CAP - at).saturating_sub(CRC_LEN);
         let Some(len) = frame(j, &mut stage[at..at + room]) else {
             break;
         };
@@ -1781,12 +1790,15 @@ pub(crate) fn offer_staged<S: DatagramSink>(
         iov[j] = IoSlice::new(&stage[a..b]);
         bounds[j] = (j, j + 1);
     }
-    Some(offer::<S, TX_BATCH>(sink, &dests[..n], &iov, &bounds[..n]))
+    Some((
+        n,
+        offer::<S, TX_BATCH>(sink, &dests[..n], &iov, &bounds[..n]),
+    ))
 }
 
 /// Offers at most `N` datagrams to `sink` at once: datagram `j` goes to
 /// `dests[j]` and is made of the io-vectors `iov[bounds[j].0..bounds[j].1]`.
-fn offer<S: DatagramSink, const N: usize>(
+pub(crate) fn offer<S: DatagramSink, const N: usize>(
     sink: &mut S,
     dests: &[(IpAddr, u16)],
     iov: &[IoSlice<'_>],
@@ -2271,6 +2283,11 @@ mod tests {
                     staged.qp.poll_transmit(&staged.mem, &mut ss).expect("sent");
                     polls += 1;
                     assert!(polls < 10_000, "{what}: no progress");
+                }
+                // A batch the staging buffer cut short is not a sink
+                // pushing back: one poll sends all a willing sink takes.
+                if budget.is_none() {
+                    assert_eq!(polls, 1, "{what}: polls to send everything");
                 }
                 // The gather path.
                 let mut gs = PieceSink::default();

@@ -15,8 +15,8 @@
 /// A running CRC32C, updated while a frame is gathered piece by piece.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Crc32c {
-    /// The CRC of everything fed so far (already finalised, as the `crc32c`
-    /// crate's append API expects).
+    /// The CRC of everything fed so far, finalised (`append` turns it back
+    /// into the shift register to continue).
     value: u32,
 }
 
