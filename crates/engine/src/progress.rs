@@ -40,7 +40,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -317,13 +317,32 @@ impl Timers {
     }
 }
 
-/// Handle to the progress thread.
+/// Handle to the progress thread. Dropping it (with the context that owns
+/// it) stops the thread and waits for it to end, so its epoll set and
+/// eventfd are closed and no thread outlives its context.
 #[derive(Debug)]
 pub struct Progress {
     epoll: Arc<Epoll>,
     wake: Arc<EventFd>,
     sources: Arc<Sources>,
     timers: Arc<Mutex<Timers>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake.signal();
+        if let Some(h) = self.thread.take() {
+            // The last reference to a context can go away on the progress
+            // thread itself (a source it holds for a callback); it ends by
+            // itself then, on its next wake-up, which the signal above is.
+            if h.thread().id() != thread::current().id() {
+                let _ = h.join();
+            }
+        }
+    }
 }
 
 impl Progress {
@@ -345,15 +364,24 @@ impl Progress {
             armed: HashMap::with_capacity(256),
             sleeping_until: None,
         }));
-        let (e, w, q, t) = (epoll.clone(), wake.clone(), sources.clone(), timers.clone());
-        thread::Builder::new()
+        let stop = Arc::new(AtomicBool::new(false));
+        let (e, w, q, t, s) = (
+            epoll.clone(),
+            wake.clone(),
+            sources.clone(),
+            timers.clone(),
+            stop.clone(),
+        );
+        let thread = thread::Builder::new()
             .name("softrdma-progress".into())
-            .spawn(move || run(&e, &w, &q, &t))?;
+            .spawn(move || run(&e, &w, &q, &t, &s))?;
         Ok(Progress {
             epoll,
             wake,
             sources,
             timers,
+            stop,
+            thread: Some(thread),
         })
     }
 
@@ -432,7 +460,13 @@ fn lookup(sources: &Sources, token: u64) -> Option<Arc<dyn Source>> {
     s
 }
 
-fn run(epoll: &Epoll, wake: &EventFd, sources: &Sources, timers: &Mutex<Timers>) {
+fn run(
+    epoll: &Epoll,
+    wake: &EventFd,
+    sources: &Sources,
+    timers: &Mutex<Timers>,
+    stop: &AtomicBool,
+) {
     let mut evs = [(0u64, false, false, false); 64];
     let mut due: Vec<u64> = Vec::with_capacity(64);
     loop {
@@ -452,6 +486,9 @@ fn run(epoll: &Epoll, wake: &EventFd, sources: &Sources, timers: &Mutex<Timers>)
             Ok(n) => n,
             Err(_) => return,
         };
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
         timers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -494,6 +531,27 @@ mod tests {
     struct Nothing;
     impl Source for Nothing {
         fn on_ready(&self, _readable: bool, _writable: bool) {}
+    }
+
+    /// Dropping the handle ends the thread, which then lets go of its
+    /// epoll set and eventfd (before: every context left a thread blocked
+    /// in `epoll_wait` forever, with both descriptors open).
+    #[test]
+    fn dropping_the_handle_ends_the_thread() {
+        let p = Progress::start().unwrap();
+        let (epoll, wake) = (Arc::downgrade(&p.epoll), Arc::downgrade(&p.wake));
+        let src = Arc::new(Nothing);
+        p.add_source(5, Arc::downgrade(&src));
+        p.set_timer(5, Instant::now() + Duration::from_secs(3600));
+        let (tx, rx) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            drop(p);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("dropping the handle returned (the thread ended)");
+        assert!(epoll.upgrade().is_none(), "the epoll set is closed");
+        assert!(wake.upgrade().is_none(), "the eventfd is closed");
     }
 
     /// The epoll mask `fd` is watched with in `p`'s set, from the kernel's
