@@ -88,6 +88,21 @@ pub trait DatagramQp {
         mem: &mut M,
         now: Instant,
     );
+    /// [`DatagramQp::handle_datagram`] with the time asked of `now` only if
+    /// the datagram needs it (a timer to start): reading the clock costs a
+    /// receive some 30 ns, and a UD message in one datagram starts none.
+    /// `now` may be called more than once and should then give the same
+    /// instant. By default it is called once, up front.
+    fn handle_datagram_lazy<M: Memory, F: FnMut() -> Instant>(
+        &mut self,
+        src_ip: IpAddr,
+        src_port: u16,
+        data: &[u8],
+        mem: &mut M,
+        mut now: F,
+    ) {
+        self.handle_datagram(src_ip, src_port, data, mem, now())
+    }
     /// Hands datagrams to `sink`; returns how many were accepted.
     fn poll_transmit<M: Memory, S: DatagramSink>(
         &mut self,
@@ -164,6 +179,17 @@ impl DatagramQp for UdQp {
         now: Instant,
     ) {
         UdQp::handle_datagram(self, src_ip, src_port, data, mem, now)
+    }
+    #[inline]
+    fn handle_datagram_lazy<M: Memory, F: FnMut() -> Instant>(
+        &mut self,
+        src_ip: IpAddr,
+        src_port: u16,
+        data: &[u8],
+        mem: &mut M,
+        now: F,
+    ) {
+        UdQp::handle_datagram_lazy(self, src_ip, src_port, data, mem, now)
     }
     #[inline]
     fn poll_transmit<M: Memory, S: DatagramSink>(

@@ -1370,6 +1370,22 @@ impl UdQp {
         mem: &mut M,
         now: Instant,
     ) {
+        self.handle_datagram_lazy(src_ip, src_port, data, mem, || now)
+    }
+
+    /// [`UdQp::handle_datagram`], asking `now` for the time only when the
+    /// datagram starts a timer: a message of several datagrams (its
+    /// reassembly deadline) or a Write-Record segment (the record's
+    /// partial-placement timeout). A Send or Write in one datagram — every
+    /// 64 B message — reads no clock.
+    pub fn handle_datagram_lazy<M: Memory, F: FnMut() -> Instant>(
+        &mut self,
+        src_ip: IpAddr,
+        src_port: u16,
+        data: &[u8],
+        mem: &mut M,
+        mut now: F,
+    ) {
         self.stats.rx_datagrams += 1;
         let (repr, payload) = match datagram::parse(data) {
             Ok(x) => x,
@@ -1393,7 +1409,7 @@ impl UdQp {
         let ip = src_ip.to_canonical();
         match repr.opcode {
             Opcode::Send | Opcode::SendSe | Opcode::ImmediateData | Opcode::ImmediateDataSe => {
-                self.rx_untagged(ip, src_port, &repr, payload, mem, now)
+                self.rx_untagged(ip, src_port, &repr, payload, mem, &mut now)
             }
             Opcode::RdmaWrite | Opcode::WriteRecord => {
                 let src = DgramAddr {
@@ -1401,7 +1417,7 @@ impl UdQp {
                     port: src_port,
                     qpn: (u32::from(src_port) << 8) | u32::from(slot),
                 };
-                self.rx_tagged(src, &repr, payload, mem, now)
+                self.rx_tagged(src, &repr, payload, mem, &mut now)
             }
             _ => self.stats.rx_unsupported += 1,
         }
@@ -1413,7 +1429,7 @@ impl UdQp {
         repr: &SegmentRepr,
         payload: &[u8],
         mem: &mut M,
-        now: Instant,
+        now: &mut impl FnMut() -> Instant,
     ) {
         let DdpHeader::Tagged { stag, to, ext } = repr.ddp else {
             self.stats.rx_malformed += 1;
@@ -1443,8 +1459,16 @@ impl UdQp {
         }
         if record {
             self.stats.rx_record_segments += 1;
-            self.tracker
-                .placed(src, stag, to, mo, msn, payload.len() as u32, repr.last, now);
+            self.tracker.placed(
+                src,
+                stag,
+                to,
+                mo,
+                msn,
+                payload.len() as u32,
+                repr.last,
+                now(),
+            );
             self.drain_tracker();
         } else {
             self.stats.rx_write_segments += 1;
@@ -1458,7 +1482,7 @@ impl UdQp {
         repr: &SegmentRepr,
         payload: &[u8],
         mem: &mut M,
-        now: Instant,
+        now: &mut impl FnMut() -> Instant,
     ) {
         let DdpHeader::Untagged {
             rsvd_ulp,
@@ -1538,7 +1562,7 @@ impl UdQp {
             seq,
             wr,
             cap,
-            deadline: now.checked_add(self.cfg.reassembly_timeout),
+            deadline: now().checked_add(self.cfg.reassembly_timeout),
             total: None,
             last_imm: false,
             imm: None,
@@ -2397,6 +2421,75 @@ mod tests {
         assert_eq!(b.at(0, 100), &data[..]);
         assert_eq!(b.qp.stats().rx_delivered, 1);
         assert_eq!(a.qp.stats().tx_datagrams, 1);
+    }
+
+    /// The clock is asked for only by a datagram that starts a timer: not
+    /// by a Send in one datagram (nor a one-datagram Write), once per
+    /// datagram that opens or continues a message of several, and by
+    /// every Write-Record segment.
+    #[test]
+    fn the_clock_is_read_only_for_timers() {
+        let (mut a, mut b) = (a(), b());
+        let asked = std::cell::Cell::new(0u32);
+        let rx = |b: &mut Node, from: DgramAddr, d: &[u8]| {
+            b.qp.handle_datagram_lazy(from.ip, from.port, d, &mut b.mem, || {
+                asked.set(asked.get() + 1);
+                Instant::now()
+            })
+        };
+        a.fill(0, 10_000, 5);
+        b.recv(1, 0, 2000);
+        a.send(1, 0, 64, None, b.addr);
+        let d = a.tx();
+        rx(&mut b, a.addr, &d[0]);
+        assert_eq!(b.wcs().len(), 1, "delivered");
+        let w = a.wr(
+            2,
+            SendOp::Write {
+                remote_addr: BASE,
+                rkey: b.buf,
+                imm: None,
+            },
+            0,
+            64,
+        );
+        a.qp.post_send(w, b.addr).unwrap();
+        for s in a.tx() {
+            rx(&mut b, a.addr, &s);
+        }
+        assert_eq!(
+            asked.get(),
+            0,
+            "a one-datagram Send or Write reads no clock"
+        );
+        b.recv(3, 0, 16_000);
+        a.send(3, 0, 3000, None, b.addr);
+        let d = a.tx();
+        assert_eq!(d.len(), 3);
+        rx(&mut b, a.addr, &d[0]);
+        assert_eq!(asked.get(), 1, "the first of three opens a reassembly");
+        rx(&mut b, a.addr, &d[1]);
+        rx(&mut b, a.addr, &d[2]);
+        assert_eq!(asked.get(), 1, "continuing it needs no clock");
+        assert_eq!(b.wcs().len(), 1, "reassembled");
+        let r = a.wr(
+            4,
+            SendOp::WriteRecord {
+                remote_addr: BASE + 0x1000,
+                rkey: b.buf,
+            },
+            0,
+            100,
+        );
+        a.qp.post_send(r, b.addr).unwrap();
+        for s in a.tx() {
+            rx(&mut b, a.addr, &s);
+        }
+        assert_eq!(
+            asked.get(),
+            2,
+            "a Write-Record segment is logged with its time"
+        );
     }
 
     #[test]
