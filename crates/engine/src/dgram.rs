@@ -716,6 +716,7 @@ impl DgramSocket {
     ) -> io::Result<Arc<DgramSocket>> {
         let local = sock.local_addr()?;
         let gro = offload && udp::enable_gro(sock.as_raw_fd());
+        let unicast = matches!(role, Role::Unicast { .. });
         let s = Arc::new(DgramSocket {
             v6: local.is_ipv6(),
             gso: AtomicBool::new(offload),
@@ -725,7 +726,13 @@ impl DgramSocket {
             shared: Arc::downgrade(shared),
             role,
             rx: Mutex::new(RxState {
-                ring: RxRing::new(),
+                ring: {
+                    let mut ring = RxRing::new();
+                    if gro && unicast {
+                        ring.gro_switchable();
+                    }
+                    ring
+                },
                 targets: Vec::with_capacity(8),
             }),
             tx_wait: Mutex::new(TxWait::default()),
