@@ -18,7 +18,9 @@
 //! plus how many polls found nothing (should be 0 for Send, 1 per message
 //! for Write: the poll that places it completes nothing). A third argument
 //! picks loops (`tcp,send,write`), e.g. to count one with `perf stat`;
-//! with `write` alone MSG may be up to 60000 (per-octet costs).
+//! with `write` alone MSG may be up to 60000 (per-octet costs). `empty`
+//! (not run by default) times one busy poll that finds nothing: a raw
+//! non-blocking `read` against the RC CQ's `poll`.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -298,6 +300,25 @@ fn main() {
         "RC Send {msg} B        {rc:8.1} ns/msg  {:5.2}x  (empty polls {polls_empty})",
         rc / tcp
     );
+
+    // Empty polls (`empty`, not run by default): what one busy poll that
+    // finds nothing costs, a raw non-blocking `read` against the RC CQ's
+    // `poll` (half of it, on average, is added to every message's wait).
+    if run("empty") {
+        let n = 1_000_000u32;
+        let mut rb = [0u8; 64];
+        let t = Instant::now();
+        for _ in 0..n {
+            assert!(a.read(&mut rb).is_err());
+        }
+        let raw = t.elapsed().as_nanos() as f64 / f64::from(n);
+        let t = Instant::now();
+        for _ in 0..n {
+            assert_eq!(ea.cq.poll(&mut outc), 0);
+        }
+        let cq = t.elapsed().as_nanos() as f64 / f64::from(n);
+        println!("empty poll: raw TCP read {raw:6.1} ns, RC CQ poll {cq:6.1} ns");
+    }
 
     // RC Write: each side writes into the other's buffer at [0, msg);
     // the last octet carries a tag the target watches (ib_write_lat).
