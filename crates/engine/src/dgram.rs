@@ -278,20 +278,6 @@ macro_rules! dgram_kinds {
                     $(AnyQp::$kind(q) => DatagramQp::post_recv(q, wr)),+
                 }
             }
-            fn handle_datagram<M: Memory>(
-                &mut self,
-                src_ip: IpAddr,
-                src_port: u16,
-                data: &[u8],
-                mem: &mut M,
-                now: Instant,
-            ) {
-                match self {
-                    $(AnyQp::$kind(q) => {
-                        DatagramQp::handle_datagram(q, src_ip, src_port, data, mem, now)
-                    }),+
-                }
-            }
             fn handle_datagram_lazy<M: Memory, F: FnMut() -> Instant>(
                 &mut self,
                 src_ip: IpAddr,
@@ -991,7 +977,7 @@ impl DgramSocket {
                 continue;
             }
             for q in targets.drain(..) {
-                q.receive_one(data, src, now.get());
+                q.receive_one(data, src, now);
             }
         }
     }
@@ -1206,11 +1192,11 @@ impl DgramQpShared {
         self.settle(c);
     }
 
-    fn receive_one(&self, data: &[u8], src: SocketAddr, now: Instant) {
+    fn receive_one(&self, data: &[u8], src: SocketAddr, now: &mut LazyNow) {
         let mut c = self.lock();
         let qp = &mut c.qp;
         self.shared.registry.with_view(self.pd, |v| {
-            qp.handle_datagram(src.ip(), src.port(), data, v, now)
+            qp.handle_datagram_lazy(src.ip(), src.port(), data, v, || now.get())
         });
         self.settle(c);
     }

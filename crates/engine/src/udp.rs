@@ -452,8 +452,7 @@ impl RxRing {
         self.gro = GroSwitch {
             capable: true,
             on: true,
-            settled: false,
-            plain_run: 0,
+            ..GroSwitch::default()
         };
     }
 

@@ -79,7 +79,20 @@ pub trait DatagramQp {
     fn post_send(&mut self, wr: SendWr, dest: DgramAddr) -> Result<(), PostError>;
     /// Posts a receive.
     fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError>;
-    /// A datagram addressed to this QP arrived from `src_ip:src_port`.
+    /// A datagram addressed to this QP arrived from `src_ip:src_port`; the
+    /// time is asked of `now` only if the datagram needs it (a timer to
+    /// start): reading the clock costs a receive some 30 ns, and a UD
+    /// message in one datagram starts none. `now` may be called more than
+    /// once and should then give the same instant.
+    fn handle_datagram_lazy<M: Memory, F: FnMut() -> Instant>(
+        &mut self,
+        src_ip: IpAddr,
+        src_port: u16,
+        data: &[u8],
+        mem: &mut M,
+        now: F,
+    );
+    /// [`DatagramQp::handle_datagram_lazy`] with the time at hand.
     fn handle_datagram<M: Memory>(
         &mut self,
         src_ip: IpAddr,
@@ -87,21 +100,8 @@ pub trait DatagramQp {
         data: &[u8],
         mem: &mut M,
         now: Instant,
-    );
-    /// [`DatagramQp::handle_datagram`] with the time asked of `now` only if
-    /// the datagram needs it (a timer to start): reading the clock costs a
-    /// receive some 30 ns, and a UD message in one datagram starts none.
-    /// `now` may be called more than once and should then give the same
-    /// instant. By default it is called once, up front.
-    fn handle_datagram_lazy<M: Memory, F: FnMut() -> Instant>(
-        &mut self,
-        src_ip: IpAddr,
-        src_port: u16,
-        data: &[u8],
-        mem: &mut M,
-        mut now: F,
     ) {
-        self.handle_datagram(src_ip, src_port, data, mem, now())
+        self.handle_datagram_lazy(src_ip, src_port, data, mem, || now)
     }
     /// Hands datagrams to `sink`; returns how many were accepted.
     fn poll_transmit<M: Memory, S: DatagramSink>(
@@ -168,17 +168,6 @@ impl DatagramQp for UdQp {
     #[inline]
     fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
         UdQp::post_recv(self, wr)
-    }
-    #[inline]
-    fn handle_datagram<M: Memory>(
-        &mut self,
-        src_ip: IpAddr,
-        src_port: u16,
-        data: &[u8],
-        mem: &mut M,
-        now: Instant,
-    ) {
-        UdQp::handle_datagram(self, src_ip, src_port, data, mem, now)
     }
     #[inline]
     fn handle_datagram_lazy<M: Memory, F: FnMut() -> Instant>(

@@ -3054,15 +3054,16 @@ impl DatagramQp for RdQp {
     fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
         RdQp::post_recv(self, wr)
     }
-    fn handle_datagram<M: Memory>(
+    fn handle_datagram_lazy<M: Memory, F: FnMut() -> Instant>(
         &mut self,
         src_ip: IpAddr,
         src_port: u16,
         data: &[u8],
         mem: &mut M,
-        now: Instant,
+        mut now: F,
     ) {
-        RdQp::handle_datagram(self, src_ip, src_port, data, mem, now)
+        // Every RD datagram moves the reliability layer's clocks.
+        RdQp::handle_datagram(self, src_ip, src_port, data, mem, now())
     }
     fn poll_transmit<M: Memory, S: DatagramSink>(
         &mut self,
