@@ -175,6 +175,7 @@ use softrdma_wire::rd::Framing;
 
 use crate::cq::{AsyncEvent, Completion, Cq, InlineProgress};
 use crate::progress::{Parking, Source, PARK_RECHECK};
+use crate::sys;
 use crate::udp::{self, RxRing};
 use crate::{Context, QpCaps, QpError, Shared};
 
@@ -863,8 +864,8 @@ impl DgramSocket {
         for _ in 0..rounds {
             let n = match udp::recv_batch(fd, &mut rx.ring, mcast || self.gro) {
                 Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if sys::would_block(&e) => break,
+                Err(e) if sys::interrupted(&e) => continue,
                 Err(_) => {
                     // A pending ICMP error and the like: reported once.
                     bump(&self.stats.rx_errors, 1);

@@ -687,8 +687,8 @@ impl QpShared {
                     break;
                 }
                 Ok(x) => x,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if sys::would_block(&e) => break,
+                Err(e) if sys::interrupted(&e) => continue,
                 Err(_) => {
                     link.rc.handle_llp_closed();
                     break;
@@ -769,7 +769,20 @@ impl QpShared {
     /// Moves completions out of the protocol engine into the CQs (under the
     /// QP lock, so they keep their order), then, after the QP lock is
     /// released, events into the async event queue.
-    fn flush(&self, mut c: MutexGuard<'_, QpCore>) {
+    fn flush(&self, c: MutexGuard<'_, QpCore>) {
+        // Most flushes (every empty busy poll, most posts) find nothing:
+        // they only release the lock. `out_send`/`out_recv` are empty
+        // between flushes.
+        if !c.link.as_ref().is_some_and(|l| l.rc.has_output()) {
+            debug_assert!(c.out_send.is_empty() && c.out_recv.is_empty());
+            return;
+        }
+        self.flush_output(c);
+    }
+
+    /// [`QpShared::flush`] with something to move.
+    #[inline(never)]
+    fn flush_output(&self, mut c: MutexGuard<'_, QpCore>) {
         let mut events: [Option<AsyncEvent>; 4] = [None; 4];
         let mut ne = 0;
         let mut close = false;

@@ -55,7 +55,7 @@ impl io::Write for NoSigPipe<'_> {
                 return Ok(r as usize);
             }
             let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
+            if !interrupted(&e) {
                 return Err(e);
             }
         }
@@ -108,11 +108,25 @@ impl NoSigPipe<'_> {
                 return Ok(r as usize);
             }
             let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
+            if !interrupted(&e) {
                 return Err(e);
             }
         }
     }
+}
+
+/// True for `EAGAIN`/`EWOULDBLOCK`: a non-blocking call found nothing. A
+/// comparison of the raw code, not [`io::Error::kind`] (an out-of-line
+/// decoding of every errno that every empty busy poll would pay).
+#[inline]
+pub(crate) fn would_block(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EAGAIN)
+}
+
+/// True for `EINTR` (as [`would_block`], without decoding the kind).
+#[inline]
+pub(crate) fn interrupted(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EINTR)
 }
 
 /// `recv` on a socket with the system call directly (not libc's wrapper,
@@ -136,7 +150,7 @@ pub(crate) fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
             return Ok(r as usize);
         }
         let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
+        if !interrupted(&e) {
             return Err(e);
         }
     }
@@ -159,7 +173,7 @@ pub(crate) fn readv(fd: RawFd, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<us
             return Ok(r as usize);
         }
         let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
+        if !interrupted(&e) {
             return Err(e);
         }
     }

@@ -610,7 +610,7 @@ pub(crate) fn recv_batch(fd: RawFd, ring: &mut RxRing, cmsg: bool) -> io::Result
     };
     if n < 0 {
         let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::WouldBlock {
+        if sys::would_block(&e) {
             ring.sizer.note(offer, 0);
             // Empty, looked at with control messages after GRO went off:
             // nothing merged is queued any more.

@@ -740,6 +740,13 @@ impl RcQp {
         &mut self.rq
     }
 
+    /// True if a completion or a connection event waits to be polled
+    /// ([`RcQp::poll_completion`], [`RcQp::poll_event`]).
+    #[inline]
+    pub fn has_output(&self) -> bool {
+        !self.completions.is_empty() || !self.events.is_empty()
+    }
+
     /// The next completion, with the queue it belongs to.
     #[inline]
     pub fn poll_completion(&mut self) -> Option<(CqKind, WorkCompletion)> {
