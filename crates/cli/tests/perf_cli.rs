@@ -885,11 +885,18 @@ fn quick_suite_writes_report_and_pngs() {
         measured,
         "{alternated}"
     );
+    assert!(
+        stdout
+            .lines()
+            .next()
+            .is_some_and(|l| l.contains("CPU steal during the run")),
+        "{stdout}"
+    );
     let md = std::fs::read_to_string(dir.join("report.md")).expect("report.md");
     for want in [
         "nproc",
         "kernel",
-        "CPU",
+        "CPU steal during the run",
         "wait mode",
         "How to read it",
         "Head to head",

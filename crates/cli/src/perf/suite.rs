@@ -229,6 +229,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     }
     let started = Instant::now();
     let load_start = machine().3;
+    let ticks_start = CpuTicks::now();
     let budget = o
         .budget
         .unwrap_or(Duration::from_secs(if o.quick { 14 } else { 57 }));
@@ -369,16 +370,23 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         peer_rows = pr;
     }
     let wall = started.elapsed().as_secs_f64();
+    let steal = ticks_start
+        .zip(CpuTicks::now())
+        .and_then(|(a, b)| a.steal_pct(b));
     let mut soft: Vec<PerfResult> = rows.iter().filter(|r| table_row(r)).cloned().collect();
     soft.sort_by_key(table_order);
     let targets = targets(&rows, &peer_rows, &h2h);
     if !o.json {
         println!(
             "softrdma perf suite: loopback, two processes per cell, wait mode {} on both ends, \
-             {:.1} s, load average at start {load_start}",
+             {:.1} s, load average at start {load_start}, CPU steal during the run {}",
             o.wait.name(),
-            wall
+            wall,
+            steal_text(steal)
         );
+        if let Some(w) = steal_warning(steal) {
+            println!("{w}");
+        }
         print!("{}", format_table(&soft));
         if !h2h.is_empty() {
             println!();
@@ -413,13 +421,16 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         &peers_found,
         &targets,
         &plots,
-        (wall, &load_start),
+        (wall, &load_start, steal),
     );
     let path = o.out.join("report.md");
     if let Err(e) = std::fs::write(&path, md) {
         eprintln!("softrdma perf suite: cannot write {}: {e}", path.display());
         failed = true;
     } else {
+        if let Some(w) = steal_warning(steal) {
+            eprintln!("softrdma perf suite: {w}");
+        }
         eprintln!(
             "softrdma perf suite: wrote {} and {} plots in {:.1} s{}",
             path.display(),
@@ -848,6 +859,74 @@ pub(crate) fn machine() -> (usize, String, String, String) {
     (nproc, kernel, cpu, read_trim("/proc/loadavg"))
 }
 
+/// The machine's CPU time counters (`/proc/stat`, the `cpu` line), in clock
+/// ticks summed over all CPUs: all of it, and the part a hypervisor ran
+/// other guests in while this one had work (*steal*). On a shared virtual
+/// machine steal comes in bursts; a run during one measures its cells at
+/// different machine speeds, which same-run ratios cannot correct.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CpuTicks {
+    total: u64,
+    steal: u64,
+}
+
+/// Steal at or above this share of a run's CPU time makes the suite warn
+/// that its cells are not comparable.
+pub(crate) const STEAL_WARN_PCT: f64 = 5.0;
+
+impl CpuTicks {
+    /// The counters now; `None` where `/proc/stat` is missing or unlike
+    /// Linux's.
+    pub(crate) fn now() -> Option<CpuTicks> {
+        Self::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// The `cpu` line of a `/proc/stat` text: user, nice, system, idle,
+    /// iowait, irq, softirq, steal (guest time, when present, is already in
+    /// user and nice).
+    pub(crate) fn parse(stat: &str) -> Option<CpuTicks> {
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|x| x.parse().ok())
+            .collect::<Option<_>>()?;
+        if v.len() < 8 {
+            return None;
+        }
+        Some(CpuTicks {
+            total: v[..8].iter().sum(),
+            steal: v[7],
+        })
+    }
+
+    /// Percent of the CPU time from `self` to `later` that was stolen;
+    /// `None` if no time passed (or the counters went back).
+    pub(crate) fn steal_pct(self, later: CpuTicks) -> Option<f64> {
+        let total = later.total.checked_sub(self.total).filter(|&t| t > 0)?;
+        let steal = later.steal.checked_sub(self.steal)?;
+        Some(100.0 * steal as f64 / total as f64)
+    }
+}
+
+/// The run's steal as the header and report print it (`n/a` without
+/// counters).
+fn steal_text(steal: Option<f64>) -> String {
+    steal.map_or_else(|| "n/a".into(), |p| format!("{p:.1} %"))
+}
+
+/// The warning for a run with `steal` percent stolen, if it reaches
+/// [`STEAL_WARN_PCT`].
+pub(crate) fn steal_warning(steal: Option<f64>) -> Option<String> {
+    steal.filter(|&p| p >= STEAL_WARN_PCT).map(|p| {
+        format!(
+            "warning: the hypervisor took {p:.1} % of this machine's CPU time during the run \
+             (steal); cells measured at different moments ran at different speeds, so \
+             ratios between them are unreliable: run the suite again"
+        )
+    })
+}
+
 /// Now, UTC, as `YYYY-MM-DD HH:MM:SS UTC`.
 pub(crate) fn utc_now() -> String {
     let secs = SystemTime::now()
@@ -880,7 +959,7 @@ fn report_md(
     peers_found: &str,
     targets: &str,
     plots: &[String],
-    (wall, load_start): (f64, &str),
+    (wall, load_start, steal): (f64, &str, Option<f64>),
 ) -> String {
     let (nproc, kernel, cpu, load) = machine();
     let mut soft: Vec<PerfResult> = rows.iter().filter(|r| table_row(r)).cloned().collect();
@@ -899,6 +978,11 @@ fn report_md(
     let _ = writeln!(s, "| load average (start / end) | {load_start} / {load} |");
     let _ = writeln!(
         s,
+        "| CPU steal during the run (time a hypervisor gave other guests) | {} |",
+        steal_text(steal)
+    );
+    let _ = writeln!(
+        s,
         "| wait mode | {} on both ends, softrdma and baselines alike |",
         o.wait.name()
     );
@@ -908,6 +992,9 @@ fn report_md(
         "| MPA CRC (RC) | on, except rows marked no-crc |\n| datagram MTU | {} |\n",
         super::cell::dgram_mtu()
     );
+    if let Some(w) = steal_warning(steal) {
+        let _ = writeln!(s, "**{w}**\n");
+    }
     let _ = writeln!(s, "## Results\n\n```text\n{}```\n", format_table(&soft));
     if !h2h.is_empty() {
         let _ = writeln!(
@@ -976,5 +1063,32 @@ mod tests {
             "{d}"
         );
         assert_eq!(progress_bar(0, 2), "[##########..........]  1/2");
+    }
+
+    #[test]
+    fn steal_is_the_stolen_share_of_all_cpu_time() {
+        // user nice system idle iowait irq softirq steal guest guest_nice
+        let a = "cpu  100 0 50 800 10 0 20 20 7 0\ncpu0 50 0 25 400 5 0 10 10 0 0\n";
+        let b = "cpu  160 0 80 900 10 0 30 120 9 0\ncpu0 80 0 40 450 5 0 15 60 0 0\n";
+        let (a, b) = (CpuTicks::parse(a).unwrap(), CpuTicks::parse(b).unwrap());
+        // 300 ticks passed (60 + 30 + 100 + 10 + 100), 100 of them stolen;
+        // guest time is not counted twice.
+        assert_eq!(a.total, 1000);
+        let p = a.steal_pct(b).unwrap();
+        assert!((p - 100.0 / 3.0).abs() < 1e-9, "{p}");
+        assert!(steal_warning(Some(p)).unwrap().contains("33.3 %"));
+        assert_eq!(steal_text(Some(p)), "33.3 %");
+        assert!(steal_warning(Some(STEAL_WARN_PCT - 0.1)).is_none());
+        assert!(steal_warning(None).is_none());
+        assert_eq!(steal_text(None), "n/a");
+        // No time passed, counters reset, or a kernel without steal.
+        assert_eq!(a.steal_pct(a), None);
+        assert_eq!(b.steal_pct(a), None);
+        assert_eq!(CpuTicks::parse("cpu  1 2 3 4 5 6 7\n"), None);
+        assert_eq!(CpuTicks::parse("intr 5\n"), None);
+        // This machine's own counters parse (every Linux since 2.6.11).
+        if std::path::Path::new("/proc/stat").exists() {
+            assert!(CpuTicks::now().is_some());
+        }
     }
 }
