@@ -87,12 +87,13 @@ impl Source for QpShared {
 pub(crate) const SPIN_STREAK: u32 = 4;
 /// A busy poller polled at most this long ago.
 pub(crate) const SPIN_WINDOW: Duration = Duration::from_millis(1);
-/// An inline poll stamps the clock once per this many polls. A clock read
-/// (~25 ns here) is a tenth of an empty poll; once per 32 it is under one
-/// nanosecond a poll, and a stamp is still far younger than
-/// [`SPIN_WINDOW`] (32 empty polls take ~10 µs; even 32 polls that each
-/// place a 64 KiB message take ~0.6 ms).
-const STAMP_EVERY: u32 = 32;
+/// An inline poll stamps the clock once per this many polls. Not more: one
+/// inline poll of a bandwidth receiver can drain two batches of GRO-merged
+/// runs (hundreds of microseconds of placing), and a stamp older than
+/// [`SPIN_WINDOW`] would let the progress thread take the socket from a
+/// poller that is still there. (32 was tried: it saved ~8 ns a poll, no
+/// measurable latency, at that risk.)
+const STAMP_EVERY: u32 = 4;
 /// How soon a parked descriptor's poller is first looked at again (also
 /// the datagram QPs' look-again period for timers a poller runs inline).
 pub(crate) const PARK_RECHECK: Duration = Duration::from_millis(1);
