@@ -455,8 +455,13 @@ fn test_main(test: &str, args: &[String]) -> ExitCode {
     let mut rows = rows;
     if o.peers {
         let sizes = o.sizes.clone();
-        let (found, prs) =
-            peers::run_all(&sizes, Some(o.test.kind), o.wait, &mut |l| eprintln!("{l}"));
+        let (found, prs) = peers::run_all(
+            &sizes,
+            Some(o.test.kind),
+            o.wait,
+            &mut |l| eprintln!("{l}"),
+            None,
+        );
         eprintln!("{found}");
         for r in &prs {
             if o.json {

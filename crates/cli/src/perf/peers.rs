@@ -109,14 +109,53 @@ const FI_PROVIDERS: [(&str, &str); 3] = [
     ("udp;ofi_rxd", "rdm"),
 ];
 
+/// The message size at which TCP-based peers' latency is bracketed by a
+/// raw TCP ping-pong ([`run_all`]'s `yardstick`).
+pub(crate) const YARDSTICK_SIZE: usize = 64;
+
+/// Measures a raw TCP ping-pong of [`YARDSTICK_SIZE`] octets now: its
+/// one-way p50 in µs, or `None` if it failed.
+pub(crate) type Yardstick<'a> = &'a mut dyn FnMut() -> Option<f64>;
+
+/// Runs `peer`, bracketed by `yardstick` when there is one: the peer's
+/// output, and the mean of the raw figures just before and just after it
+/// (`None` unless both were measured).
+fn bracketed<T>(
+    yardstick: &mut Option<Yardstick<'_>>,
+    peer: impl FnOnce() -> T,
+) -> (T, Option<f64>) {
+    let Some(y) = yardstick.as_mut() else {
+        return (peer(), None);
+    };
+    let before = y();
+    let out = peer();
+    let after = y();
+    (out, before.zip(after).map(|(a, b)| (a + b) / 2.0))
+}
+
+/// Marks a peer latency row with the raw TCP ping-pong of its moment: the
+/// table then shows its ratio to raw TCP like softrdma's rows.
+fn against_raw(r: &mut PerfResult, raw_us: Option<f64>) {
+    if let (Some(raw), Some(lat)) = (raw_us.filter(|&v| v > 0.0), r.lat_us_p50) {
+        r.baseline = Some("tcp_lat".into());
+        r.baseline_value = Some(raw);
+        r.ratio = Some(lat / raw);
+    }
+}
+
 /// Runs every installed peer at `sizes` (latency and/or bandwidth per
 /// `kind`, `None`: both); returns a line saying which peers were found and
-/// their results.
+/// their results. With a `yardstick`, each TCP-based peer's latency run at
+/// [`YARDSTICK_SIZE`] is bracketed by raw TCP ping-pongs, and its row
+/// carries their mean as its baseline: on a machine whose TCP latency
+/// drifts between moments, a peer measured after softrdma's cells is then
+/// compared through raw TCP of its own moment, not softrdma's.
 pub(crate) fn run_all(
     sizes: &[usize],
     kind: Option<Kind>,
     wait: WaitMode,
     progress: &mut dyn FnMut(&str),
+    mut yardstick: Option<Yardstick<'_>>,
 ) -> (String, Vec<PerfResult>) {
     let lat = kind != Some(Kind::Bw);
     let bw = kind != Some(Kind::Lat);
@@ -159,7 +198,13 @@ pub(crate) fn run_all(
                     &port.to_string(),
                     "127.0.0.1",
                 ]);
-                match pair(srv, cli)
+                let bracket = lat && size == YARDSTICK_SIZE && prov.starts_with("tcp");
+                let (out, raw) = if bracket {
+                    bracketed(&mut yardstick, || pair(srv, cli))
+                } else {
+                    (pair(srv, cli), None)
+                };
+                match out
                     .and_then(|o| parse_fi(&o).ok_or_else(|| format!("unreadable output: {o:?}")))
                 {
                     Ok((usec, mbs)) => {
@@ -170,6 +215,7 @@ pub(crate) fn run_all(
                             r.lat_us_mean = Some(usec);
                             r.msg_rate_mps = Some(1.0 / usec);
                             r.note = "mean usec/xfer (no percentiles)".into();
+                            against_raw(&mut r, raw);
                             rows.push(r);
                         }
                         if bw {
@@ -226,7 +272,12 @@ pub(crate) fn run_all(
                     "-f",
                 ]);
                 let name = format!("ucx_{t}");
-                match pair(srv, cli)
+                let (out, raw) = if t == "tag_lat" && size == YARDSTICK_SIZE {
+                    bracketed(&mut yardstick, || pair(srv, cli))
+                } else {
+                    (pair(srv, cli), None)
+                };
+                match out
                     .and_then(|o| parse_ucx(&o).ok_or_else(|| format!("unreadable output: {o:?}")))
                 {
                     Ok((lat_us, mbs)) => {
@@ -234,6 +285,7 @@ pub(crate) fn run_all(
                         r.iters = n.parse().unwrap_or(0);
                         if t == "tag_lat" {
                             r.lat_us_p50 = Some(lat_us);
+                            against_raw(&mut r, raw);
                         } else {
                             r.bw_gbps = Some(mbs * 1048576.0 * 8.0 / 1e9);
                             r.msg_rate_mps = Some(mbs * 1048576.0 / size as f64 / 1e6);
@@ -272,5 +324,38 @@ mod tests {
         let ucx = "+---+\n|  Test |\n+----+\n                        2000      5.596   671.009  1736.494        0.09       0.04        1490         576\n";
         assert_eq!(parse_ucx(ucx), Some((5.596, 0.09)));
         assert_eq!(parse_ucx("nothing"), None);
+    }
+
+    #[test]
+    fn a_bracketed_peer_gets_the_mean_of_the_raw_runs_around_it() {
+        let mut calls = Vec::new();
+        let mut figures = [3.0, 5.0].into_iter();
+        let raw = {
+            let mut y = || {
+                calls.push("raw");
+                figures.next()
+            };
+            let mut ys: Option<Yardstick<'_>> = Some(&mut y);
+            let (out, raw) = bracketed(&mut ys, || 7);
+            assert_eq!((out, raw), (7, Some(4.0)));
+            raw
+        };
+        assert_eq!(calls, ["raw", "raw"]);
+        let mut r = PerfResult::new("fi_pingpong_lat", "tcp", 64, "x");
+        r.lat_us_p50 = Some(6.0);
+        against_raw(&mut r, raw);
+        assert_eq!(r.baseline.as_deref(), Some("tcp_lat"));
+        assert_eq!((r.baseline_value, r.ratio), (Some(4.0), Some(1.5)));
+        // A failed raw run on either side: no baseline, no ratio.
+        let mut fail = [Some(3.0), None].into_iter();
+        let mut y = || fail.next().flatten();
+        let mut ys: Option<Yardstick<'_>> = Some(&mut y);
+        assert_eq!(bracketed(&mut ys, || ()).1, None);
+        let mut r = PerfResult::new("ucx_tag_lat", "ucx tcp", 64, "x");
+        r.lat_us_p50 = Some(6.0);
+        against_raw(&mut r, None);
+        assert_eq!((r.baseline, r.ratio), (None, None));
+        // Without a yardstick the peer runs alone.
+        assert_eq!(bracketed(&mut None, || 1), (1, None));
     }
 }

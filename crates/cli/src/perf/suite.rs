@@ -359,7 +359,39 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         } else {
             vec![64, 4 << 10, 64 << 10, 1 << 20]
         };
-        let (found, pr) = peers::run_all(&peer_sizes, None, o.wait, &mut |l| eprintln!("{l}"));
+        // Raw TCP right before and after each TCP-based peer's 64 B
+        // latency run (busy-polling, as the peers wait): the yardstick
+        // of the "RC latency vs best TCP peer" target.
+        let size = peers::YARDSTICK_SIZE.to_string();
+        let mut yardstick = || {
+            let args: Vec<String> = [
+                "perf",
+                "baseline",
+                "tcp_lat",
+                "--size",
+                &size,
+                "--duration",
+                "0.15",
+                "--warmup",
+                "10",
+                "--wait",
+                "poll",
+                "--json",
+            ]
+            .map(String::from)
+            .into();
+            let (got, _) = run_child(&args, Duration::from_secs(10));
+            got.iter()
+                .find(|r| r.test == "tcp_lat" && r.error.is_none())
+                .and_then(|r| r.lat_us_p50)
+        };
+        let (found, pr) = peers::run_all(
+            &peer_sizes,
+            None,
+            o.wait,
+            &mut |l| eprintln!("{l}"),
+            Some(&mut yardstick),
+        );
         peers_found = found;
         eprintln!("{peers_found}");
         if o.json {
@@ -682,6 +714,27 @@ fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> Str
             "RC 64 B send_lat / best TCP peer latency",
             rel(lat("send_lat", "rc", 64), best(true, 64, true)),
             "<= 1.05",
+        );
+        // The same through raw TCP of each one's moment: RC's ratio to its
+        // alternated raw ping-pong over the best TCP peer's ratio to the
+        // raw ping-pongs run just before and after it.
+        let peer_ratio = peers
+            .iter()
+            .filter(|r| {
+                r.error.is_none()
+                    && r.size == peers::YARDSTICK_SIZE as u64
+                    && r.is_lat()
+                    && r.transport.contains("tcp")
+            })
+            .filter_map(|r| r.ratio)
+            .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.min(v))));
+        line(
+            "  each against raw TCP of its own moment",
+            rel(
+                find(rows, "send_lat", "rc", 64, None).and_then(|r| r.ratio),
+                peer_ratio,
+            ),
+            "-",
         );
         // The peers check no payload end to end (TCP's checksum is the
         // only one), so RC is also shown as they run: without the MPA CRC.
