@@ -3,8 +3,9 @@
 //! change was found.
 //!
 //! Contract: it behaves as a `HashMap<K, V>` for the operations it has
-//! (`get`, `get_mut`, `get_or_insert_with`, `insert_new`, `remove`,
-//! `contains_key`, `len`, `iter`), with iteration in no particular order.
+//! (`get`, `get_mut`, `get_or_insert_with`, `insert`, `insert_new`,
+//! `remove`, `retain`, `contains_key`, `len`, `is_empty`, `iter`), with
+//! iteration in no particular order.
 //! What it adds is speed for runs of lookups of one key: one datagram to
 //! or from a peer reaches its entry several times (RD: enqueue, pump,
 //! transmit, ACK, window, timers, the QP's own per-peer state), a stream
@@ -96,6 +97,38 @@ impl<K: Copy + Eq + Hash, V> PeerTable<K, V> {
         self.get_or_insert_with(key, || value);
     }
 
+    /// Sets `key`'s entry to `value`; the previous one, if any (as
+    /// `HashMap::insert`).
+    pub(crate) fn insert(&mut self, key: K, value: V) -> Option<V> {
+        match self.get_mut(&key) {
+            Some(v) => Some(std::mem::replace(v, value)),
+            None => {
+                self.insert_new(key, value);
+                None
+            }
+        }
+    }
+
+    /// True if the table has no entry.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Keeps only the entries `keep` accepts (as `HashMap::retain`).
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&K, &mut V) -> bool) {
+        let mut i = 0;
+        while i < self.slots.len() {
+            let (k, v) = &mut self.slots[i];
+            if keep(k, v) {
+                i += 1;
+            } else {
+                let k = *k;
+                // The last entry moves into slot `i`, which is looked at next.
+                self.remove(&k);
+            }
+        }
+    }
+
     /// Every entry, in no particular order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.slots.iter().map(|(k, v)| (k, v))
@@ -126,6 +159,8 @@ mod tests {
         Remove(u8),
         Get(u8),
         Bump(u8),
+        Replace(u8, u32),
+        RetainOver(u32),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -136,6 +171,8 @@ mod tests {
             (0u8..8).prop_map(Op::Remove),
             (0u8..8).prop_map(Op::Get),
             (0u8..8).prop_map(Op::Bump),
+            (0u8..8, any::<u32>()).prop_map(|(k, v)| Op::Replace(k, v)),
+            any::<u32>().prop_map(Op::RetainOver),
         ]
     }
 
@@ -162,8 +199,14 @@ mod tests {
                         let b = m.get_mut(&k).map(|v| { *v = v.wrapping_add(1); *v });
                         prop_assert_eq!(a, b);
                     }
+                    Op::Replace(k, v) => prop_assert_eq!(t.insert(k, v), m.insert(k, v)),
+                    Op::RetainOver(x) => {
+                        t.retain(|_, v| *v > x);
+                        m.retain(|_, v| *v > x);
+                    }
                 }
                 prop_assert_eq!(t.len(), m.len());
+                prop_assert_eq!(t.is_empty(), m.is_empty());
                 let mut seen: Vec<(u8, u32)> = t.iter().map(|(k, v)| (*k, *v)).collect();
                 let mut want: Vec<(u8, u32)> = m.iter().map(|(k, v)| (*k, *v)).collect();
                 seen.sort_unstable();

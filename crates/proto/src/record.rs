@@ -99,6 +99,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use crate::peers::PeerTable;
 use crate::wr::{
     DgramAddr, WcOpcode, WcStatus, WorkCompletion, WriteRecordInfo, MAX_RECORD_RANGES,
 };
@@ -507,7 +508,9 @@ impl History {
 #[derive(Debug)]
 pub struct Tracker {
     cfg: RecordConfig,
-    inprog: HashMap<Key, Msg>,
+    /// Messages in progress; a stream's segments reach the same entry
+    /// one after another, which the table finds without hashing.
+    inprog: PeerTable<Key, Msg>,
     history: History,
     valid: HashMap<u32, Vec<(u64, u64)>>,
     cq: VecDeque<WorkCompletion>,
@@ -527,7 +530,7 @@ impl Tracker {
     pub fn new(cfg: RecordConfig) -> Tracker {
         Tracker {
             cfg,
-            inprog: HashMap::new(),
+            inprog: PeerTable::new(),
             history: History::default(),
             valid: HashMap::new(),
             cq: VecDeque::new(),
@@ -550,8 +553,8 @@ impl Tracker {
         self.cfg.partial_timeout = timeout;
         self.next_deadline = self
             .inprog
-            .values()
-            .filter_map(|m| m.active.checked_add(timeout))
+            .iter()
+            .filter_map(|(_, m)| m.active.checked_add(timeout))
             .min();
     }
 
@@ -714,7 +717,7 @@ impl Tracker {
                 .iter()
                 .min_by_key(|(_, m)| (m.active, m.seq))
                 .map(|(k, _)| *k);
-            let Some(old) = oldest.and_then(|k| self.inprog.remove_entry(&k)) else {
+            let Some(old) = oldest.and_then(|k| self.inprog.remove(&k).map(|m| (k, m))) else {
                 break;
             };
             self.stats.evicted += 1;
@@ -782,7 +785,7 @@ impl Tracker {
         let mut expired = std::mem::take(&mut self.scratch);
         expired.clear();
         let mut next: Option<Instant> = None;
-        for (k, m) in &self.inprog {
+        for (k, m) in self.inprog.iter() {
             match m.active.checked_add(timeout) {
                 Some(d) if d <= now => expired.push((m.active, m.seq, *k)),
                 Some(d) => next = Some(next.map_or(d, |n| n.min(d))),
@@ -2019,7 +2022,7 @@ mod tests {
                 assert!(v.iter().all(|r| r.0 < r.1));
                 assert!(v.windows(2).all(|w| w[0].1 < w[1].0));
             }
-            for (k, m) in &self.inprog {
+            for (k, m) in self.inprog.iter() {
                 let f = m.frags.as_slice();
                 assert!(f.len() <= self.cfg.max_fragments.max(1));
                 assert!(f.iter().all(|r| r.0 < r.1));
