@@ -12,9 +12,11 @@ Splits each one-way trip of a two-process ping-pong (softrdma's `perf
   answers: parsing, placing, completing, polling the CQ, reposting and
   posting the reply).
 
-Both ends must use `recvfrom` (45) / `sendto` (44), as softrdma's RC and
-UD latency paths and the raw ping-pongs do (`recvmsg`/`recvmmsg` and
-`sendmsg` count too). Trace points cost every system call the same, so
+Receives are `recvfrom`, `readv`, `recvmsg`, `recvmmsg` returning data;
+sends `sendto`, `sendmsg`, `sendmmsg` (x86_64 system call numbers). The
+latency paths of softrdma's RC and UD and the raw ping-pongs use
+`recvfrom`/`sendto`; RC reads with `readv` when it places a payload
+straight into a receive buffer. Trace points cost every system call the same, so
 compare runs with each other, not with untraced latencies.
 
 Usage (root):
@@ -34,7 +36,7 @@ import re
 import sys
 from collections import defaultdict
 
-RECV = {45, 47, 299}  # recvfrom, recvmsg, recvmmsg
+RECV = {45, 19, 47, 299}  # recvfrom, readv, recvmsg, recvmmsg
 SEND = {44, 46, 307}  # sendto, sendmsg, sendmmsg
 LINE = re.compile(
     r"\s*(\S+)\s+(\d+)\s+([\d.]+):\s+raw_syscalls:sys_(enter|exit):\s+NR (\d+)"

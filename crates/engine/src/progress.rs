@@ -118,8 +118,11 @@ pub(crate) struct BusyPoll {
 
 impl BusyPoll {
     /// An inline poll of the source is about to run (its CQ was empty).
-    /// Reads the clock only every [`STAMP_EVERY`] polls (a stamp is at
-    /// most that many polls old, far below [`SPIN_WINDOW`]).
+    /// Reads the clock only every [`STAMP_EVERY`] polls: a stamp is at
+    /// most that many polls old — microseconds while they find nothing,
+    /// but a poll that places a backlog can take hundreds of them, so a
+    /// bandwidth receiver's stamp can near [`SPIN_WINDOW`] (then the
+    /// progress thread reads the socket too; nothing is lost).
     #[inline]
     pub(crate) fn polled(&self) {
         let s = self.streak.load(Ordering::Relaxed);

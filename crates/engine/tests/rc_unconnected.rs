@@ -22,8 +22,8 @@ fn disconnecting_an_unconnected_qp_flushes_its_receives() {
     };
     let qp = ctx.create_qp(7, pd, caps, cq.clone(), cq.clone());
     let mut buf = vec![0u8; 256];
-    // SAFETY: `buf` outlives the QP and the registration (both dropped at
-    // the end of the test, `buf` last) and is neither moved nor resized.
+    // SAFETY: `buf` stays where it is, unresized, until the STag is
+    // deregistered at the end of the test (the QP is dropped first).
     let stag = unsafe {
         ctx.registry()
             .register(
@@ -60,5 +60,6 @@ fn disconnecting_an_unconnected_qp_flushes_its_receives() {
         assert_eq!(c.qp_num, 7);
     }
     drop(qp);
+    assert!(ctx.registry().deregister(stag));
     drop(buf);
 }

@@ -1,6 +1,7 @@
-//! A table of peers for the datagram QPs: a hash index over a dense
-//! vector of entries that remembers where the last peer it handed out for
-//! change was found.
+//! A table of peers for the datagram QPs (and of the Write-Record
+//! messages in progress, keyed by source and STag): a hash index over a
+//! dense vector of entries that remembers where the last entry it handed
+//! out for change was found.
 //!
 //! Contract: it behaves as a `HashMap<K, V>` for the operations it has
 //! (`get`, `get_mut`, `get_or_insert_with`, `insert`, `insert_new`,
@@ -100,13 +101,14 @@ impl<K: Copy + Eq + Hash, V> PeerTable<K, V> {
     /// Sets `key`'s entry to `value`; the previous one, if any (as
     /// `HashMap::insert`).
     pub(crate) fn insert(&mut self, key: K, value: V) -> Option<V> {
-        match self.get_mut(&key) {
-            Some(v) => Some(std::mem::replace(v, value)),
-            None => {
-                self.insert_new(key, value);
-                None
-            }
+        if let Some(i) = self.slot(&key) {
+            self.last = Some((key, i));
+            return Some(std::mem::replace(&mut self.slots[i].1, value));
         }
+        self.index.insert(key, self.slots.len());
+        self.slots.push((key, value));
+        self.last = Some((key, self.slots.len() - 1));
+        None
     }
 
     /// True if the table has no entry.

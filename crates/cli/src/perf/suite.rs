@@ -361,7 +361,9 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         };
         // Raw TCP right before and after each TCP-based peer's 64 B
         // latency run (busy-polling, as the peers wait): the yardstick
-        // of the "RC latency vs best TCP peer" target.
+        // of the "RC latency vs best TCP peer" target. Only when
+        // softrdma's cells busy-poll too, so that both ratios are to the
+        // same kind of raw ping-pong.
         let size = peers::YARDSTICK_SIZE.to_string();
         let mut yardstick = || {
             let args: Vec<String> = [
@@ -390,7 +392,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             None,
             o.wait,
             &mut |l| eprintln!("{l}"),
-            Some(&mut yardstick),
+            (o.wait == WaitMode::Poll).then_some(&mut yardstick as peers::Yardstick<'_>),
         );
         peers_found = found;
         eprintln!("{peers_found}");
@@ -715,9 +717,11 @@ fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> Str
             rel(lat("send_lat", "rc", 64), best(true, 64, true)),
             "<= 1.05",
         );
-        // The same through raw TCP of each one's moment: RC's ratio to its
-        // alternated raw ping-pong over the best TCP peer's ratio to the
-        // raw ping-pongs run just before and after it.
+        // Through raw TCP of each one's moment: RC's ratio to its
+        // alternated raw ping-pong over the lowest ratio of a TCP peer to
+        // the raw ping-pongs run just before and after it (the peer
+        // closest to raw TCP, which need not be the fastest in µs above;
+        // fi_pingpong reports a mean, the others a median).
         let peer_ratio = peers
             .iter()
             .filter(|r| {
