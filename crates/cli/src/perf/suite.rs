@@ -771,6 +771,17 @@ fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> Str
     s
 }
 
+/// A peer's series in the plots: short enough for the legend (17
+/// characters) and distinct per provider — "fi tcp", "fi tcp;ofi_rxm",
+/// "fi udp;ofi_rxd", "ucx tcp" (the test name is the chart's kind).
+fn peer_series_name(test: &str, transport: &str) -> String {
+    if test.starts_with("fi_") {
+        format!("fi {transport}")
+    } else {
+        transport.to_string()
+    }
+}
+
 /// Latency and bandwidth vs size, one chart each per transport.
 fn write_plots(
     out: &Path,
@@ -850,7 +861,7 @@ fn write_plots(
                 .iter()
                 .filter(|p| p.is_lat() == lat && p.error.is_none())
             {
-                let name = format!("{} {}", p.test, p.transport);
+                let name = peer_series_name(&p.test, &p.transport);
                 if series.iter().any(|s| s.name == name) {
                     continue;
                 }
@@ -1120,6 +1131,24 @@ mod tests {
             "{d}"
         );
         assert_eq!(progress_bar(0, 2), "[##########..........]  1/2");
+    }
+
+    #[test]
+    fn peer_series_fit_the_legend_and_stay_apart() {
+        let names: Vec<String> = [
+            ("fi_pingpong_lat", "tcp"),
+            ("fi_pingpong_lat", "tcp;ofi_rxm"),
+            ("fi_pingpong_lat", "udp;ofi_rxd"),
+            ("ucx_tag_lat", "ucx tcp"),
+        ]
+        .iter()
+        .map(|(t, tr)| peer_series_name(t, tr))
+        .collect();
+        for (i, n) in names.iter().enumerate() {
+            assert!(n.chars().count() <= 17, "{n}");
+            assert!(!names[..i].contains(n), "{n} twice");
+        }
+        assert_eq!(names[1], "fi tcp;ofi_rxm");
     }
 
     #[test]
