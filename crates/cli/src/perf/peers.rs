@@ -117,14 +117,15 @@ pub(crate) const YARDSTICK_SIZE: usize = 64;
 /// one-way p50 in µs, or `None` if it failed.
 pub(crate) type Yardstick<'a> = &'a mut dyn FnMut() -> Option<f64>;
 
-/// Runs `peer`, bracketed by `yardstick` when there is one: the peer's
-/// output, and the mean of the raw figures just before and just after it
-/// (`None` unless both were measured).
+/// Runs `peer`, bracketed by `yardstick` when there is one and `wanted`:
+/// the peer's output, and the mean of the raw figures just before and just
+/// after it (`None` unless both were measured).
 fn bracketed<T>(
     yardstick: &mut Option<Yardstick<'_>>,
+    wanted: bool,
     peer: impl FnOnce() -> T,
 ) -> (T, Option<f64>) {
-    let Some(y) = yardstick.as_mut() else {
+    let Some(y) = yardstick.as_mut().filter(|_| wanted) else {
         return (peer(), None);
     };
     let before = y();
@@ -199,11 +200,7 @@ pub(crate) fn run_all(
                     "127.0.0.1",
                 ]);
                 let bracket = lat && size == YARDSTICK_SIZE && prov.starts_with("tcp");
-                let (out, raw) = if bracket {
-                    bracketed(&mut yardstick, || pair(srv, cli))
-                } else {
-                    (pair(srv, cli), None)
-                };
+                let (out, raw) = bracketed(&mut yardstick, bracket, || pair(srv, cli));
                 match out
                     .and_then(|o| parse_fi(&o).ok_or_else(|| format!("unreadable output: {o:?}")))
                 {
@@ -272,11 +269,8 @@ pub(crate) fn run_all(
                     "-f",
                 ]);
                 let name = format!("ucx_{t}");
-                let (out, raw) = if t == "tag_lat" && size == YARDSTICK_SIZE {
-                    bracketed(&mut yardstick, || pair(srv, cli))
-                } else {
-                    (pair(srv, cli), None)
-                };
+                let bracket = t == "tag_lat" && size == YARDSTICK_SIZE;
+                let (out, raw) = bracketed(&mut yardstick, bracket, || pair(srv, cli));
                 match out
                     .and_then(|o| parse_ucx(&o).ok_or_else(|| format!("unreadable output: {o:?}")))
                 {
@@ -336,7 +330,7 @@ mod tests {
                 figures.next()
             };
             let mut ys: Option<Yardstick<'_>> = Some(&mut y);
-            let (out, raw) = bracketed(&mut ys, || 7);
+            let (out, raw) = bracketed(&mut ys, true, || 7);
             assert_eq!((out, raw), (7, Some(4.0)));
             raw
         };
@@ -350,12 +344,12 @@ mod tests {
         let mut fail = [Some(3.0), None].into_iter();
         let mut y = || fail.next().flatten();
         let mut ys: Option<Yardstick<'_>> = Some(&mut y);
-        assert_eq!(bracketed(&mut ys, || ()).1, None);
+        assert_eq!(bracketed(&mut ys, true, || ()).1, None);
         let mut r = PerfResult::new("ucx_tag_lat", "ucx tcp", 64, "x");
         r.lat_us_p50 = Some(6.0);
         against_raw(&mut r, None);
         assert_eq!((r.baseline, r.ratio), (None, None));
         // Without a yardstick the peer runs alone.
-        assert_eq!(bracketed(&mut None, || 1), (1, None));
+        assert_eq!(bracketed(&mut None, true, || 1), (1, None));
     }
 }

@@ -684,20 +684,22 @@ fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> Str
         "-",
     );
     // Peers: best TCP-based peer and libfabric udp;ofi_rxd.
-    let best = |kind_lat: bool, size: u64, tcp: bool| -> Option<f64> {
-        let vals = peers.iter().filter(|r| {
+    // The peers' rows of one kind and size: TCP-based, or libfabric's rxd.
+    let matching = |kind_lat: bool, size: u64, tcp: bool| {
+        peers.iter().filter(move |r| {
             r.error.is_none()
                 && r.size == size
                 && r.is_lat() == kind_lat
                 && (r.transport.contains("tcp") == tcp)
                 && (tcp || r.transport.contains("rxd"))
-        });
+        })
+    };
+    let best = |kind_lat: bool, size: u64, tcp: bool| -> Option<f64> {
+        let vals = matching(kind_lat, size, tcp);
         if kind_lat {
-            vals.filter_map(|r| r.lat_us_p50)
-                .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.min(v))))
+            vals.filter_map(|r| r.lat_us_p50).min_by(f64::total_cmp)
         } else {
-            vals.filter_map(|r| r.bw_gbps)
-                .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v))))
+            vals.filter_map(|r| r.bw_gbps).max_by(f64::total_cmp)
         }
     };
     let rel = |mine: Option<f64>, theirs: Option<f64>| match (mine, theirs) {
@@ -722,16 +724,9 @@ fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> Str
         // the raw ping-pongs run just before and after it (the peer
         // closest to raw TCP, which need not be the fastest in µs above;
         // fi_pingpong reports a mean, the others a median).
-        let peer_ratio = peers
-            .iter()
-            .filter(|r| {
-                r.error.is_none()
-                    && r.size == peers::YARDSTICK_SIZE as u64
-                    && r.is_lat()
-                    && r.transport.contains("tcp")
-            })
+        let peer_ratio = matching(true, peers::YARDSTICK_SIZE as u64, true)
             .filter_map(|r| r.ratio)
-            .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.min(v))));
+            .min_by(f64::total_cmp);
         line(
             "  each against raw TCP of its own moment",
             rel(
