@@ -47,8 +47,12 @@
 //! [`RdmapBody::None`], so the protocol layer has what it needs to build the
 //! Terminate and echo the header ([`EchoedHeader::from_segment`]).
 
-use crate::ddp::{DdpHeader, DdpSegment, Mode, DQPN_LEN, EXT_LEN, FLAG_Q, FLAG_T, FLAG_X};
-use crate::ddp::{TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN};
+use crate::ddp::{
+    DdpHeader, DdpSegment, Mode, TaggedExt, DQPN_LEN, EXT_LEN, FLAG_Q, FLAG_T, FLAG_X,
+};
+use crate::ddp::{
+    DDP_VERSION, DV_MASK, FLAG_L, RESERVED_MASK, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN,
+};
 use crate::field::{put_u16, put_u32, put_u64, u16_at, u32_at, u64_at};
 use crate::{Error, Result};
 
@@ -779,30 +783,67 @@ impl SegmentRepr {
     /// and returns it with its length, i.e. the offset of the payload. See
     /// the module documentation for what is checked.
     pub fn parse(ulpdu: &[u8], mode: Mode) -> Result<(SegmentRepr, usize)> {
-        if ulpdu.len() < 2 {
+        // The checks of `DdpSegment::check_control` and `check_len`, in
+        // their order, with the control octet read once and the fields read
+        // from fixed-size arrays (no bounds check per field): this runs for
+        // every segment received.
+        let [c, rctl, ..] = *ulpdu else {
             return Err(Error::Truncated);
-        }
-        let seg = DdpSegment::new_unchecked(ulpdu, mode);
-        let rctl = seg.rdmap_control();
-        if seg.dv() != crate::ddp::DDP_VERSION || rctl >> 6 != RDMAP_VERSION {
+        };
+        if c & DV_MASK != DDP_VERSION || rctl >> 6 != RDMAP_VERSION {
             return Err(Error::BadVersion);
         }
-        seg.check_control()?;
+        let dgram = mode == Mode::Datagram;
+        let tagged = c & FLAG_T != 0;
+        if dgram && (c & RESERVED_MASK != 0 || (c & FLAG_X != 0 && !tagged)) {
+            return Err(Error::Malformed);
+        }
+        let x = dgram && tagged && c & FLAG_X != 0;
+        let q = dgram && c & FLAG_Q != 0;
         let opcode = Opcode::from(rctl & OPCODE_MASK);
-        let tagged = seg.tagged();
         if opcode.is_defined_in(mode) {
             if opcode.is_tagged_op() != tagged {
                 return Err(Error::Malformed);
             }
-            if mode == Mode::Datagram
-                && matches!(opcode, Opcode::ReadResponse | Opcode::WriteRecord)
-                && !seg.x()
-            {
+            if dgram && matches!(opcode, Opcode::ReadResponse | Opcode::WriteRecord) && !x {
                 return Err(Error::Malformed);
             }
         }
-        seg.check_len()?;
-        let mut off = seg.header_len();
+        let (ddp, mut off) = if tagged {
+            let h: &[u8; TAGGED_HEADER_LEN] = ulpdu.first_chunk().ok_or(Error::Truncated)?;
+            let ext = if x {
+                let e: &[u8; TAGGED_HEADER_LEN + EXT_LEN] =
+                    ulpdu.first_chunk().ok_or(Error::Truncated)?;
+                Some(TaggedExt {
+                    msn: u32_at(e, TAGGED_HEADER_LEN),
+                    mo: u32_at(e, TAGGED_HEADER_LEN + 4),
+                })
+            } else {
+                None
+            };
+            let ddp = DdpHeader::Tagged {
+                stag: u32_at(h, 2),
+                to: u64_at(h, 6),
+                ext,
+            };
+            (ddp, TAGGED_HEADER_LEN + if x { EXT_LEN } else { 0 })
+        } else {
+            let h: &[u8; UNTAGGED_HEADER_LEN] = ulpdu.first_chunk().ok_or(Error::Truncated)?;
+            let ddp = DdpHeader::Untagged {
+                rsvd_ulp: u32_at(h, 2),
+                qn: u32_at(h, 6),
+                msn: u32_at(h, 10),
+                mo: u32_at(h, 14),
+            };
+            (ddp, UNTAGGED_HEADER_LEN)
+        };
+        let dqpn = if q {
+            let w = ulpdu.get(off..off + DQPN_LEN).ok_or(Error::Truncated)?;
+            off += DQPN_LEN;
+            Some(u32_at(w, 0))
+        } else {
+            None
+        };
         let rest = &ulpdu[off..];
         let body = if tagged {
             RdmapBody::None
@@ -836,10 +877,10 @@ impl SegmentRepr {
             }
         };
         let repr = SegmentRepr {
-            last: seg.last(),
+            last: c & FLAG_L != 0,
             opcode,
-            ddp: seg.header(),
-            dqpn: seg.dqpn(),
+            ddp,
+            dqpn,
             body,
         };
         Ok((repr, off))
@@ -1868,6 +1909,43 @@ pub(crate) mod tests {
             }
             if let Ok(seg) = DdpSegment::new_checked(&data[..], mode) {
                 let _ = (seg.header(), seg.ext(), seg.dqpn(), seg.payload(), seg.mo(), seg.to());
+            }
+        }
+
+        /// `parse` decodes the DDP header itself (once per segment, no
+        /// accessor calls): it must agree with the checked view's
+        /// accessors on any input whose header it accepts, and accept
+        /// none that the view's checks refuse.
+        #[test]
+        fn prop_parse_agrees_with_the_view(
+            mode in arb_mode(),
+            mut data in proptest::collection::vec(any::<u8>(), 0..64),
+            fix_versions in any::<bool>(),
+        ) {
+            if fix_versions && data.len() >= 2 {
+                data[0] = (data[0] & !0x03) | 0x01;
+                data[1] = (data[1] & 0x3F) | 0x40;
+            }
+            let view = DdpSegment::new_unchecked(&data[..], mode);
+            match SegmentRepr::parse(&data, mode) {
+                Ok((repr, hlen)) => {
+                    prop_assert_eq!(view.check_len(), Ok(()));
+                    prop_assert_eq!(view.check_control(), Ok(()));
+                    prop_assert_eq!(repr.last, view.last());
+                    prop_assert_eq!(repr.ddp, view.header());
+                    prop_assert_eq!(repr.dqpn, view.dqpn());
+                    prop_assert!(hlen >= view.header_len());
+                }
+                // The view's checks come first, in its order; what they
+                // pass can still fail on the opcode or the header part.
+                Err(e) if data.len() < 2 => prop_assert_eq!(e, Error::Truncated),
+                Err(e) if view.dv() != crate::ddp::DDP_VERSION || data[1] >> 6 != RDMAP_VERSION => {
+                    prop_assert_eq!(e, Error::BadVersion)
+                }
+                Err(e) => match view.check_control() {
+                    Err(c) => prop_assert_eq!(e, c),
+                    Ok(()) => prop_assert!(matches!(e, Error::Malformed | Error::Truncated)),
+                },
             }
         }
 
