@@ -13,6 +13,14 @@
 //! it drains is anything `InlineProgress`: RC QPs, and datagram QPs
 //! (whose progress drains the UDP socket they share; a socket is drained
 //! once per poll however many of its QPs complete here).
+//!
+//! A completion that inline progress produces for the very CQ being
+//! polled skips the CQ's queue when it can (a [`Direct`] hand-off): while
+//! the queue is empty and the CQ is not armed, it is written straight into
+//! the poller's output. Nothing older of the same QP can then be queued
+//! (a QP's completions leave it in order, under its lock), so a QP's
+//! completions are still returned in the order it made them; completions
+//! of different QPs have no order between them, as in verbs.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
@@ -223,6 +231,37 @@ impl CompChannel {
     }
 }
 
+/// The poller's output, offered to the QPs that [`Cq::poll`] drives
+/// inline: completions for that CQ go straight into it while the CQ's
+/// queue is empty and nothing stands in their way (module docs), instead
+/// of through the queue's lock twice.
+pub(crate) struct Direct<'a> {
+    cq: &'a Cq,
+    out: &'a mut [Completion],
+    n: usize,
+}
+
+impl Direct<'_> {
+    /// Hands `wc`, bound for `cq`, to the poller if it can go there now;
+    /// false if it must be queued as usual (another CQ, no room, the CQ
+    /// armed or holding older completions). The caller must hold the
+    /// completing QP's lock and must queue the rest of that QP's
+    /// completions for `cq` once one was refused (their order).
+    #[inline]
+    pub(crate) fn hand(&mut self, cq: &Cq, wc: &Completion) -> bool {
+        if !std::ptr::eq(cq, self.cq)
+            || self.n == self.out.len()
+            || cq.queued.load(Ordering::Acquire) != 0
+            || cq.armed.load(Ordering::Relaxed)
+        {
+            return false;
+        }
+        self.out[self.n] = *wc;
+        self.n += 1;
+        true
+    }
+}
+
 #[derive(Debug)]
 struct CqInner {
     entries: VecDeque<Completion>,
@@ -237,8 +276,9 @@ struct CqInner {
 /// long (the progress thread is making progress then), never take a CQ's
 /// QP list, and never call [`Cq::poll`].
 pub(crate) trait InlineProgress: Send + Sync {
-    /// Drains what is readable, without blocking.
-    fn progress_inline(&self);
+    /// Drains what is readable, without blocking; completions for the
+    /// polled CQ may go to `direct` ([`Direct::hand`]).
+    fn progress_inline(&self, direct: &mut Direct<'_>);
     /// Identifies what `progress_inline` drains: of several entries with
     /// the same key, one poll progresses only the first.
     fn progress_key(&self) -> usize;
@@ -248,8 +288,8 @@ pub(crate) trait InlineProgress: Send + Sync {
 }
 
 impl InlineProgress for QpShared {
-    fn progress_inline(&self) {
-        QpShared::progress_inline(self)
+    fn progress_inline(&self, direct: &mut Direct<'_>) {
+        QpShared::progress_inline_to(self, Some(direct))
     }
     fn progress_key(&self) -> usize {
         self as *const QpShared as usize
@@ -274,6 +314,10 @@ pub struct Cq {
     /// spin of a busy poller. A completion pushed meanwhile is seen by the
     /// next poll, as if it had come a moment later.
     queued: AtomicUsize,
+    /// `armed.is_some()` (written under `inner`'s lock): a completion
+    /// for an armed CQ is queued, so that it fires the channel
+    /// ([`Direct::hand`]).
+    armed: AtomicBool,
 }
 
 impl Cq {
@@ -297,6 +341,7 @@ impl Cq {
             qps: Mutex::new(Vec::new()),
             inline_progress: AtomicBool::new(inline_progress),
             queued: AtomicUsize::new(0),
+            armed: AtomicBool::new(false),
         })
     }
 
@@ -349,6 +394,7 @@ impl Cq {
                 if let Some(solicited_only) = c.armed {
                     if !solicited_only || wc.wc.solicited || wc.wc.status != WcStatus::Success {
                         c.armed = None;
+                        self.armed.store(false, Ordering::Relaxed);
                         fire = true;
                     }
                 }
@@ -369,6 +415,11 @@ impl Cq {
         if n > 0 || out.is_empty() || !self.inline_progress.load(Ordering::Relaxed) {
             return n;
         }
+        let mut direct = Direct {
+            cq: self,
+            out: &mut *out,
+            n: 0,
+        };
         // Walk the QPs under the list lock: no allocation on this busy-poll
         // path. Progress locks only the QP and the CQs' entry queues, never
         // a QP list, so this cannot deadlock.
@@ -387,14 +438,17 @@ impl Cq {
                     seen[ns] = key;
                     ns += 1;
                 }
-                q.progress_inline();
+                q.progress_inline(&mut direct);
             }
         }
-        self.take(out)
+        // Handed over first: anything queued meanwhile is of other QPs, or
+        // came after (module docs).
+        let n = direct.n;
+        n + self.take(&mut out[n..])
     }
 
     fn take(&self, out: &mut [Completion]) -> usize {
-        if self.queued.load(Ordering::Acquire) == 0 {
+        if out.is_empty() || self.queued.load(Ordering::Acquire) == 0 {
             return 0;
         }
         let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -412,6 +466,7 @@ impl Cq {
         {
             let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
             c.armed = Some(solicited_only);
+            self.armed.store(true, Ordering::Relaxed);
         }
         // The progress thread must take over sockets parked for a busy
         // poller before this CQ's user blocks (progress module docs).

@@ -2351,7 +2351,7 @@ struct Hook {
 }
 
 impl InlineProgress for Hook {
-    fn progress_inline(&self) {
+    fn progress_inline(&self, _direct: &mut crate::cq::Direct<'_>) {
         if let Some(s) = self.svc.upgrade() {
             s.inline();
         }

@@ -173,7 +173,7 @@ use softrdma_proto::ud::{Datagram, DatagramSink, UdConfig, UdConfigError, UdQp, 
 use softrdma_proto::wr::{DgramAddr, RecvWr, SendWr, WorkCompletion};
 use softrdma_wire::rd::Framing;
 
-use crate::cq::{AsyncEvent, Completion, Cq, InlineProgress};
+use crate::cq::{AsyncEvent, Completion, Cq, Direct, InlineProgress};
 use crate::progress::{Parking, Source, PARK_RECHECK};
 use crate::sys;
 use crate::udp::{self, RxRing};
@@ -844,8 +844,14 @@ impl DgramSocket {
     /// (`wait`: take the receive lock) or inline (skip if someone has it).
     /// `poller`: the QP whose inline progress this is (only its receives
     /// may leave their answers to its next poll, see
-    /// [`DgramQpShared::receive`]; the socket's other QPs answer at once).
-    fn drain(&self, wait: bool, poller: Option<&DgramQpShared>) {
+    /// [`DgramQpShared::receive`]; the socket's other QPs answer at once),
+    /// and the output its poll offers ([`Direct`]) to its completions.
+    fn drain(
+        &self,
+        wait: bool,
+        poller: Option<&DgramQpShared>,
+        mut direct: Option<&mut Direct<'_>>,
+    ) {
         let mut rx = match self.rx.try_lock() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
@@ -880,7 +886,7 @@ impl DgramSocket {
             if mcast {
                 self.dispatch_mcast(&mut rx, units, &mut now);
             } else {
-                self.dispatch(&rx.ring, units, &mut now, poller);
+                self.dispatch(&rx.ring, units, &mut now, poller, direct.as_deref_mut());
             }
             if !rx.ring.filled(n) {
                 break;
@@ -890,7 +896,14 @@ impl DgramSocket {
 
     /// Hands datagrams `0..n` to their QPs, runs for the same QP at once.
     /// `poller`: as for [`DgramSocket::drain`].
-    fn dispatch(&self, ring: &RxRing, n: usize, now: &mut LazyNow, poller: Option<&DgramQpShared>) {
+    fn dispatch(
+        &self,
+        ring: &RxRing,
+        n: usize,
+        now: &mut LazyNow,
+        poller: Option<&DgramQpShared>,
+        mut direct: Option<&mut Direct<'_>>,
+    ) {
         let mut i = 0;
         while i < n {
             let (data, m) = ring.get(i);
@@ -916,12 +929,12 @@ impl DgramSocket {
                 // Deferring is for the QP whose poller comes back to it:
                 // another QP of this socket may be polled by no one
                 // (inline progress runs once per socket).
-                p.receive(ring, i..j, now, true);
+                p.receive(ring, i..j, now, true, direct.as_deref_mut());
             } else {
                 match self.slot_qp(slot) {
                     Some(qp) => {
                         let inline = poller.is_some_and(|p| std::ptr::eq(p, &*qp));
-                        qp.receive(ring, i..j, now, inline)
+                        qp.receive(ring, i..j, now, inline, None)
                     }
                     None => bump(&self.stats.rx_no_qp, (j - i) as u64),
                 }
@@ -1028,7 +1041,7 @@ impl Source for DgramSocket {
             self.on_writable();
         }
         if hangup || (readable && !self.park_if_spinning()) {
-            self.drain(true, None);
+            self.drain(true, None, None);
         }
     }
 
@@ -1172,7 +1185,15 @@ impl DgramQpShared {
     /// Arming a CQ of the QP (`req_notify`: the poller may block next)
     /// sends it at once; if nobody polls, posts or arms, the timer armed
     /// here does.
-    fn receive(&self, ring: &RxRing, range: Range<usize>, now: &mut LazyNow, inline: bool) {
+    /// `direct`: the poller's output ([`Direct`]), for the completions.
+    fn receive(
+        &self,
+        ring: &RxRing,
+        range: Range<usize>,
+        now: &mut LazyNow,
+        inline: bool,
+        direct: Option<&mut Direct<'_>>,
+    ) {
         let mut c = self.lock();
         let qp = &mut c.qp;
         self.shared.registry.with_view(self.pd, |v| {
@@ -1187,10 +1208,14 @@ impl DgramQpShared {
             self.tx_deferred.store(true, Ordering::Relaxed);
             self.arm_at(&mut c, now.get() + DEFERRED_TX_FALLBACK);
             self.arm(&mut c);
-            self.flush(c);
+            self.flush_to(c, direct);
             return;
         }
-        self.settle(c);
+        if c.qp.wants_transmit() {
+            self.transmit(&mut c);
+        }
+        self.arm(&mut c);
+        self.flush_to(c, direct);
     }
 
     fn receive_one(&self, data: &[u8], src: SocketAddr, now: &mut LazyNow) {
@@ -1278,7 +1303,13 @@ impl DgramQpShared {
 
     /// Moves completions into the CQs (under the QP lock, in order), then,
     /// after the lock is released, events into the async event queue.
-    fn flush(&self, mut c: MutexGuard<'_, Core>) {
+    fn flush(&self, c: MutexGuard<'_, Core>) {
+        self.flush_to(c, None)
+    }
+
+    /// [`DgramQpShared::flush`], offering the completions to a poller's
+    /// `direct` output first (inline progress).
+    fn flush_to(&self, mut c: MutexGuard<'_, Core>, mut direct: Option<&mut Direct<'_>>) {
         // Events are rare (errors): no storage is set up until one comes.
         let mut events: Vec<AsyncEvent> = Vec::new();
         {
@@ -1293,9 +1324,15 @@ impl DgramQpShared {
                     wc,
                     qp_num: self.qpn,
                 };
-                match kind {
-                    CqKind::Send => out_send.push(comp),
-                    CqKind::Recv => out_recv.push(comp),
+                let (out, cq) = match kind {
+                    CqKind::Send => (&mut *out_send, &self.send_cq),
+                    CqKind::Recv => (&mut *out_recv, &self.recv_cq),
+                };
+                // Once one waits in `out`, the rest of its kind queue
+                // behind it (their order).
+                let handed = out.is_empty() && direct.as_mut().is_some_and(|d| d.hand(cq, &comp));
+                if !handed {
+                    out.push(comp);
                 }
             }
             while let Some(ev) = qp.poll_event() {
@@ -1400,7 +1437,7 @@ impl DgramQpShared {
 
 impl DgramQpShared {
     /// Sends what a receive by this QP's poller deferred, if anything.
-    fn send_deferred(&self) {
+    fn send_deferred(&self, direct: Option<&mut Direct<'_>>) {
         if self.tx_deferred.load(Ordering::Relaxed) {
             let mut c = self.lock();
             if c.qp.wants_transmit() {
@@ -1409,22 +1446,22 @@ impl DgramQpShared {
                 self.tx_deferred.store(false, Ordering::Relaxed);
             }
             self.arm(&mut c);
-            self.flush(c);
+            self.flush_to(c, direct);
         }
     }
 }
 
 impl InlineProgress for DgramQpShared {
-    fn progress_inline(&self) {
+    fn progress_inline(&self, direct: &mut Direct<'_>) {
         self.socket.park.busy.polled();
         // What the previous inline receive left to send (see
         // `DgramQpShared::receive`), before reading more.
-        self.send_deferred();
-        self.socket.drain(false, Some(self));
+        self.send_deferred(Some(&mut *direct));
+        self.socket.drain(false, Some(self), Some(direct));
         if self.in_groups.load(Ordering::Relaxed) {
             if let Some(m) = self.shared.dgram.mcast_if_open() {
                 m.park.busy.polled();
-                m.drain(false, None);
+                m.drain(false, None, None);
             }
         }
         // Due timers (an RD retransmission, delayed ACK, probe) run here
@@ -1453,7 +1490,7 @@ impl InlineProgress for DgramQpShared {
         // Whoever polls may block now: what its last inline receive left
         // to send goes now, not when the fallback timer fires; the
         // progress thread runs the timers again from its next tick on.
-        self.send_deferred();
+        self.send_deferred(None);
         self.inline_ns.store(0, Ordering::Relaxed);
         self.socket.notify_armed();
         if self.in_groups.load(Ordering::Relaxed) {

@@ -49,7 +49,7 @@ use softrdma_proto::rc::{
 use softrdma_proto::wr::{RecvWr, SendWr, MAX_SGE};
 use softrdma_wire::rdmap::Layer;
 
-use crate::cq::{AsyncEvent, Completion, Cq};
+use crate::cq::{AsyncEvent, Completion, Cq, Direct};
 use crate::mr::View;
 use crate::progress::Parking;
 use crate::srq::Srq;
@@ -770,6 +770,12 @@ impl QpShared {
     /// QP lock, so they keep their order), then, after the QP lock is
     /// released, events into the async event queue.
     fn flush(&self, c: MutexGuard<'_, QpCore>) {
+        self.flush_to(c, None)
+    }
+
+    /// [`QpShared::flush`], offering the completions to a poller's
+    /// `direct` output first (inline progress).
+    fn flush_to(&self, c: MutexGuard<'_, QpCore>, direct: Option<&mut Direct<'_>>) {
         // Most flushes (every empty busy poll, most posts) find nothing:
         // they only release the lock. (`out_recv` is not always empty
         // here: disconnecting a QP that never connected puts its posted
@@ -780,12 +786,12 @@ impl QpShared {
         {
             return;
         }
-        self.flush_output(c);
+        self.flush_output(c, direct);
     }
 
     /// [`QpShared::flush`] with something to move.
     #[inline(never)]
-    fn flush_output(&self, mut c: MutexGuard<'_, QpCore>) {
+    fn flush_output(&self, mut c: MutexGuard<'_, QpCore>, mut direct: Option<&mut Direct<'_>>) {
         let mut events: [Option<AsyncEvent>; 4] = [None; 4];
         let mut ne = 0;
         let mut close = false;
@@ -802,9 +808,16 @@ impl QpShared {
                         wc,
                         qp_num: self.qpn,
                     };
-                    match kind {
-                        CqKind::Send => out_send.push(comp),
-                        CqKind::Recv => out_recv.push(comp),
+                    let (out, cq) = match kind {
+                        CqKind::Send => (&mut *out_send, &self.send_cq),
+                        CqKind::Recv => (&mut *out_recv, self.recv_cq()),
+                    };
+                    // Once one waits in `out`, the rest of its kind queue
+                    // behind it (their order).
+                    let handed =
+                        out.is_empty() && direct.as_mut().is_some_and(|d| d.hand(cq, &comp));
+                    if !handed {
+                        out.push(comp);
                     }
                 }
                 while let Some(ev) = link.rc.poll_event() {
@@ -881,6 +894,12 @@ impl QpShared {
     /// Progress from `poll_cq` on an empty CQ: skipped if another thread
     /// holds the QP (it is making progress already).
     pub(crate) fn progress_inline(&self) {
+        self.progress_inline_to(None)
+    }
+
+    /// [`QpShared::progress_inline`] for [`Cq::poll`], which may take the
+    /// completions in `direct`.
+    pub(crate) fn progress_inline_to(&self, direct: Option<&mut Direct<'_>>) {
         self.park.busy.polled();
         let Ok(mut c) = self.core.try_lock() else {
             return;
@@ -890,7 +909,7 @@ impl QpShared {
         if c.link.as_ref().is_some_and(|l| l.rc.wants_transmit()) {
             self.transmit(&mut c);
         }
-        self.flush(c);
+        self.flush_to(c, direct);
     }
 }
 
