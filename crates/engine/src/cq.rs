@@ -20,7 +20,11 @@
 //! the poller's output. Nothing older of the same QP can then be queued
 //! (a QP's completions leave it in order, under its lock), so a QP's
 //! completions are still returned in the order it made them; completions
-//! of different QPs have no order between them, as in verbs.
+//! of different QPs have no order between them, as in verbs. A completion
+//! handed over never occupies the queue, so it does not count toward the
+//! capacity: a burst that an inline poll takes whole into a large enough
+//! output does not overrun a small CQ, where the same burst completed by
+//! the progress thread (or for an armed CQ) would.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
@@ -244,9 +248,13 @@ pub(crate) struct Direct<'a> {
 impl Direct<'_> {
     /// Hands `wc`, bound for `cq`, to the poller if it can go there now;
     /// false if it must be queued as usual (another CQ, no room, the CQ
-    /// armed or holding older completions). The caller must hold the
-    /// completing QP's lock and must queue the rest of that QP's
-    /// completions for `cq` once one was refused (their order).
+    /// armed or holding any completion). The caller must hold the
+    /// completing QP's lock and, once one of its completions of a kind
+    /// (send or receive) was refused, queue the rest of that kind behind
+    /// it (their order). A refusal for a full output, an armed CQ or a
+    /// non-empty queue lasts for the rest of the poll unless another
+    /// thread takes or arms meanwhile, which is why the caller's rule
+    /// is needed.
     #[inline]
     pub(crate) fn hand(&mut self, cq: &Cq, wc: &Completion) -> bool {
         if !std::ptr::eq(cq, self.cq)

@@ -891,14 +891,15 @@ impl QpShared {
         self.flush(c);
     }
 
-    /// Progress from `poll_cq` on an empty CQ: skipped if another thread
-    /// holds the QP (it is making progress already).
+    /// Inline progress outside a CQ poll (DC reads a connection's last
+    /// messages with it): skipped if another thread holds the QP (it is
+    /// making progress already).
     pub(crate) fn progress_inline(&self) {
         self.progress_inline_to(None)
     }
 
-    /// [`QpShared::progress_inline`] for [`Cq::poll`], which may take the
-    /// completions in `direct`.
+    /// Progress from [`Cq::poll`] on an empty CQ, which may take the
+    /// completions in `direct`: skipped if another thread holds the QP.
     pub(crate) fn progress_inline_to(&self, direct: Option<&mut Direct<'_>>) {
         self.park.busy.polled();
         let Ok(mut c) = self.core.try_lock() else {
