@@ -798,6 +798,41 @@ fn decode_png(path: &Path) -> (u32, u32, Vec<u8>) {
     (w, h, px)
 }
 
+/// A budget too short for the matrix: the groups that would start after
+/// it are skipped, their rows say why, the last line counts them as
+/// skipped (not as failed cells), the report is still written and the
+/// exit code is 1 (the table is incomplete).
+#[test]
+fn suite_out_of_budget_says_what_it_skipped() {
+    let dir = std::env::temp_dir().join(format!("softrdma-perf-budget-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = softrdma(
+        &[
+            "perf",
+            "suite",
+            "--quick",
+            "--budget",
+            "1",
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("skipped: the suite's time budget was used up"),
+        "{stdout}"
+    );
+    let last = stderr.lines().last().unwrap_or("");
+    assert!(
+        last.contains("cells skipped: the time budget was used up"),
+        "last line: {last}\n{stderr}"
+    );
+    assert!(dir.join("report.md").exists(), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn quick_suite_writes_report_and_pngs() {
     let dir = std::env::temp_dir().join(format!("softrdma-perf-suite-{}", std::process::id()));
