@@ -798,13 +798,10 @@ fn decode_png(path: &Path) -> (u32, u32, Vec<u8>) {
     (w, h, px)
 }
 
-/// A budget too short for the matrix: the groups that would start after
-/// it are skipped, their rows say why, the last line counts them as
-/// skipped (not as failed cells), the report is still written and the
-/// exit code is 1 (the table is incomplete).
-#[test]
-fn suite_out_of_budget_says_what_it_skipped() {
-    let dir = std::env::temp_dir().join(format!("softrdma-perf-budget-{}", std::process::id()));
+/// `perf suite --quick --budget BUDGET` into a fresh folder named after
+/// `name` and this process; the folder and what the suite did.
+fn quick_suite(name: &str, budget: &str) -> (std::path::PathBuf, Output) {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let out = softrdma(
         &[
@@ -812,12 +809,22 @@ fn suite_out_of_budget_says_what_it_skipped() {
             "suite",
             "--quick",
             "--budget",
-            "1",
+            budget,
             "--out",
             dir.to_str().unwrap(),
         ],
         &[],
     );
+    (dir, out)
+}
+
+/// A budget too short for the matrix: the groups that would start after
+/// it are skipped, their rows say why, the last line counts them as
+/// skipped (not as failed cells), the report is still written and the
+/// exit code is 1 (the table is incomplete).
+#[test]
+fn suite_out_of_budget_says_what_it_skipped() {
+    let (dir, out) = quick_suite("softrdma-perf-budget", "1");
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
     assert!(
@@ -835,20 +842,7 @@ fn suite_out_of_budget_says_what_it_skipped() {
 
 #[test]
 fn quick_suite_writes_report_and_pngs() {
-    let dir = std::env::temp_dir().join(format!("softrdma-perf-suite-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let out = softrdma(
-        &[
-            "perf",
-            "suite",
-            "--quick",
-            "--budget",
-            "600",
-            "--out",
-            dir.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let (dir, out) = quick_suite("softrdma-perf-suite", "600");
     let stdout = text(&out.stdout);
     let code = out.status.code();
     // A cell may fail on a machine under load (the suite then says so and

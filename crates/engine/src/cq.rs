@@ -246,27 +246,34 @@ pub(crate) struct Direct<'a> {
 }
 
 impl Direct<'_> {
-    /// Hands `wc`, bound for `cq`, to the poller if it can go there now;
-    /// false if it must be queued as usual (another CQ, no room, the CQ
-    /// armed or holding any completion). The caller must hold the
-    /// completing QP's lock and, once one of its completions of a kind
-    /// (send or receive) was refused, queue the rest of that kind behind
-    /// it (their order). A refusal for a full output, an armed CQ or a
-    /// non-empty queue lasts for the rest of the poll unless another
-    /// thread takes or arms meanwhile, which is why the caller's rule
-    /// is needed.
+    /// Hands `wc`, bound for `cq`, to the poller's output (`direct`) if it
+    /// can go there now, else stages it in `staged`: the completing QP's
+    /// flush vector for `cq`, pushed to the CQ under the QP's lock. Once
+    /// anything is staged, the rest of that vector's completions are
+    /// staged behind it (their order): a refusal (another CQ, no room, the
+    /// CQ armed or holding any completion) may not last, as another
+    /// thread can take or arm meanwhile.
     #[inline]
-    pub(crate) fn hand(&mut self, cq: &Cq, wc: &Completion) -> bool {
-        if !std::ptr::eq(cq, self.cq)
-            || self.n == self.out.len()
-            || cq.queued.load(Ordering::Acquire) != 0
-            || cq.armed.load(Ordering::Relaxed)
-        {
-            return false;
+    pub(crate) fn hand_or_stage(
+        direct: Option<&mut Direct<'_>>,
+        cq: &Cq,
+        staged: &mut Vec<Completion>,
+        wc: Completion,
+    ) {
+        match direct {
+            Some(d) if staged.is_empty() && d.can_take(cq) => {
+                d.out[d.n] = wc;
+                d.n += 1;
+            }
+            _ => staged.push(wc),
         }
-        self.out[self.n] = *wc;
-        self.n += 1;
-        true
+    }
+
+    fn can_take(&self, cq: &Cq) -> bool {
+        std::ptr::eq(cq, self.cq)
+            && self.n < self.out.len()
+            && cq.queued.load(Ordering::Acquire) == 0
+            && !cq.armed.load(Ordering::Relaxed)
     }
 }
 
@@ -285,7 +292,7 @@ struct CqInner {
 /// QP list, and never call [`Cq::poll`].
 pub(crate) trait InlineProgress: Send + Sync {
     /// Drains what is readable, without blocking; completions for the
-    /// polled CQ may go to `direct` ([`Direct::hand`]).
+    /// polled CQ may go to `direct` ([`Direct::hand_or_stage`]).
     fn progress_inline(&self, direct: &mut Direct<'_>);
     /// Identifies what `progress_inline` drains: of several entries with
     /// the same key, one poll progresses only the first.
@@ -324,7 +331,7 @@ pub struct Cq {
     queued: AtomicUsize,
     /// `armed.is_some()` (written under `inner`'s lock): a completion
     /// for an armed CQ is queued, so that it fires the channel
-    /// ([`Direct::hand`]).
+    /// ([`Direct::hand_or_stage`]).
     armed: AtomicBool,
 }
 

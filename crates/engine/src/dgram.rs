@@ -1211,11 +1211,7 @@ impl DgramQpShared {
             self.flush_to(c, direct);
             return;
         }
-        if c.qp.wants_transmit() {
-            self.transmit(&mut c);
-        }
-        self.arm(&mut c);
-        self.flush_to(c, direct);
+        self.settle_to(c, direct);
     }
 
     fn receive_one(&self, data: &[u8], src: SocketAddr, now: &mut LazyNow) {
@@ -1293,12 +1289,18 @@ impl DgramQpShared {
 
     /// After any engine call: transmit what it produced, arm its timer,
     /// flush its completions and events.
-    fn settle(&self, mut c: MutexGuard<'_, Core>) {
+    fn settle(&self, c: MutexGuard<'_, Core>) {
+        self.settle_to(c, None)
+    }
+
+    /// [`DgramQpShared::settle`], offering the completions to a poller's
+    /// `direct` output first (inline progress).
+    fn settle_to(&self, mut c: MutexGuard<'_, Core>, direct: Option<&mut Direct<'_>>) {
         if c.qp.wants_transmit() {
             self.transmit(&mut c);
         }
         self.arm(&mut c);
-        self.flush(c);
+        self.flush_to(c, direct);
     }
 
     /// Moves completions into the CQs (under the QP lock, in order), then,
@@ -1324,16 +1326,11 @@ impl DgramQpShared {
                     wc,
                     qp_num: self.qpn,
                 };
-                let (out, cq) = match kind {
+                let (staged, cq) = match kind {
                     CqKind::Send => (&mut *out_send, &self.send_cq),
                     CqKind::Recv => (&mut *out_recv, &self.recv_cq),
                 };
-                // Once one waits in `out`, the rest of its kind queue
-                // behind it (their order).
-                let handed = out.is_empty() && direct.as_mut().is_some_and(|d| d.hand(cq, &comp));
-                if !handed {
-                    out.push(comp);
-                }
+                Direct::hand_or_stage(direct.as_deref_mut(), cq, staged, comp);
             }
             while let Some(ev) = qp.poll_event() {
                 events.push(self.async_event(ev));

@@ -808,17 +808,11 @@ impl QpShared {
                         wc,
                         qp_num: self.qpn,
                     };
-                    let (out, cq) = match kind {
+                    let (staged, cq) = match kind {
                         CqKind::Send => (&mut *out_send, &self.send_cq),
                         CqKind::Recv => (&mut *out_recv, self.recv_cq()),
                     };
-                    // Once one waits in `out`, the rest of its kind queue
-                    // behind it (their order).
-                    let handed =
-                        out.is_empty() && direct.as_mut().is_some_and(|d| d.hand(cq, &comp));
-                    if !handed {
-                        out.push(comp);
-                    }
+                    Direct::hand_or_stage(direct.as_deref_mut(), cq, staged, comp);
                 }
                 while let Some(ev) = link.rc.poll_event() {
                     let ae = match ev {

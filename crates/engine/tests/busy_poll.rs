@@ -69,6 +69,18 @@ fn connect(a: &Side, b: &Side) {
     h.join().unwrap();
 }
 
+/// A (whose CQ fires `channel`, if any) with receives 0..`recvs` posted,
+/// connected to B.
+fn connected(channel: Option<Arc<CompChannel>>, recvs: u64) -> (Side, Side) {
+    let a = side(channel);
+    let b = side(None);
+    for k in 0..recvs {
+        a.post_recv(k);
+    }
+    connect(&a, &b);
+    (a, b)
+}
+
 impl Side {
     fn post_recv(&self, k: u64) {
         self.qp
@@ -138,12 +150,7 @@ fn recv_ok(c: Completion, k: u64) {
 /// that arrives afterwards is still completed by the progress thread.
 #[test]
 fn spinning_then_idle_poller_still_gets_completions() {
-    let a = side(None);
-    let b = side(None);
-    for k in 0..8 {
-        a.post_recv(k);
-    }
-    connect(&a, &b);
+    let (a, b) = connected(None, 8);
     for round in 0..4u8 {
         a.spin(1000);
         b.send(round + 1);
@@ -159,12 +166,7 @@ fn spinning_then_idle_poller_still_gets_completions() {
 #[test]
 fn armed_after_spinning_wakes_the_channel() {
     let ch = CompChannel::new().unwrap();
-    let a = side(Some(ch.clone()));
-    let b = side(None);
-    for k in 0..8 {
-        a.post_recv(k);
-    }
-    connect(&a, &b);
+    let (a, b) = connected(Some(ch.clone()), 8);
     let mut out = [NONE; 1];
 
     // Sent after arming.
@@ -214,12 +216,7 @@ fn armed_after_spinning_wakes_the_channel() {
 /// burst; every message completes in order exactly once.
 #[test]
 fn busy_poller_receives_a_burst_in_order() {
-    let a = side(None);
-    let b = side(None);
-    for k in 0..32 {
-        a.post_recv(k);
-    }
-    connect(&a, &b);
+    let (a, b) = connected(None, 32);
     let n = 200u64;
     // Credits: the sender never has more messages out than receives posted.
     let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -275,12 +272,7 @@ fn busy_poller_receives_a_burst_in_order() {
 /// rest wait in the CQ, and all come back in the order they were made.
 #[test]
 fn one_completion_per_poll_keeps_a_burst_in_order() {
-    let a = side(None);
-    let b = side(None);
-    for k in 0..16 {
-        a.post_recv(k);
-    }
-    connect(&a, &b);
+    let (a, b) = connected(None, 16);
     for round in 0..4u64 {
         a.spin(100);
         for v in 0..12u8 {
@@ -308,12 +300,7 @@ fn one_completion_per_poll_keeps_a_burst_in_order() {
 #[test]
 fn armed_cq_fires_even_when_its_poller_receives_inline() {
     let ch = CompChannel::new().unwrap();
-    let a = side(Some(ch.clone()));
-    let b = side(None);
-    for k in 0..8 {
-        a.post_recv(k);
-    }
-    connect(&a, &b);
+    let (a, b) = connected(Some(ch.clone()), 8);
     let mut out = [NONE; 4];
     for v in 1..=4u8 {
         a.spin(100);
