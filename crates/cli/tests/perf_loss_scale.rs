@@ -3,8 +3,9 @@
 //! the RD idle expiry having removed every peer, RC holding a connection
 //! per peer), a tiny loss run between two namespaces (root only) whose
 //! CSV must list every point with a goodput and the nftables drops, the
-//! namespaces gone afterwards — also when the run is killed — and bad
-//! arguments exiting 2. No timing is asserted.
+//! namespaces gone afterwards — also when the run is killed, whose
+//! orphaned role processes must end too — and bad arguments exiting 2.
+//! No timing is asserted beyond generous deadlines for ending.
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -237,6 +238,38 @@ fn loss_tiny_run_produces_output_and_cleans_up() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// The `perf … --role` processes whose parent is `pid`.
+fn role_children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+        // "pid (comm) state ppid …": the comm may hold spaces, not ')'s.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+        if ppid == Some(pid) && cmdline.split(|&b| b == 0).any(|a| a == b"--role") {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// True while process `pid` exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let state = s.rsplit_once(')')?.1.split_whitespace().next()?.to_string();
+            Some(state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
+}
+
 #[test]
 fn loss_killed_run_removes_its_namespaces() {
     if !is_root() {
@@ -275,10 +308,27 @@ fn loss_killed_run_removes_its_namespaces() {
         assert!(child.try_wait().unwrap().is_none(), "the run ended early");
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Past the namespace set-up, into the measurement.
+    // Past the namespace set-up, into the measurement: both roles up.
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut roles = role_children(pid);
+    while roles.len() < 2 {
+        assert!(Instant::now() < until, "the roles never started: {roles:?}");
+        std::thread::sleep(Duration::from_millis(50));
+        roles = role_children(pid);
+    }
     std::thread::sleep(Duration::from_millis(500));
     child.kill().unwrap(); // SIGKILL: no destructor runs in the process
     child.wait().unwrap();
+    // The orphaned roles notice their closed stdin and end, instead of
+    // running out the 60 s window on a CPU the next tests need.
+    let until = Instant::now() + Duration::from_secs(10);
+    while roles.iter().any(|&p| alive(p)) {
+        assert!(
+            Instant::now() < until,
+            "role processes {roles:?} still running 10 s after their parent was killed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let until = Instant::now() + Duration::from_secs(20);
     while has_netns_of(pid) {
         assert!(

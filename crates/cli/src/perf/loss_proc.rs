@@ -194,6 +194,14 @@ pub fn stopped(cmds: &mpsc::Receiver<String>) -> bool {
     !matches!(cmds.try_recv(), Err(mpsc::TryRecvError::Empty))
 }
 
+/// True when stdin closed: the parent is gone (killed, or ended without
+/// a word), so a role in the middle of its work stops instead of running
+/// out its window orphaned. For loops that expect no command: one that
+/// came is dropped.
+pub fn orphaned(cmds: &mpsc::Receiver<String>) -> bool {
+    matches!(cmds.try_recv(), Err(mpsc::TryRecvError::Disconnected))
+}
+
 // ----------------------------------------------------------------------
 // Facts from /proc
 // ----------------------------------------------------------------------

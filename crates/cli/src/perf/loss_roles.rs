@@ -19,16 +19,23 @@
 //!   instead would be skewed when that Read's response is itself delayed
 //!   by loss on the way back.)
 //! * **raw TCP** (receiver, the baseline): octets read from one stream
-//!   inside the window.
+//!   inside the window, divided by the window's length.
 //!
 //! The window: the receiver of UD and raw TCP starts it `warm` seconds
 //! after the parent's `go` (sent once the sender posted its first message)
-//! and ends it `dur` seconds later; the RD/RC sender writes for `warm +
+//! and ends it `dur` seconds later — for raw TCP later until it counted
+//! 8 messages, at most five times as long, since a window shorter than
+//! TCP's retransmission timeout (200 ms, doubling) can otherwise fall
+//! inside one stall and count nothing; the RD/RC sender writes for `warm +
 //! dur` seconds (longer until 8 Writes were posted, at most five times as
 //! long). Every message carries the same pattern; the receiver checks 16
 //! octets at each end of what it counts (`bad=` in the result; the parent
 //! fails the point if any differ), the RD/RC target 16 octets at each end
 //! of its first slot after the run.
+//!
+//! Every role ends when its stdin closes (the measuring ones with an
+//! error): the parent was killed or is gone, and nobody would read what
+//! it measures.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -42,7 +49,7 @@ use softrdma_verbs::{
     WcOpcode, WcStatus, WorkCompletion,
 };
 
-use super::proc::{commands, say, stopped, Kv};
+use super::proc::{commands, orphaned, say, stopped, Kv};
 
 /// What one point measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +103,9 @@ impl Kind {
         matches!(self, Kind::UdSend | Kind::UdWriteRecord)
     }
 }
+
+/// Why a role stopped mid-run: its stdin closed.
+const PARENT_GONE: &str = "stdin closed: the parent is gone";
 
 /// Target slots the writers cycle through.
 const SLOTS: usize = 16;
@@ -371,13 +381,15 @@ fn recv(kv: &Kv) -> Result<(), String> {
             let mut buf = vec![0u8; 1 << 20];
             let mut window: Option<(Instant, Instant)> = None;
             let (mut bytes, mut at, mut bad) = (0u64, 0usize, 0u64);
-            loop {
-                if window.is_none() {
-                    if let Ok(cmd) = cmds.try_recv() {
-                        if cmd == "go" {
-                            let t0 = Instant::now() + Duration::from_secs_f64(c.warm);
-                            window = Some((t0, t0 + Duration::from_secs_f64(c.dur)));
-                        }
+            let secs = loop {
+                match cmds.try_recv() {
+                    Ok(cmd) if cmd == "go" && window.is_none() => {
+                        let t0 = Instant::now() + Duration::from_secs_f64(c.warm);
+                        window = Some((t0, t0 + Duration::from_secs_f64(c.dur)));
+                    }
+                    Ok(_) | Err(std::sync::mpsc::TryRecvError::Empty) => {}
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                        return Err(PARENT_GONE.into())
                     }
                 }
                 let n = match sock.read(&mut buf) {
@@ -402,21 +414,31 @@ fn recv(kv: &Kv) -> Result<(), String> {
                 );
                 at = (at + n) % c.size;
                 let now = Instant::now();
-                if window.is_some_and(|(a, b)| now >= a && now < b) {
+                let Some((a, b)) = window else { continue };
+                if now >= a {
                     bytes += n as u64;
                 }
-                if window.is_some_and(|(_, b)| now >= b) {
-                    break;
+                if now >= a && stream_window_over(now - a, b - a, bytes, c.size) {
+                    break (now - a).as_secs_f64();
                 }
-            }
+            };
             say(&format!(
-                "result bytes={bytes} secs={} msgs={} bad={bad}",
-                c.dur,
+                "result bytes={bytes} secs={secs} msgs={} bad={bad}",
                 bytes / c.size as u64
             ));
         }
     }
     Ok(())
+}
+
+/// True once the raw TCP receiver's window may close, `elapsed` into a
+/// window of nominal length `len` that counted `bytes` of `size`-octet
+/// messages. A window shorter than TCP's retransmission timeout (200 ms,
+/// doubling) can fall inside one stall and count nothing, so it stays open
+/// until it holds [`MIN_MSGS`] messages, at most five times its length, as
+/// the RD/RC writer's does.
+fn stream_window_over(elapsed: Duration, len: Duration, bytes: u64, size: usize) -> bool {
+    elapsed >= len && (bytes >= MIN_MSGS * size as u64 || elapsed >= 5 * len)
 }
 
 fn conn_params() -> ConnParams {
@@ -465,6 +487,8 @@ fn measure(
             if now > give_up {
                 return Err("no go within 120 s".into());
             }
+        } else if orphaned(cmds) {
+            return Err(PARENT_GONE.into());
         }
         let k = cq.poll(&mut buf);
         let now = Instant::now();
@@ -575,7 +599,7 @@ fn send(kv: &Kv) -> Result<(), String> {
                     Err(e) => return Err(e.to_string()),
                 }
             };
-            let r = writer(&c, &mr, &cq, stag, base, slot, post)?;
+            let r = writer(&c, &cmds, &mr, &cq, stag, base, slot, post)?;
             say(&r);
         }
         Kind::RcWrite => {
@@ -593,7 +617,7 @@ fn send(kv: &Kv) -> Result<(), String> {
                     Err(e) => return Err(e.to_string()),
                 }
             };
-            let r = writer(&c, &mr, &cq, stag, base, slot, post)?;
+            let r = writer(&c, &cmds, &mr, &cq, stag, base, slot, post)?;
             say(&r);
             qp.disconnect();
         }
@@ -653,8 +677,10 @@ const READ: u64 = u64::MAX;
 /// response leaves the target only after every Write was placed, so all
 /// the Writes' octets reached the target's memory between the first post
 /// and the Read's completion: that span is the window.
+#[allow(clippy::too_many_arguments)]
 fn writer(
     c: &Common,
+    cmds: &std::sync::mpsc::Receiver<String>,
     mr: &MemoryRegion,
     cq: &CompletionQueue,
     stag: u32,
@@ -679,6 +705,9 @@ fn writer(
                 give_up.as_secs_f64(),
                 i - out
             ));
+        }
+        if orphaned(cmds) {
+            return Err(PARENT_GONE.into());
         }
         let k = cq.poll(&mut buf);
         for comp in &buf[..k] {
@@ -723,4 +752,25 @@ fn writer(
         "result bytes={} secs={secs} msgs={i} bad=0",
         i * c.size as u64
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_window_that_counted_too_little_stays_open_up_to_five_times() {
+        let ms = Duration::from_millis;
+        let size = 16 << 10;
+        let enough = MIN_MSGS * size as u64;
+        // Not before its nominal end, however much it counted.
+        assert!(!stream_window_over(ms(299), ms(300), 10 * enough, size));
+        assert!(stream_window_over(ms(300), ms(300), enough, size));
+        // A stall: nothing, or less than MIN_MSGS messages, keeps it open …
+        assert!(!stream_window_over(ms(300), ms(300), 0, size));
+        assert!(!stream_window_over(ms(1000), ms(300), enough - 1, size));
+        // … until five times its length.
+        assert!(!stream_window_over(ms(1499), ms(300), 0, size));
+        assert!(stream_window_over(ms(1500), ms(300), 0, size));
+    }
 }
