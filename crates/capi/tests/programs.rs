@@ -6,9 +6,57 @@
 
 mod common;
 
-use common::{free_port, pair, run};
+use common::{finish, free_port, pair, run};
 
 const DEV: &str = "softrdma_lo";
+
+/// The harness itself: a program killed at its deadline leaves its
+/// threads' stacks and the output it had buffered (a hang in CI must be
+/// diagnosable from the log alone). Needs gdb and ptrace rights (root in
+/// CI); without them the kernel wait channels stand in for the stacks.
+#[test]
+fn a_program_killed_at_its_deadline_leaves_stacks_and_output() {
+    let dir = std::env::temp_dir().join(format!("softrdma-hang-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("hang.c");
+    let exe = dir.join("hang");
+    std::fs::write(
+        &src,
+        "#include <stdio.h>\n#include <unistd.h>\n\
+         int main(void) { printf(\"partial result\\n\"); for (;;) pause(); }\n",
+    )
+    .unwrap();
+    let cc = std::process::Command::new("cc")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("cc");
+    assert!(cc.success());
+    let child = std::process::Command::new(&exe)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let d = finish(child, t0 + std::time::Duration::from_millis(300));
+    assert!(d.timed_out && d.code.is_none(), "{d:?}");
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+    let gdb = std::process::Command::new("gdb")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if root && gdb {
+        assert!(d.stacks.contains("main"), "gdb stacks: {}", d.stacks);
+        assert!(d.stdout.contains("partial result"), "flushed: {d:?}");
+    } else {
+        assert!(d.stacks.contains("wait channels"), "{}", d.stacks);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
 
 #[test]
 fn ibv_devices_lists_softrdma_devices() {

@@ -111,6 +111,9 @@ pub struct Done {
     pub stdout: String,
     /// Standard error.
     pub stderr: String,
+    /// Killed at the deadline: its threads' stacks just before (see
+    /// `post_mortem`); empty otherwise.
+    pub stacks: String,
 }
 
 impl Done {
@@ -118,7 +121,7 @@ impl Done {
     pub fn assert_ok(&self, what: &str, needles: &[&str]) {
         assert!(
             !self.timed_out && self.code == Some(0),
-            "{what}: exit {:?}, signal {:?}{}\nstdout:\n{}\nstderr:\n{}",
+            "{what}: exit {:?}, signal {:?}{}\nstdout:\n{}\nstderr:\n{}{}",
             self.code,
             self.signal,
             if self.timed_out {
@@ -127,7 +130,12 @@ impl Done {
                 ""
             },
             self.stdout,
-            self.stderr
+            self.stderr,
+            if self.stacks.is_empty() {
+                String::new()
+            } else {
+                format!("\nstacks before the kill:\n{}", self.stacks)
+            }
         );
         for n in needles {
             assert!(
@@ -171,12 +179,14 @@ pub fn finish(mut child: Child, deadline: Instant) -> Done {
         s
     });
     let mut timed_out = false;
+    let mut stacks = String::new();
     let status = loop {
         if let Some(st) = child.try_wait().expect("wait") {
             break st;
         }
         if Instant::now() >= deadline {
             timed_out = true;
+            stacks = post_mortem(child.id());
             let _ = child.kill();
             break child.wait().expect("wait after kill");
         }
@@ -188,7 +198,47 @@ pub fn finish(mut child: Child, deadline: Instant) -> Done {
         timed_out,
         stdout: to.join().unwrap_or_default(),
         stderr: te.join().unwrap_or_default(),
+        stacks,
     }
+}
+
+/// What a hung program was doing, taken before it is killed: every
+/// thread's stack from gdb (when installed), which also flushes the
+/// program's stdio buffers into the pipes (a program writing to a pipe
+/// buffers its output, and a kill loses it), else the threads' kernel wait
+/// channels.
+fn post_mortem(pid: u32) -> String {
+    let gdb = Command::new("gdb")
+        .args(["-p", &pid.to_string(), "-batch", "-nx", "-q"])
+        .args(["-ex", "set pagination off", "-ex", "thread apply all bt 30"])
+        .args(["-ex", "call (int) fflush(0)"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output();
+    if let Ok(o) = gdb {
+        let text = String::from_utf8_lossy(&o.stdout);
+        let bt: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with('#') || l.starts_with("Thread "))
+            .collect();
+        if !bt.is_empty() {
+            return bt.join("\n");
+        }
+    }
+    let mut out = String::from("(no gdb: kernel wait channels)");
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            let p = t.path();
+            let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
+            let wchan = std::fs::read_to_string(p.join("wchan")).unwrap_or_default();
+            out.push_str(&format!(
+                "\n{} {}: {wchan}",
+                comm.trim(),
+                t.file_name().to_string_lossy()
+            ));
+        }
+    }
+    out
 }
 
 /// Runs one program to completion.
