@@ -1273,10 +1273,13 @@ fn rd_ping_pong_answers_carry_the_acks() {
     // acknowledged at once: 2 × ROUNDS ACK-only datagrams, measured. With
     // it, 60-125 here: a receive the progress thread made before the
     // socket was parked for the poller, or a timer run, still acks at
-    // once; the bound leaves room for those.)
+    // once; the bound leaves room for those — and for a host whose
+    // hypervisor steals the CPU in bursts, which makes the poller look
+    // idle and hands more receives to the progress thread: 343 seen at
+    // 45 % steal.)
     let control = rd_control(&a.qp) + rd_control(&b.qp);
     assert!(
-        control < ROUNDS,
+        control < 2 * ROUNDS * 3 / 4,
         "{control} ACK-only datagrams for {} messages",
         2 * ROUNDS
     );

@@ -314,10 +314,16 @@ fn direct_placement_without_crc_only() {
         if crc {
             assert_eq!((s.direct_octets, c.direct_octets), (0, 0));
         } else {
-            // All but the first read of each direction (up to 256 KiB of
-            // whole FPDUs) and the short last FPDU of each message.
-            assert!(s.direct_octets > 3 << 20, "server {s:?}");
-            assert!(c.direct_octets > 3 << 19, "client {c:?}");
+            // Unloaded, all but the first read of each direction (up to
+            // 256 KiB of whole FPDUs) and the short last FPDU of each
+            // message: > 3 MiB at the server, > 1.5 MiB at the client. A
+            // receiver that falls behind (a loaded or stolen CPU) finds
+            // whole FPDUs queued and reads up to 256 KiB of them through
+            // the buffer at a time, placing directly only the part of the
+            // last one not yet arrived: the bound asks for more than one
+            // such read's worth, which no copying receiver places.
+            assert!(s.direct_octets > 256 << 10, "server {s:?}");
+            assert!(c.direct_octets > 256 << 10, "client {c:?}");
         }
         let _ = (&mut server.buf, &mut client.buf);
     }
