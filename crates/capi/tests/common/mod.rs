@@ -208,8 +208,20 @@ pub fn finish(mut child: Child, deadline: Instant) -> Done {
 /// buffers its output, and a kill loses it), else the threads' kernel wait
 /// channels.
 fn post_mortem(pid: u32) -> String {
-    let gdb = Command::new("gdb")
-        .args(["-p", &pid.to_string(), "-batch", "-nx", "-q"])
+    // Bounded: a debugger that cannot attach must not hang the test it
+    // reports on.
+    let gdb = Command::new("timeout")
+        .args([
+            "-s",
+            "KILL",
+            "30",
+            "gdb",
+            "-p",
+            &pid.to_string(),
+            "-batch",
+            "-nx",
+            "-q",
+        ])
         .args(["-ex", "set pagination off", "-ex", "thread apply all bt 30"])
         .args(["-ex", "call (int) fflush(0)"])
         .stdin(Stdio::null())
