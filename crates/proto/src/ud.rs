@@ -195,6 +195,8 @@ const IOV_PER: usize = MAX_SGE + 2;
 /// its header and sent as one buffer: one CRC pass and one io-vector
 /// instead of a three-piece gather (the 64 B latency case).
 const SMALL_COPY: usize = 512;
+/// The buffer a small datagram is framed in: header, payload, CRC.
+const SMALL_FRAME: usize = HDR_CAP + SMALL_COPY + CRC_LEN;
 /// Octets of the staging buffer in which a batch of datagrams is framed
 /// contiguously (header, payload copied behind it, CRC), so that the
 /// kernel takes each GSO run as one io-vector. A gather of three or more
@@ -731,6 +733,11 @@ pub struct UdQp {
     /// [`STAGE_CAP`] octets from the first batch of datagrams staged on
     /// (kept for the next ones); empty on a QP that never sent one.
     stage: Vec<u8>,
+    /// The buffer a small datagram is framed in by
+    /// [`UdQp::post_send_and_transmit`] ([`SMALL_FRAME`] octets, kept
+    /// instead of a zeroed stack array per send: every octet of a framed
+    /// datagram is written before it is read).
+    small: Vec<u8>,
     // --- outputs ---
     completions: VecDeque<(CqKind, WorkCompletion)>,
     events: VecDeque<UdEvent>,
@@ -768,6 +775,7 @@ impl UdQp {
             use_clock: 0,
             tracker: Tracker::new(cfg.record),
             stage: Vec::new(),
+            small: vec![0; SMALL_FRAME],
             completions: VecDeque::with_capacity(cfg.sq_depth + cfg.rq_depth + 64),
             events: VecDeque::with_capacity(cfg.event_depth),
             stats: UdStats::default(),
@@ -850,10 +858,20 @@ impl UdQp {
     ) -> Result<io::Result<usize>, PostError> {
         let e = self.admit(&wr, dest)?;
         if self.sq.is_empty() && e.nsegs == 1 {
-            let mut buf = [0u8; HDR_CAP + SMALL_COPY + CRC_LEN];
-            if let Framed::Ready(n) = self.frame_small(&e, 0, mem, &mut buf) {
-                let Err(err) = sink.send((e.dest.ip, e.dest.port), &[IoSlice::new(&buf[..n])])
-                else {
+            let mut buf = std::mem::take(&mut self.small);
+            let framed = match buf.as_mut_slice().try_into() {
+                Ok(frame) => self.frame_small(&e, 0, mem, frame),
+                Err(_) => Framed::TooBig, // not SMALL_FRAME octets: never
+            };
+            let sent = match framed {
+                Framed::Ready(n) => {
+                    Some(sink.send((e.dest.ip, e.dest.port), &[IoSlice::new(&buf[..n])]))
+                }
+                Framed::TooBig | Framed::Unreadable => None,
+            };
+            self.small = buf;
+            if let Some(sent) = sent {
+                let Err(err) = sent else {
                     // What `commit` does for a request whose last datagram went.
                     self.stats.tx_datagrams += 1;
                     self.retire(&e);
@@ -1230,7 +1248,7 @@ impl UdQp {
         p: &Planned,
     ) -> Option<io::Result<usize>> {
         let e = &self.sq[p.idx];
-        let mut buf = [0u8; HDR_CAP + SMALL_COPY + CRC_LEN];
+        let mut buf = [0u8; SMALL_FRAME];
         // `plan` checked the gather list: a refused one cannot show here,
         // and if it did, the general path would send what it can read.
         let Framed::Ready(n) = self.frame_small(e, p.seg, mem, &mut buf) else {
@@ -1252,7 +1270,7 @@ impl UdQp {
         e: &SqEntry<W>,
         seg: u32,
         mem: &M,
-        buf: &mut [u8; HDR_CAP + SMALL_COPY + CRC_LEN],
+        buf: &mut [u8; SMALL_FRAME],
     ) -> Framed {
         let (repr, off, len) = self.segment(e, seg);
         if len > SMALL_COPY as u64 {
