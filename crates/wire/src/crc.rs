@@ -62,8 +62,17 @@ pub fn crc32c(data: &[u8]) -> u32 {
 /// `crc-fast` keeps the shift register un-inverted (before the final XOR),
 /// and CRC-32/ISCSI's initial value and final XOR are both all ones, so the
 /// register after the first octets is the complement of their CRC.
+///
+/// From `value` 0 the register is the algorithm's own initial value (all
+/// ones), so that case is [`crc32c`] itself — which a one-buffer FPDU (a
+/// small Send or Write framed contiguously) takes without building a
+/// `Digest` (a copy of its parameters and a CPU-feature lookup: 174
+/// instructions against ~90 for a 64-octet Send's FPDU).
 #[inline]
 fn append(value: u32, data: &[u8]) -> u32 {
+    if value == 0 {
+        return crc32c(data);
+    }
     let register = u64::from(!value);
     let mut digest =
         crc_fast::Digest::new_with_init_state(crc_fast::CrcAlgorithm::Crc32Iscsi, register);
