@@ -246,6 +246,7 @@ impl RecvQueue {
     }
 
     /// Takes the oldest receive; the flag says the limit event fired.
+    #[inline]
     fn take(&mut self) -> (Option<RecvWr>, bool) {
         let wr = self.wrs.pop_front();
         let fired = match self.limit {

@@ -532,6 +532,7 @@ impl RecvFifo {
         Ok(())
     }
 
+    #[inline]
     pub(crate) fn take(&mut self) -> Option<(u64, RecvWr)> {
         let x = self.wrs.pop_front()?;
         self.claimed += 1;
