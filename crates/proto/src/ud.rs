@@ -1558,17 +1558,17 @@ impl UdQp {
         };
         if wr.sgl.total_len() < self.grh_len() {
             // Not even room for the GRH.
-            return self.finish_err(src, msn, wr, WcStatus::LocLenErr);
+            return self.finish_err(src, msn, &wr, WcStatus::LocLenErr);
         }
         let cap = self.capacity(&wr);
         if whole {
             if u64::from(seg.end) > cap {
-                return self.finish_err(src, msn, wr, WcStatus::LocLenErr);
+                return self.finish_err(src, msn, &wr, WcStatus::LocLenErr);
             }
             if scatter(mem, &wr.sgl, self.grh_len() + u64::from(mo), payload).is_err() {
-                return self.finish_err(src, msn, wr, WcStatus::LocProtErr);
+                return self.finish_err(src, msn, &wr, WcStatus::LocProtErr);
             }
-            return self.finish_ok(src, msn, wr, seg.end, seg.imm, seg.solicited, mem);
+            return self.finish_ok(src, msn, &wr, seg.end, seg.imm, seg.solicited, mem);
         }
         let Some(i) = self.free_slots.pop() else {
             // Not reached: a slot was freed above.
@@ -1608,7 +1608,7 @@ impl UdQp {
         }
         if u64::from(seg.end) > r.cap {
             let r = self.release_slot(i);
-            return self.finish_err(r.src, r.msn, r.wr, WcStatus::LocLenErr);
+            return self.finish_err(r.src, r.msn, &r.wr, WcStatus::LocLenErr);
         }
         if r.frags.covers(seg.mo, seg.end) && (!seg.last || r.total.is_some()) {
             self.stats.rx_duplicates += 1;
@@ -1618,10 +1618,10 @@ impl UdQp {
             self.stats.rx_fragment_overflow += 1;
             return;
         }
-        let sgl = r.wr.sgl;
-        if !payload.is_empty() && scatter(mem, &sgl, grh + u64::from(seg.mo), payload).is_err() {
+        if !payload.is_empty() && scatter(mem, &r.wr.sgl, grh + u64::from(seg.mo), payload).is_err()
+        {
             let r = self.release_slot(i);
-            return self.finish_err(r.src, r.msn, r.wr, WcStatus::LocProtErr);
+            return self.finish_err(r.src, r.msn, &r.wr, WcStatus::LocProtErr);
         }
         r.frags.add(seg.mo, seg.end);
         if seg.last {
@@ -1633,7 +1633,7 @@ impl UdQp {
         if r.total.is_some_and(|t| r.frags.complete(t)) {
             let r = self.release_slot(i);
             let total = r.total.unwrap_or(0);
-            self.finish_ok(r.src, r.msn, r.wr, total, r.imm, r.solicited, mem);
+            self.finish_ok(r.src, r.msn, &r.wr, total, r.imm, r.solicited, mem);
         }
     }
 
@@ -1657,7 +1657,7 @@ impl UdQp {
         &mut self,
         src: DgramAddr,
         msn: u32,
-        wr: RecvWr,
+        wr: &RecvWr,
         total: u32,
         imm: Option<u32>,
         solicited: bool,
@@ -1684,7 +1684,7 @@ impl UdQp {
         self.completions.push_back((CqKind::Recv, wc));
     }
 
-    fn finish_err(&mut self, src: DgramAddr, msn: u32, wr: RecvWr, status: WcStatus) {
+    fn finish_err(&mut self, src: DgramAddr, msn: u32, wr: &RecvWr, status: WcStatus) {
         self.rq.consumed();
         self.mark_done(src, msn);
         match status {
