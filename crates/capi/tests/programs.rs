@@ -41,19 +41,33 @@ fn a_program_killed_at_its_deadline_leaves_stacks_and_output() {
     let t0 = std::time::Instant::now();
     let d = finish(child, t0 + std::time::Duration::from_millis(300));
     assert!(d.timed_out && d.code.is_none(), "{d:?}");
-    let root = std::fs::read_to_string("/proc/self/status")
-        .unwrap()
+    // gdb can attach when it is installed and this process may trace
+    // (CAP_SYS_PTRACE, bit 19 of the effective set: root outside a
+    // container that drops it).
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let may_trace = status
         .lines()
-        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << 19) != 0);
     let gdb = std::process::Command::new("gdb")
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
-    if root && gdb {
+    let from_gdb = !d.stacks.contains("wait channels");
+    if may_trace && gdb {
+        assert!(
+            from_gdb,
+            "gdb could attach but gave no stacks: {}",
+            d.stacks
+        );
+    }
+    if from_gdb {
         assert!(d.stacks.contains("main"), "gdb stacks: {}", d.stacks);
         assert!(d.stdout.contains("partial result"), "flushed: {d:?}");
     } else {
-        assert!(d.stacks.contains("wait channels"), "{}", d.stacks);
+        eprintln!("no stacks from gdb here: checking the wait-channel fallback");
+        assert!(d.stacks.contains("hang"), "{}", d.stacks);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -237,7 +237,9 @@ fn post_mortem(pid: u32) -> String {
             return bt.join("\n");
         }
     }
-    let mut out = String::from("(no gdb: kernel wait channels)");
+    let mut out = String::from(
+        "(no stacks from gdb — not installed or not allowed to attach: kernel wait channels)",
+    );
     if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for t in tasks.flatten() {
             let p = t.path();
