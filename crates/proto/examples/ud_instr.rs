@@ -5,9 +5,9 @@
 //!
 //! ```text
 //! cargo build --release -p softrdma-proto --example ud_instr
-//! valgrind --tool=callgrind --callgrind-out-file=/tmp/ud.cg \
+//! valgrind --tool=callgrind --callgrind-out-file=ud.cg \
 //!     target/release/examples/ud_instr 20000
-//! callgrind_annotate --inclusive=yes /tmp/ud.cg | grep -E 'tx_one|rx_one'
+//! callgrind_annotate --inclusive=yes ud.cg | grep -E 'tx_one|rx_one'
 //! ```
 //!
 //! `tx_one` is the sender's share of a message (post, frame, CRC, hand to
@@ -16,15 +16,18 @@
 //! inclusive counts by the message count. Natively it prints the message
 //! count and the time per message, a sanity check only.
 
+mod instr;
+
 use std::io::{self, IoSlice};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Instant;
 
-use softrdma_proto::memory::{Access, VecMemory};
+use softrdma_proto::memory::VecMemory;
 use softrdma_proto::ud::{DatagramSink, UdConfig, UdQp};
-use softrdma_proto::wr::{DgramAddr, Payload, RecvWr, SendFlags, SendOp, SendWr, SgList, WcStatus};
+use softrdma_proto::wr::{DgramAddr, RecvWr, SendWr, WcStatus};
 
-const SIZE: u32 = 64;
+use instr::{Bench, SIZE};
+
 const LO: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// Keeps the last datagram offered, as one buffer.
@@ -62,17 +65,7 @@ fn rx_one(qp: &mut UdQp, mem: &mut VecMemory, data: &[u8], now: Instant, recv: R
 }
 
 fn main() {
-    let n: u64 = std::env::args()
-        .nth(1)
-        .map_or(20_000, |a| a.parse().expect("message count"));
-    let mut mem = VecMemory::new();
-    let rw = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0);
-    let (sbase, rbase) = (0x10_0000u64, 0x20_0000u64);
-    let src = mem.register(0, sbase, 4096, rw);
-    let dst = mem.register(0, rbase, 4096, rw);
-    for (i, b) in mem.bytes_mut(src).iter_mut().enumerate() {
-        *b = i as u8;
-    }
+    let mut bench = Bench::new();
     let mut a = UdQp::new(UdConfig {
         qpn: 0x11,
         ..UdConfig::default()
@@ -83,12 +76,8 @@ fn main() {
         ..UdConfig::default()
     })
     .expect("receiver");
-    let recv = RecvWr {
-        wr_id: 7,
-        sgl: SgList::single(rbase, 256, dst),
-    };
     for _ in 0..8 {
-        b.post_recv(recv).expect("receive");
+        b.post_recv(bench.recv).expect("receive");
     }
     let to = DgramAddr {
         ip: LO,
@@ -100,28 +89,12 @@ fn main() {
     };
     let now = Instant::now();
     let t0 = Instant::now();
-    for i in 0..n {
-        let wr = SendWr {
-            wr_id: i,
-            op: SendOp::Send {
-                imm: None,
-                invalidate: None,
-            },
-            payload: Payload::Sgl(SgList::single(sbase, SIZE, src)),
-            flags: SendFlags {
-                signaled: true,
-                ..SendFlags::default()
-            },
-        };
-        tx_one(&mut a, &mem, &mut sink, wr, to);
+    for i in 0..bench.n {
+        let wr = bench.send(i);
+        tx_one(&mut a, &bench.mem, &mut sink, wr, to);
         let data = std::mem::take(&mut sink.buf);
-        rx_one(&mut b, &mut mem, &data, now, recv);
+        rx_one(&mut b, &mut bench.mem, &data, now, bench.recv);
         sink.buf = data;
     }
-    let per = t0.elapsed().as_nanos() as f64 / n as f64;
-    assert_eq!(
-        mem.bytes(dst)[..SIZE as usize],
-        mem.bytes(src)[..SIZE as usize]
-    );
-    println!("{n} messages, {per:.0} ns each (both ends, one thread)");
+    bench.finish(t0);
 }

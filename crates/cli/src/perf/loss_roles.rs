@@ -414,11 +414,11 @@ fn recv(kv: &Kv) -> Result<(), String> {
                 );
                 at = (at + n) % c.size;
                 let now = Instant::now();
-                let Some((a, b)) = window else { continue };
-                if now >= a {
-                    bytes += n as u64;
-                }
-                if now >= a && stream_window_over(now - a, b - a, bytes, c.size) {
+                let Some((a, b)) = window.filter(|&(a, _)| now >= a) else {
+                    continue;
+                };
+                bytes += n as u64;
+                if stream_window_over(now - a, b - a, bytes, c.size) {
                     break (now - a).as_secs_f64();
                 }
             };
