@@ -103,7 +103,7 @@ pub(crate) fn mpa_config(ctx: &Context, p: &ConnParams) -> MpaConfig {
     }
 }
 
-/// TCP's current maximum segment size for `sock`.
+/// TCP's current maximum segment size for `sock` (`TCP_MAXSEG`).
 fn mss(sock: &TcpStream) -> usize {
     let mut v: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
@@ -124,13 +124,69 @@ fn mss(sock: &TcpStream) -> usize {
     }
 }
 
+/// The largest TCP segment the path of `sock` carries: its path MTU less
+/// the IP and TCP headers and, when negotiated, the timestamp option
+/// (`TCP_INFO`). `None` if the kernel does not say.
+fn path_mss(sock: &TcpStream) -> Option<usize> {
+    // SAFETY: `tcp_info` is plain integers, for which all zeros is valid.
+    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` octets into the live `ti`.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            &mut ti as *mut libc::tcp_info as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r != 0 || ti.tcpi_pmtu == 0 {
+        return None;
+    }
+    let ip = match sock.peer_addr().ok()? {
+        SocketAddr::V4(_) => 20,
+        SocketAddr::V6(a) if a.ip().to_ipv4_mapped().is_some() => 20,
+        SocketAddr::V6(_) => 40,
+    };
+    // TCPI_OPT_TIMESTAMPS of <linux/tcp.h>.
+    const TIMESTAMPS: u8 = 1;
+    let options = if ti.tcpi_options & TIMESTAMPS != 0 {
+        12
+    } else {
+        0
+    };
+    (ti.tcpi_pmtu as usize).checked_sub(ip + 20 + options)
+}
+
+/// Segment sizes from which on no Ethernet link — and so no iWARP RNIC,
+/// whose receive path wants each FPDU in one TCP segment — can be on the
+/// path: jumbo frames end near 9 KiB (16 KiB leaves room).
+const BEYOND_ETHERNET: usize = 16 * 1024;
+
+/// The effective maximum segment size of RFC 5044 (the smaller of the
+/// peer's MSS and the path MTU's) for sizing FPDUs: TCP's current segment
+/// size, except on paths beyond Ethernet frame sizes (loopback: MTU 64
+/// KiB), where Linux also bounds that segment by half the largest window
+/// the peer has offered — 32 KiB right after the handshake, though the path
+/// carries twice that. There the path MTU's segment is used, so a bulk
+/// transfer moves half as many FPDUs (no receiver on such a path needs the
+/// alignment the smaller size would buy).
+fn emss(sock: &TcpStream) -> usize {
+    let mss = mss(sock);
+    if mss < BEYOND_ETHERNET {
+        return mss;
+    }
+    path_mss(sock).map_or(mss, |p| p.max(mss))
+}
+
 /// The largest ULPDU (DDP segment) an RC connection on `sock` sends: its
-/// TCP maximum segment size, capped by `SOFTRDMA_MAX_FPDU`, less the MPA
+/// effective MSS (`emss`), capped by `SOFTRDMA_MAX_FPDU`, less the MPA
 /// framing (and markers when `markers`) — read when the connection starts
 /// and kept for its life. Public so that a raw baseline can frame its
 /// stream exactly as RC would on the same kind of connection.
 pub fn max_ulpdu(cfg: &crate::config::Config, sock: &TcpStream, markers: bool) -> usize {
-    let emss = mss(sock).min(cfg.max_fpdu.unwrap_or(usize::MAX));
+    let emss = emss(sock).min(cfg.max_fpdu.unwrap_or(usize::MAX));
     fpdu::max_ulpdu(emss, markers).max(64)
 }
 
@@ -161,6 +217,11 @@ pub(crate) fn rc_config(
         max_ulpdu: max_ulpdu(ctx.config(), sock, n.markers_tx),
         softrdma_ext: n.peer_is_softrdma,
         rtr,
+        crc_direct_min: if ctx.config().mpa_crc_direct {
+            crate::qp::DIRECT_MIN
+        } else {
+            0
+        },
         ..RcConfig::default()
     }
 }

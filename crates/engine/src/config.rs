@@ -18,6 +18,12 @@ pub enum ProgressMode {
 pub struct Config {
     /// `SOFTRDMA_MPA_CRC=0|1` (default 1): ask for CRC32C.
     pub mpa_crc: bool,
+    /// `SOFTRDMA_MPA_CRC_DIRECT=0|1` (default 1): with CRC, read the
+    /// payload of an FPDU that arrives in parts straight into place and
+    /// check the CRC at its end, as siw and RNICs do (nothing of the FPDU
+    /// completes before; a mismatch terminates the connection), instead of
+    /// keeping every FPDU until whole and verified — which costs a copy.
+    pub mpa_crc_direct: bool,
     /// `SOFTRDMA_MPA_MARKERS=0|1` (default 0): ask to receive markers.
     pub mpa_markers: bool,
     /// `SOFTRDMA_MPA_P2P=0|1` (default 1): offer/accept peer-to-peer mode.
@@ -54,6 +60,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             mpa_crc: true,
+            mpa_crc_direct: true,
             mpa_markers: false,
             mpa_p2p: true,
             mpa_rev: 2,
@@ -94,6 +101,9 @@ impl Config {
         let mut c = Config::default();
         if let Some(v) = get("SOFTRDMA_MPA_CRC") {
             c.mpa_crc = flag("SOFTRDMA_MPA_CRC", &v)?;
+        }
+        if let Some(v) = get("SOFTRDMA_MPA_CRC_DIRECT") {
+            c.mpa_crc_direct = flag("SOFTRDMA_MPA_CRC_DIRECT", &v)?;
         }
         if let Some(v) = get("SOFTRDMA_MPA_MARKERS") {
             c.mpa_markers = flag("SOFTRDMA_MPA_MARKERS", &v)?;
@@ -157,17 +167,19 @@ mod tests {
         assert_eq!(Config::from_lookup(env(&[])).unwrap(), Config::default());
         let c = Config::from_lookup(env(&[
             ("SOFTRDMA_MPA_CRC", "0"),
+            ("SOFTRDMA_MPA_CRC_DIRECT", "0"),
             ("SOFTRDMA_MPA_REV", "1"),
             ("SOFTRDMA_PROGRESS", "thread"),
         ]))
         .unwrap();
-        assert!(!c.mpa_crc);
+        assert!(!c.mpa_crc && !c.mpa_crc_direct);
         assert_eq!(c.mpa_rev, 1);
         assert_eq!(c.progress, ProgressMode::Thread);
         assert!(Config::from_lookup(env(&[("SOFTRDMA_MPA_REV", "3")]))
             .unwrap_err()
             .contains("SOFTRDMA_MPA_REV"));
         assert!(Config::from_lookup(env(&[("SOFTRDMA_MPA_CRC", "maybe")])).is_err());
+        assert!(Config::from_lookup(env(&[("SOFTRDMA_MPA_CRC_DIRECT", "2")])).is_err());
         assert!(Config::from_lookup(env(&[("SOFTRDMA_MAX_FPDU", "10")])).is_err());
         let c = Config::from_lookup(env(&[
             ("SOFTRDMA_DGRAM_MTU", "9000"),

@@ -180,7 +180,9 @@ const RXBUF: usize = 256 * 1024;
 
 /// Payload octets left in an FPDU worth a direct read: below this the
 /// copy path's larger read, which also takes what follows, is cheaper.
-const DIRECT_MIN: usize = 2048;
+/// (With CRC also the octets an FPDU must still lack to be streamed rather
+/// than kept whole: `RcConfig::crc_direct_min`.)
+pub(crate) const DIRECT_MIN: usize = 2048;
 
 /// Header-sized reads in a row without a direct placement after which the
 /// receive path goes back to reading the whole buffer (small messages).
@@ -237,6 +239,31 @@ fn read_direct(
     } else {
         Ok(r as usize)
     })
+}
+
+/// Tells `rc` that the first `n` octets `d` offered were placed; with CRC
+/// it reads them back from `v` for the CRC to cover. False if refused
+/// (the pieces were checked by `read_direct`, so only on a bug).
+fn direct_placed(rc: &mut RcQp, v: &View<'_>, d: &DirectRx, n: usize) -> bool {
+    if !rc.config().crc {
+        return rc.rx_direct_placed(n, &[]);
+    }
+    let mut placed: [&[u8]; MAX_SGE] = [&[]; MAX_SGE];
+    let mut k = 0;
+    let mut left = n as u64;
+    for p in d.pieces() {
+        if left == 0 {
+            break;
+        }
+        let len = p.len.min(left);
+        match v.placed(p.key, p.addr, len, p.remote) {
+            Ok(b) => placed[k] = b,
+            Err(_) => return false,
+        }
+        k += 1;
+        left -= len;
+    }
+    rc.rx_direct_placed(n, &placed[..k])
 }
 
 /// How long after the first FPDU a silent non-softrdma responder gets a
@@ -634,10 +661,18 @@ impl QpShared {
                 Some(d) => {
                     let tail = (d.trailer + d.next_header).min(rxbuf.len());
                     let fd = link.sock.as_raw_fd();
-                    let r = self
-                        .shared
-                        .registry
-                        .with_view(pd, |v| read_direct(fd, v, &d, &mut rxbuf[..tail]));
+                    let rc = &mut link.rc;
+                    let r = self.shared.registry.with_view(pd, |v| {
+                        let r = read_direct(fd, v, &d, &mut rxbuf[..tail])?;
+                        // Accounted while the view keeps the memory
+                        // registered: with CRC the placed octets are read
+                        // back into it.
+                        if let Ok(n) = r {
+                            let ok = direct_placed(rc, v, &d, n.min(d.len));
+                            debug_assert!(ok, "rx_direct offered the octets");
+                        }
+                        Some(r)
+                    });
                     match r {
                         Some(r) => {
                             used = Some(d);
@@ -697,8 +732,6 @@ impl QpShared {
             // With a direct read the first octets are already in place.
             let placed = used.map_or(0, |d| n.min(d.len));
             if let Some(d) = used {
-                let ok = link.rc.rx_direct_placed(placed);
-                debug_assert!(ok, "rx_direct offered the octets");
                 rx_stats.direct_octets += placed as u64;
                 // Enough to reach the next payload from anywhere in this
                 // FPDU's trailer (a few payload octets more are harmless).

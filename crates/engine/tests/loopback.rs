@@ -206,46 +206,54 @@ fn side_with(cfg: softrdma_engine::config::Config, len: usize) -> Side {
     }
 }
 
-/// Without CRC, large Write, Read Response and Send payloads are read
-/// from the socket straight into registered memory (no copy through the
-/// receive buffer); with CRC nothing is (verify, then place). Data is
-/// checked either way, including a Send scattered over three pieces.
+/// Large Write, Read Response and Send payloads are read from the socket
+/// straight into registered memory (no copy through the receive buffer):
+/// without CRC, and with CRC unless `SOFTRDMA_MPA_CRC_DIRECT=0` asks to
+/// verify every FPDU before placing it — then nothing is. Data is checked
+/// every time, including a Send scattered over three pieces.
 ///
 /// Direct placement is opportunistic: it reads the rest of an FPDU whose
 /// header arrived before its payload. A receiver that falls behind (a
 /// loaded or stolen CPU) finds whole FPDUs queued, reads them through its
 /// buffer up to 256 KiB at a time and places nothing directly — seen in
-/// CI: the client read a whole 2 MiB Read Response that way. So without
-/// CRC each end must place directly more than one such read's worth in
-/// at least one of five exchanges (unloaded: every time, > 3 MiB at the
-/// server, > 1.5 MiB at the client); with CRC, never.
+/// CI: the client read a whole 2 MiB Read Response that way. So each end
+/// must place directly more than one such read's worth in at least one
+/// of five exchanges (unloaded: every time, > 3 MiB at the server, > 1.5
+/// MiB at the client); verifying first, never.
 #[test]
-fn direct_placement_without_crc_only() {
-    let (s, c) = placement_exchange(true);
-    assert_eq!((s.direct_octets, c.direct_octets), (0, 0), "crc");
-    let (mut server_direct, mut client_direct) = (false, false);
-    let mut seen = Vec::new();
-    for _ in 0..5 {
-        let (s, c) = placement_exchange(false);
-        server_direct |= s.direct_octets > 256 << 10;
-        client_direct |= c.direct_octets > 256 << 10;
-        seen.push((s, c));
-        if server_direct && client_direct {
-            break;
-        }
-    }
-    assert!(
-        server_direct && client_direct,
-        "placed directly too little in five exchanges (server, client): {seen:?}"
+fn direct_placement_unless_crc_is_verified_first() {
+    let (s, c) = placement_exchange(true, false);
+    assert_eq!(
+        (s.direct_octets, c.direct_octets),
+        (0, 0),
+        "crc verified first"
     );
+    for crc in [false, true] {
+        let (mut server_direct, mut client_direct) = (false, false);
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            let (s, c) = placement_exchange(crc, true);
+            server_direct |= s.direct_octets > 256 << 10;
+            client_direct |= c.direct_octets > 256 << 10;
+            seen.push((s, c));
+            if server_direct && client_direct {
+                break;
+            }
+        }
+        assert!(
+            server_direct && client_direct,
+            "crc {crc}: placed directly too little in five exchanges (server, client): {seen:?}"
+        );
+    }
 }
 
-/// One exchange of [`direct_placement_without_crc_only`]: two Writes, a
-/// scattered Send and a Read over a fresh connection, every octet checked;
-/// returns the (server, client) receive statistics.
-fn placement_exchange(crc: bool) -> (RxStats, RxStats) {
+/// One exchange of [`direct_placement_unless_crc_is_verified_first`]: two
+/// Writes, a scattered Send and a Read over a fresh connection, every octet
+/// checked; returns the (server, client) receive statistics.
+fn placement_exchange(crc: bool, crc_direct: bool) -> (RxStats, RxStats) {
     let cfg = softrdma_engine::config::Config {
         mpa_crc: crc,
+        mpa_crc_direct: crc_direct,
         ..Default::default()
     };
     let len = 8 << 20;

@@ -44,7 +44,8 @@
 //!   `number_of_markers()` is `(len - first) / 512 + 1`, which counts the
 //!   marker at the very end of the segment, although that one belongs to
 //!   the next FPDU (wire.md §5; tshark itself places it there when it
-//!   decodes the next FPDU). A full FPDU at the 32 KiB loopback EMSS is 32768
+//!   decodes the next FPDU). A full FPDU at a 32 KiB EMSS (loopback's, before
+//!   FPDUs there were sized from its path MTU) is 32768
 //!   octets (64 markers, ULPDU_Length 32506); when such an FPDU opened the
 //!   server's direction (a Read Response before any other server FPDU),
 //!   tshark wanted 65 markers, took the FPDU for 4 octets longer than it

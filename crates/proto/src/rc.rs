@@ -6,17 +6,24 @@
 //! * in: [`RcQp::post_send`], [`RcQp::post_recv`], [`RcQp::handle_bytes`]
 //!   (stream octets split anywhere), [`RcQp::handle_llp_closed`]; for a
 //!   receiver that reads into place itself: [`RcQp::rx_direct`] /
-//!   [`RcQp::rx_direct_placed`] (no CRC: payload straight into memory) and
-//!   [`RcQp::rx_stash_space`] / [`RcQp::rx_stash_filled`] (CRC: the rest of
-//!   a partial FPDU straight behind its start);
+//!   [`RcQp::rx_direct_placed`] (payload straight into memory: without
+//!   CRC, or with `RcConfig::crc_direct_min`) and [`RcQp::rx_stash_space`]
+//!   / [`RcQp::rx_stash_filled`] (CRC: the rest of a partial FPDU straight
+//!   behind its start);
 //! * out: [`RcQp::poll_transmit`] (writes FPDUs through any
 //!   [`std::io::Write`], surviving partial writes and `WouldBlock`),
 //!   [`RcQp::poll_completion`], [`RcQp::poll_event`].
 //!
 //! With CRC an FPDU is verified before any of it is acted on (verify, then
-//! place): an FPDU that arrives in pieces is kept until it is complete.
-//! Without CRC (nothing to verify) and with markers (siw interoperation)
-//! FPDUs are processed as they stream in. A whole FPDU that is a
+//! place): an FPDU that arrives in pieces is kept until it is complete —
+//! unless `RcConfig::crc_direct_min` is set and the FPDU still lacks at
+//! least that many octets: then, as siw and RNICs do, its header is acted
+//! on and its payload placed as it arrives (straight from the transport
+//! through [`RcQp::rx_direct`]), the CRC checked at its end, and nothing
+//! of it completes before; a mismatch terminates the stream (RFC 5041:
+//! placement may precede validation, delivery may not). Without CRC
+//! (nothing to verify) and with markers (siw interoperation) FPDUs are
+//! processed as they stream in. A whole FPDU that is a
 //! one-segment plain Send or RDMA Write arriving between messages takes a
 //! shortcut past the general receive machinery with the same outcome
 //! (`RcQp::rx_shortcut`); anything unusual about it, errors included, goes
@@ -123,6 +130,13 @@ pub struct RcConfig {
     /// Inbound Read Responses sent in a row before the send queue gets a
     /// message in (so serving Reads never starves the send queue).
     pub read_burst: usize,
+    /// With CRC: an FPDU arriving in parts that still lacks at least this
+    /// many octets is processed as it arrives — header acted on, payload
+    /// placed (by [`RcQp::rx_direct`] straight from the transport), CRC
+    /// checked at its end before anything of it completes — instead of
+    /// kept until whole and verified first. 0 (the default): every FPDU is
+    /// verified before any of it is acted on.
+    pub crc_direct_min: usize,
 }
 
 impl Default for RcConfig {
@@ -139,6 +153,7 @@ impl Default for RcConfig {
             rq_depth: 128,
             rtr: RtrRole::None,
             read_burst: 4,
+            crc_direct_min: 0,
         }
     }
 }
@@ -465,8 +480,12 @@ impl TxRing {
 
 /// FPDUs batched into one vectored write.
 const TX_BATCH: usize = 16;
-/// Octets batched into one vectored write (more is not worth waiting for).
-const TX_BATCH_BYTES: usize = 1 << 20;
+/// Octets batched into one vectored write. With CRC the batch is read
+/// twice, by its CRC when framed and by the kernel's copy when written; a
+/// batch small enough to stay in a core's L2 cache between the two is read
+/// from memory once (1 MiB batches measured 0.85x raw TCP for 1 MiB RC
+/// Writes with CRC, 256 KiB 0.92x, 128 KiB 0.82x — medians of 4 runs).
+const TX_BATCH_BYTES: usize = 1 << 18;
 /// IoSlices one batch may need: header + spans + trailer per FPDU.
 const IOV_CAP: usize = TX_BATCH * (MAX_SGE + 2);
 /// IoSlices one FPDU may need.
@@ -1798,7 +1817,7 @@ impl RcQp {
                     }
                     continue;
                 }
-                Ok(None) if self.stashes() => {
+                Ok(None) if self.stashes() && !self.streams_crc(data) => {
                     // Only part of an FPDU: kept until the rest arrives.
                     self.stash(data);
                     return;
@@ -1975,6 +1994,18 @@ impl RcQp {
     /// siw interoperation — and keep the streaming path.)
     fn stashes(&self) -> bool {
         self.cfg.crc && !self.cfg.markers_rx && self.deframer.at_boundary()
+    }
+
+    /// With CRC and `crc_direct_min`: the partial FPDU at the front of
+    /// `data` (its length field there) lacks so many octets that it is
+    /// streamed (and its payload offered to `rx_direct`) rather than kept.
+    fn streams_crc(&self, data: &[u8]) -> bool {
+        let min = self.cfg.crc_direct_min;
+        if min == 0 || data.len() < fpdu::LEN_FIELD {
+            return false;
+        }
+        let ulpdu = usize::from(u16::from_be_bytes([data[0], data[1]]));
+        fpdu::fpdu_len(ulpdu).saturating_sub(data.len()) >= min
     }
 
     /// Octets the stashed partial FPDU still lacks (to learn its length:
@@ -2477,8 +2508,9 @@ impl RcQp {
     /// where the rest of the payload of the FPDU being received goes, for a
     /// receiver that can move it from the socket straight into memory
     /// instead of handing it to [`RcQp::handle_bytes`]. Offered only on a
-    /// connection without CRC and markers (with a CRC every FPDU is
-    /// verified before it is placed), mid-payload of an RDMA Write, Read
+    /// connection without markers, and with CRC only when
+    /// `RcConfig::crc_direct_min` lets FPDUs stream (otherwise every FPDU
+    /// is verified before it is placed), mid-payload of an RDMA Write, Read
     /// Response or Send segment whose header passed every check. The caller
     /// must still check each piece against its memory (the region may have
     /// gone since the header was checked) and fall back to `handle_bytes`
@@ -2487,7 +2519,7 @@ impl RcQp {
     pub fn rx_direct(&self) -> Option<DirectRx> {
         // The common refusals first, inline at the caller: this is asked
         // on every receive poll.
-        if self.cfg.crc || self.rx_seg.is_none() {
+        if (self.cfg.crc && self.cfg.crc_direct_min == 0) || self.rx_seg.is_none() {
             return None;
         }
         self.rx_direct_resolve()
@@ -2554,13 +2586,25 @@ impl RcQp {
 
     /// Records that the first `n` octets described by [`RcQp::rx_direct`]
     /// were placed by the caller, as if they had arrived through
-    /// [`RcQp::handle_bytes`]. Refused (`false`, nothing changed) when
-    /// `rx_direct` offers fewer than `n` octets.
-    pub fn rx_direct_placed(&mut self, n: usize) -> bool {
+    /// [`RcQp::handle_bytes`]. With CRC, `placed` holds those octets as they
+    /// now are in memory, in order (pieces of `n` octets in all), for the
+    /// CRC to cover; without, it is not read (pass `&[]`). Refused
+    /// (`false`, nothing changed) when `rx_direct` offers fewer than `n`
+    /// octets, or, with CRC, `placed` does not hold `n`.
+    pub fn rx_direct_placed(&mut self, n: usize, placed: &[&[u8]]) -> bool {
         if n == 0 {
             return true;
         }
-        if self.rx_direct().is_none_or(|d| d.len < n) || !self.deframer.skip_payload(n) {
+        if self.rx_direct().is_none_or(|d| d.len < n) {
+            return false;
+        }
+        let ok = if self.cfg.crc {
+            placed.iter().map(|p| p.len()).sum::<usize>() == n
+                && placed.iter().all(|p| self.deframer.placed_payload(p))
+        } else {
+            self.deframer.skip_payload(n)
+        };
+        if !ok {
             return false;
         }
         if let Some(seg) = &mut self.rx_seg {

@@ -157,6 +157,20 @@ impl Pair {
         p
     }
 
+    /// A pair with CRC whose receivers stream FPDUs that still lack 2 KiB
+    /// or more and place their payload directly (as the engine does); 16
+    /// KiB FPDUs, so there are such.
+    fn direct_crc(seed: u64) -> Pair {
+        let cfg = RcConfig {
+            crc_direct_min: 2048,
+            max_ulpdu: softrdma_wire::fpdu::max_ulpdu(16 << 10, false),
+            ..RcConfig::default()
+        };
+        let mut p = Pair::new(seed, cfg, cfg);
+        p.direct = true;
+        p
+    }
+
     fn rc(seed: u64) -> Pair {
         Pair::new(seed, RcConfig::default(), RcConfig::default())
     }
@@ -189,7 +203,7 @@ impl Pair {
                             let n =
                                 (1 + self.rng.below(d.len as u64) as usize).min(chunk.len() - at);
                             place_direct(&mut dst.mem, &d, &chunk[at..at + n]);
-                            assert!(dst.qp.rx_direct_placed(n));
+                            assert!(dst.qp.rx_direct_placed(n, &[&chunk[at..at + n]]));
                             self.direct_octets += n as u64;
                             at += n;
                             continue;
@@ -438,6 +452,8 @@ fn write_read_and_atomics() {
     // Payload of Write and Read Response segments whose header ended a
     // delivered piece (the random splits decide how much).
     assert!(p.direct_octets > 16 << 10, "{}", p.direct_octets);
+    let p = write_read_atomics(Pair::direct_crc(21));
+    assert!(p.direct_octets > 16 << 10, "with CRC: {}", p.direct_octets);
 }
 
 fn write_read_atomics(mut p: Pair) -> Pair {
@@ -929,6 +945,73 @@ fn partial_fpdus_with_crc_are_completed_in_place() {
 #[test]
 fn random_operation_mix_is_exact_with_direct_placement() {
     assert!(random_mix(Pair::direct) > 0);
+}
+
+#[test]
+fn random_operation_mix_is_exact_with_crc_and_direct_placement() {
+    assert!(random_mix(Pair::direct_crc) > 0);
+}
+
+/// With CRC and `crc_direct_min`, a Send that arrives in parts is placed
+/// as it comes and checked at its end: octets damaged on the way are
+/// placed, the CRC fails, and the receive completes in error — never as a
+/// success — while the stream terminates; the same FPDU intact completes.
+#[test]
+fn a_damaged_payload_placed_directly_fails_its_crc() {
+    for damage in [false, true] {
+        let mut p = Pair::direct_crc(7);
+        let len = 10_000usize;
+        let a = p.a.mem.register(0, 0, len, RW);
+        p.a.mem.bytes_mut(a).copy_from_slice(&pattern(len, 3));
+        let b = p.b.mem.register(0, 0, len, RW);
+        p.b.qp
+            .post_recv(RecvWr {
+                wr_id: 3,
+                sgl: SgList::single(0, len as u32, b),
+            })
+            .unwrap();
+        p.a.qp.post_send(send(1, a, 0, len as u32)).unwrap();
+        let mut wire = Vec::new();
+        p.a.qp.poll_transmit(&mut p.a.mem, &mut wire).unwrap();
+        assert_eq!(wire.len(), 2 + 18 + len + 4, "one FPDU");
+        // The header and 100 payload octets: streamed, not kept.
+        p.b.qp.handle_bytes(&wire[..120], &mut p.b.mem);
+        assert!(p.b.qp.rx_stash_space().is_none(), "not kept whole");
+        let d = p.b.qp.rx_direct().expect("the rest is offered");
+        assert_eq!((d.len, d.trailer), (len - 100, 4));
+        let mut rest = wire[120..120 + d.len].to_vec();
+        if damage {
+            rest[5000] ^= 0x40;
+        }
+        place_direct(&mut p.b.mem, &d, &rest);
+        assert!(!p.b.qp.rx_direct_placed(d.len, &[&rest[1..]]), "too few");
+        assert!(p.b.qp.rx_direct_placed(d.len, &[&rest[..10], &rest[10..]]));
+        p.b.drain();
+        assert!(p.b.recv_wc.is_empty(), "nothing completes before the CRC");
+        p.b.qp.handle_bytes(&wire[120 + d.len..], &mut p.b.mem);
+        p.b.drain();
+        if damage {
+            assert_eq!(p.b.qp.state(), RcState::Error);
+            assert!(p.b.events.contains(&RcEvent::Error {
+                cause: Some(TerminateCause::MpaCrcError),
+                remote: false
+            }));
+            assert_eq!(p.b.recv_wc.len(), 1);
+            assert_eq!(p.b.recv_wc[0].status, WcStatus::RemOpErr);
+        } else {
+            assert_eq!(p.b.qp.state(), RcState::Rts);
+            assert_eq!(
+                p.b.recv_wc,
+                vec![WorkCompletion::new(
+                    3,
+                    WcStatus::Success,
+                    WcOpcode::Recv,
+                    len as u32
+                )]
+            );
+            assert_eq!(p.b.mem.bytes(b), &pattern(len, 3)[..]);
+        }
+    }
 }
 
 fn random_mix(make: fn(u64) -> Pair) -> u64 {

@@ -508,13 +508,16 @@ impl Deframer {
 
     /// Direct placement (a receiver that moves payload from the transport
     /// straight into its destination instead of through [`Deframer::decode`]):
-    /// when the stream has no CRC and no markers and an FPDU's payload is
-    /// being received, `Some((payload octets left, trailer octets))` where
-    /// the trailer is the pad and the (ignored) CRC field that follow the
-    /// payload. `None` otherwise — with a CRC every octet must pass through
-    /// the deframer so the FPDU is verified before it counts.
+    /// when the stream has no markers and an FPDU's payload is being
+    /// received, `Some((payload octets left, trailer octets))` where the
+    /// trailer is the pad and the CRC field that follow the payload. `None`
+    /// otherwise. Report what was placed with [`Deframer::skip_payload`]
+    /// (no CRC) or [`Deframer::placed_payload`] (with or without CRC). With
+    /// a CRC the FPDU is verified when its trailer arrives, after its
+    /// payload was placed: the caller must act on nothing of it before
+    /// [`Event::End`] (a mismatch fails the stream instead).
     pub fn direct_payload(&self) -> Option<(usize, usize)> {
-        if self.crc_enabled || self.markers || self.state != RxState::Payload {
+        if self.markers || self.state != RxState::Payload {
             return None;
         }
         Some((self.payload_left, pad_len(self.ulpdu_len) + CRC_LEN))
@@ -523,12 +526,29 @@ impl Deframer {
     /// Accounts for `n` payload octets that the caller placed itself (see
     /// [`Deframer::direct_payload`]) as if they had passed through
     /// [`Deframer::decode`] as [`Event::Payload`]. Refused (`false`,
-    /// nothing changed) unless `direct_payload` allows at least `n`.
+    /// nothing changed) unless `direct_payload` allows at least `n` — and
+    /// always with a CRC, which must see the octets
+    /// ([`Deframer::placed_payload`]).
     pub fn skip_payload(&mut self, n: usize) -> bool {
         match self.direct_payload() {
-            Some((left, _)) if n <= left => {
+            Some((left, _)) if n <= left && !self.crc_enabled => {
                 self.payload_left -= n;
                 self.pos += n as u64;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// As [`Deframer::skip_payload`] for the payload octets `placed` (as
+    /// they now are where the caller put them), which the CRC, when
+    /// enabled, covers. Refused (`false`, nothing changed) unless
+    /// `direct_payload` allows at least `placed.len()`.
+    pub fn placed_payload(&mut self, placed: &[u8]) -> bool {
+        match self.direct_payload() {
+            Some((left, _)) if placed.len() <= left => {
+                self.take(placed);
+                self.payload_left -= placed.len();
                 true
             }
             _ => false,
@@ -991,11 +1011,70 @@ mod tests {
         assert_eq!(d.stream_position(), stream.len() as u64);
         assert_eq!(seen.len(), 1 + 1, "end of the first, all of the second");
         assert_eq!(seen[1].payload, payload);
-        // With a CRC nothing may bypass the deframer.
+        // With a CRC the placed octets must pass through the CRC: counting
+        // them alone is refused.
         let mut d = Deframer::new(true, false);
         d.decode(&stream[..16]).unwrap();
-        assert_eq!(d.direct_payload(), None);
+        assert_eq!(d.direct_payload(), Some((1001, 3 + CRC_LEN)));
         assert!(!d.skip_payload(1));
+        // With markers no payload may bypass the deframer.
+        let mut marked = Vec::new();
+        Framer::new(false, true)
+            .frame_to_vec(&hdr, &[&payload], &mut marked)
+            .unwrap();
+        let mut d = Deframer::new(false, true);
+        let (n, ev) = d.decode(&marked[..20]).unwrap();
+        let (_, ev2) = if ev.is_none() {
+            d.decode(&marked[n..20]).unwrap()
+        } else {
+            (0, ev)
+        };
+        assert!(matches!(ev2, Some(Event::Header(_))));
+        assert_eq!(d.direct_payload(), None);
+        assert!(!d.placed_payload(&payload[..1]));
+    }
+
+    #[test]
+    fn placed_payload_is_covered_by_the_crc() {
+        // Two FPDUs with CRC, a tagged header (14 octets) and 1001 payload
+        // octets each; the first one's payload is placed by the caller.
+        let payload: Vec<u8> = (0..1001u32).map(|i| (i * 7) as u8).collect();
+        let ulpdu = (14 + payload.len()) as u16;
+        let mut hdr = [0u8; 16];
+        hdr[..2].copy_from_slice(&ulpdu.to_be_bytes());
+        hdr[2] = 0xc1;
+        hdr[3] = 0x40;
+        let mut stream = Vec::new();
+        let mut f = Framer::new(true, false);
+        f.frame_to_vec(&hdr, &[&payload], &mut stream).unwrap();
+        f.frame_to_vec(&hdr, &[&payload], &mut stream).unwrap();
+        let run = |placed: &[u8]| {
+            let mut d = Deframer::new(true, false);
+            d.decode(&stream[..16]).unwrap();
+            assert!(!d.placed_payload(&[0; 1002]), "more than is left");
+            assert!(d.placed_payload(&placed[..600]));
+            assert!(d.placed_payload(&placed[600..]));
+            assert_eq!(d.direct_payload(), Some((0, 3 + CRC_LEN)));
+            let r = deframe(&mut d, &stream[16 + 1001..], &[]);
+            (r, d.stream_position())
+        };
+        // The octets that arrived: the CRC matches, the stream goes on.
+        let ((seen, err), pos) = run(&payload);
+        assert_eq!(err, None);
+        assert_eq!(pos, stream.len() as u64);
+        assert_eq!(seen.len(), 1 + 1, "end of the first, all of the second");
+        assert_eq!(seen[1].payload, payload);
+        // Octets that differ from what was sent (one bit): the first FPDU's
+        // end fails its CRC and nothing after it is reported.
+        let mut bad = payload.clone();
+        bad[777] ^= 0x10;
+        let ((seen, err), _) = run(&bad);
+        assert_eq!(err, Some(Error::BadCrc));
+        assert!(
+            seen.is_empty(),
+            "no End for the damaged FPDU: {}",
+            seen.len()
+        );
     }
 
     #[test]
