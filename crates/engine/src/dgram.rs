@@ -25,7 +25,7 @@
 //! # Receive
 //!
 //! The progress thread (epoll, level-triggered) and inline progress from
-//! [`crate::Cq::poll`] read a socket with `recvmmsg`, up to 32 buffers
+//! [`crate::Cq::poll`] read a socket with `recvmmsg`, up to 8 buffers
 //! (datagrams, or GRO runs of them, see below) per call, into buffers
 //! allocated once per socket (no allocation per datagram). Each datagram is demultiplexed on its
 //! destination QPN ([`dest_qpn`]: the DQPN word of a UD datagram, the shim's
