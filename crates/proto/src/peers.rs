@@ -1,5 +1,6 @@
 //! A table of peers for the datagram QPs (and of the Write-Record
-//! messages in progress, keyed by source and STag): a hash index over a
+//! messages in progress, keyed by source and STag, and of their validity
+//! maps, keyed by STag): a hash index over a
 //! dense vector of entries that remembers where the last entry it handed
 //! out for change was found.
 //!

@@ -512,7 +512,9 @@ pub struct Tracker {
     /// one after another, which the table finds without hashing.
     inprog: PeerTable<Key, Msg>,
     history: History,
-    valid: HashMap<u32, Vec<(u64, u64)>>,
+    /// Validity maps by STag; a stream's segments reach the same one one
+    /// after another, which the table finds without hashing.
+    valid: PeerTable<u32, Vec<(u64, u64)>>,
     cq: VecDeque<WorkCompletion>,
     /// No message in progress times out before this (a lower bound).
     next_deadline: Option<Instant>,
@@ -532,7 +534,7 @@ impl Tracker {
             cfg,
             inprog: PeerTable::new(),
             history: History::default(),
-            valid: HashMap::new(),
+            valid: PeerTable::new(),
             cq: VecDeque::new(),
             next_deadline: None,
             seq: 0,
@@ -598,7 +600,7 @@ impl Tracker {
         // history: `start` is reached only past the history check below.)
         if let Some(m) = self.inprog.get_mut(&key).filter(|m| m.msn == msn) {
             let map = if map_on {
-                Some(self.valid.entry(stag).or_default())
+                Some(self.valid.get_or_insert_with(stag, Vec::new))
             } else {
                 None
             };
@@ -688,7 +690,7 @@ impl Tracker {
         };
         self.seq += 1;
         let map = if self.cfg.mode.map() {
-            Some(self.valid.entry(key.1).or_default())
+            Some(self.valid.get_or_insert_with(key.1, Vec::new))
         } else {
             None
         };
@@ -1440,7 +1442,7 @@ mod tests {
         // The CQ has them all; the map drops the one it cannot hold.
         assert_eq!(cq, MAX_VALID_INTERVALS + 1);
         assert_eq!(t.stats().validity_overflow, 1);
-        let v = &t.valid[&4];
+        let v = t.valid.get(&4).expect("a map for STag 4");
         assert_eq!(v.len(), MAX_VALID_INTERVALS);
         assert!(!t.is_valid(4, 10 * MAX_VALID_INTERVALS as u64, 1));
         // Extending an interval still works when full.
@@ -1456,7 +1458,7 @@ mod tests {
         t.clear(4, 11, 1);
         assert_eq!(t.stats().validity_overflow, 2);
         assert!(t.is_valid(4, 12, 2) && !t.is_valid(4, 10, 1));
-        assert_eq!(t.valid[&4].len(), MAX_VALID_INTERVALS);
+        assert_eq!(t.valid.get(&4).unwrap().len(), MAX_VALID_INTERVALS);
     }
 
     #[test]
@@ -1558,7 +1560,7 @@ mod tests {
         }
         // Back-to-back messages make one interval.
         assert_eq!(ranges(&t, 4), vec![(0, 199 * 4096)]);
-        assert_eq!(t.valid[&4].capacity(), 4);
+        assert_eq!(t.valid.get(&4).unwrap().capacity(), 4);
         // One range set, taken by each message in turn.
         assert_eq!(t.spare.len(), 1);
         assert_eq!(t.spare[0].capacity(), 4);
@@ -2017,7 +2019,7 @@ mod tests {
             assert_eq!(self.history.fifo.len(), self.history.outcome.len());
             assert!(self.history.latest.len() <= self.history.fifo.len());
             assert!(self.cq.len() <= MAX_PENDING_COMPLETIONS);
-            for v in self.valid.values() {
+            for (_, v) in self.valid.iter() {
                 assert!(v.len() <= MAX_VALID_INTERVALS);
                 assert!(v.iter().all(|r| r.0 < r.1));
                 assert!(v.windows(2).all(|w| w[0].1 < w[1].0));
