@@ -628,12 +628,16 @@ impl QpShared {
 
     /// Reads and processes everything the socket has (non-blocking).
     ///
-    /// Without CRC, payload of an RDMA Write, Read Response or Send whose
-    /// header has arrived is read straight into registered memory
-    /// (`RcQp::rx_direct`): one `readv` takes the rest of the payload into
-    /// the destination and only the trailer plus the next FPDU's header
-    /// into `rxbuf`, so a stream of large FPDUs is placed with no copy
-    /// beyond the kernel's. Everything else goes through `rxbuf` and
+    /// Payload of an RDMA Write, Read Response or Send whose header has
+    /// arrived is read straight into registered memory (`RcQp::rx_direct`):
+    /// one `readv` takes the rest of the payload into the destination and
+    /// only the trailer plus the next FPDU's header into `rxbuf`, so a
+    /// stream of large FPDUs is placed with no copy beyond the kernel's.
+    /// With CRC this holds for FPDUs that still lack `DIRECT_MIN` octets or
+    /// more when their header is read (`SOFTRDMA_MPA_CRC_DIRECT`, on by
+    /// default): the placed octets are read back into the CRC, which is
+    /// checked when the trailer arrives, before anything of the FPDU
+    /// completes. Everything else goes through `rxbuf` and
     /// `RcQp::handle_bytes` (with CRC: verify, then place).
     fn receive(&self, c: &mut QpCore) {
         let QpCore {
