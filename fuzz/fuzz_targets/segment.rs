@@ -6,8 +6,14 @@ use softrdma_wire::ddp::Mode;
 use softrdma_wire::rdmap::SegmentRepr;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&m, ulpdu)) = data.split_first() else { return };
-    let mode = if m & 1 == 0 { Mode::Stream } else { Mode::Datagram };
+    let Some((&m, ulpdu)) = data.split_first() else {
+        return;
+    };
+    let mode = if m & 1 == 0 {
+        Mode::Stream
+    } else {
+        Mode::Datagram
+    };
     let _ = softrdma_wire::rdmap::header_len_hint(ulpdu, mode);
     if let Ok((repr, hlen)) = SegmentRepr::parse(ulpdu, mode) {
         assert!(hlen <= ulpdu.len());
