@@ -255,6 +255,10 @@ fn direct_placed(rc: &mut RcQp, v: &View<'_>, d: &DirectRx, n: usize) -> bool {
         if left == 0 {
             break;
         }
+        // As `read_direct`: an empty piece takes nothing (and is not looked up).
+        if p.len == 0 {
+            continue;
+        }
         let len = p.len.min(left);
         match v.placed(p.key, p.addr, len, p.remote) {
             Ok(b) => placed[k] = b,
