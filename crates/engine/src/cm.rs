@@ -103,21 +103,27 @@ pub(crate) fn mpa_config(ctx: &Context, p: &ConnParams) -> MpaConfig {
     }
 }
 
-/// TCP's current maximum segment size for `sock` (`TCP_MAXSEG`).
-fn mss(sock: &TcpStream) -> usize {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+/// Reads the `IPPROTO_TCP` option `opt` of `sock` into `v`; false if
+/// `getsockopt` fails. `T` must be the option's plain-integer C type.
+fn tcp_option<T>(sock: &TcpStream, opt: libc::c_int, v: &mut T) -> bool {
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` octets into the live `v`.
     let r = unsafe {
         libc::getsockopt(
             sock.as_raw_fd(),
             libc::IPPROTO_TCP,
-            libc::TCP_MAXSEG,
-            &mut v as *mut libc::c_int as *mut libc::c_void,
+            opt,
+            v as *mut T as *mut libc::c_void,
             &mut len,
         )
     };
-    if r == 0 && v > 0 {
+    r == 0
+}
+
+/// TCP's current maximum segment size for `sock` (`TCP_MAXSEG`).
+fn mss(sock: &TcpStream) -> usize {
+    let mut v: libc::c_int = 0;
+    if tcp_option(sock, libc::TCP_MAXSEG, &mut v) && v > 0 {
         v as usize
     } else {
         1448
@@ -130,18 +136,7 @@ fn mss(sock: &TcpStream) -> usize {
 fn path_mss(sock: &TcpStream) -> Option<usize> {
     // SAFETY: `tcp_info` is plain integers, for which all zeros is valid.
     let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` octets into the live `ti`.
-    let r = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            &mut ti as *mut libc::tcp_info as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    if r != 0 || ti.tcpi_pmtu == 0 {
+    if !tcp_option(sock, libc::TCP_INFO, &mut ti) || ti.tcpi_pmtu == 0 {
         return None;
     }
     let ip = match sock.peer_addr().ok()? {

@@ -268,21 +268,6 @@ impl View<'_> {
         };
         self.resolve(key, addr, len, need)
     }
-
-    /// The octets at a range [`View::place_ptr`] allows, as they are now —
-    /// to read back what was just placed there (for its CRC).
-    pub(crate) fn placed(
-        &self,
-        key: u32,
-        addr: u64,
-        len: u64,
-        remote: bool,
-    ) -> Result<&[u8], MemError> {
-        let p = self.place_ptr(key, addr, len, remote)?;
-        // SAFETY: as in `local_read`: [p, p+len) lies inside a live
-        // registered region the view's read lock keeps registered.
-        Ok(unsafe { std::slice::from_raw_parts(p, len as usize) })
-    }
 }
 
 impl Memory for View<'_> {

@@ -199,13 +199,16 @@ pub struct RxStats {
 }
 
 /// One `readv` of the rest of an FPDU's payload into the memory `d`
-/// describes, and of what follows into `tail`. `None` if a piece fails its
-/// memory check (nothing read).
+/// describes, and of what follows into `tail`; then tells `rc` what was
+/// placed — with CRC, the placed octets read back through the same
+/// io-vectors for the CRC to cover. `None` if a piece fails its memory
+/// check (nothing read).
 fn read_direct(
     fd: std::os::fd::RawFd,
     v: &View<'_>,
     d: &DirectRx,
     tail: &mut [u8],
+    rc: &mut RcQp,
 ) -> Option<io::Result<usize>> {
     let empty = libc::iovec {
         iov_base: std::ptr::null_mut(),
@@ -225,6 +228,7 @@ fn read_direct(
         };
         k += 1;
     }
+    let pieces = k;
     if !tail.is_empty() {
         iov[k] = libc::iovec {
             iov_base: tail.as_mut_ptr().cast(),
@@ -234,40 +238,29 @@ fn read_direct(
     }
     // SAFETY: every iovec is a range `place_ptr` checked to lie in a live region registered with write access (kept alive by the view's read lock during the call), or `tail`, a live buffer we borrow mutably; the kernel writes at most iov_len octets to each.
     let r = unsafe { libc::syscall(libc::SYS_readv, fd, iov.as_ptr(), k as libc::c_int) };
-    Some(if r < 0 {
-        Err(io::Error::last_os_error())
+    if r < 0 {
+        return Some(Err(io::Error::last_os_error()));
+    }
+    let n = (r as usize).min(d.len);
+    let ok = if rc.config().crc {
+        let mut placed: [&[u8]; MAX_SGE] = [&[]; MAX_SGE];
+        let (mut m, mut left) = (0, n);
+        for io in &iov[..pieces] {
+            if left == 0 {
+                break;
+            }
+            let len = io.iov_len.min(left);
+            // SAFETY: the first `len` octets of a registered range checked above, which the read lock of `v` keeps registered and the readv just wrote.
+            placed[m] = unsafe { std::slice::from_raw_parts(io.iov_base as *const u8, len) };
+            m += 1;
+            left -= len;
+        }
+        rc.rx_direct_placed(n, &placed[..m])
     } else {
-        Ok(r as usize)
-    })
-}
-
-/// Tells `rc` that the first `n` octets `d` offered were placed; with CRC
-/// it reads them back from `v` for the CRC to cover. False if refused
-/// (the pieces were checked by `read_direct`, so only on a bug).
-fn direct_placed(rc: &mut RcQp, v: &View<'_>, d: &DirectRx, n: usize) -> bool {
-    if !rc.config().crc {
-        return rc.rx_direct_placed(n, &[]);
-    }
-    let mut placed: [&[u8]; MAX_SGE] = [&[]; MAX_SGE];
-    let mut k = 0;
-    let mut left = n as u64;
-    for p in d.pieces() {
-        if left == 0 {
-            break;
-        }
-        // As `read_direct`: an empty piece takes nothing (and is not looked up).
-        if p.len == 0 {
-            continue;
-        }
-        let len = p.len.min(left);
-        match v.placed(p.key, p.addr, len, p.remote) {
-            Ok(b) => placed[k] = b,
-            Err(_) => return false,
-        }
-        k += 1;
-        left -= len;
-    }
-    rc.rx_direct_placed(n, &placed[..k])
+        rc.rx_direct_placed(n, &[])
+    };
+    debug_assert!(ok, "rx_direct offered the octets");
+    Some(Ok(r as usize))
 }
 
 /// How long after the first FPDU a silent non-softrdma responder gets a
@@ -670,17 +663,10 @@ impl QpShared {
                     let tail = (d.trailer + d.next_header).min(rxbuf.len());
                     let fd = link.sock.as_raw_fd();
                     let rc = &mut link.rc;
-                    let r = self.shared.registry.with_view(pd, |v| {
-                        let r = read_direct(fd, v, &d, &mut rxbuf[..tail])?;
-                        // Accounted while the view keeps the memory
-                        // registered: with CRC the placed octets are read
-                        // back into it.
-                        if let Ok(n) = r {
-                            let ok = direct_placed(rc, v, &d, n.min(d.len));
-                            debug_assert!(ok, "rx_direct offered the octets");
-                        }
-                        Some(r)
-                    });
+                    let r = self
+                        .shared
+                        .registry
+                        .with_view(pd, |v| read_direct(fd, v, &d, &mut rxbuf[..tail], rc));
                     match r {
                         Some(r) => {
                             used = Some(d);

@@ -983,19 +983,26 @@ mod tests {
         assert_eq!(deframe(&mut d, &fpdu, &[]).0.len(), 1);
     }
 
-    #[test]
-    fn skipped_payload_counts_as_decoded() {
-        // A tagged header (14 octets) with 1001 payload octets (pad 3).
-        let payload = vec![0x5a; 1001];
+    /// The length field and a tagged header (14 octets) for `payload`, and
+    /// two FPDUs of them framed with or without CRC.
+    fn two_tagged_fpdus(payload: &[u8], crc: bool) -> ([u8; 16], Vec<u8>) {
         let ulpdu = (14 + payload.len()) as u16;
         let mut hdr = [0u8; 16];
         hdr[..2].copy_from_slice(&ulpdu.to_be_bytes());
         hdr[2] = 0xc1;
         hdr[3] = 0x40;
         let mut stream = Vec::new();
-        let mut f = Framer::new(false, false);
-        f.frame_to_vec(&hdr, &[&payload], &mut stream).unwrap();
-        f.frame_to_vec(&hdr, &[&payload], &mut stream).unwrap();
+        let mut f = Framer::new(crc, false);
+        f.frame_to_vec(&hdr, &[payload], &mut stream).unwrap();
+        f.frame_to_vec(&hdr, &[payload], &mut stream).unwrap();
+        (hdr, stream)
+    }
+
+    #[test]
+    fn skipped_payload_counts_as_decoded() {
+        // A tagged header with 1001 payload octets (pad 3).
+        let payload = vec![0x5a; 1001];
+        let (hdr, stream) = two_tagged_fpdus(&payload, false);
         let mut d = Deframer::new(false, false);
         assert_eq!(d.direct_payload(), None, "between FPDUs");
         let (n, ev) = d.decode(&stream[..16]).unwrap();
@@ -1039,15 +1046,7 @@ mod tests {
         // Two FPDUs with CRC, a tagged header (14 octets) and 1001 payload
         // octets each; the first one's payload is placed by the caller.
         let payload: Vec<u8> = (0..1001u32).map(|i| (i * 7) as u8).collect();
-        let ulpdu = (14 + payload.len()) as u16;
-        let mut hdr = [0u8; 16];
-        hdr[..2].copy_from_slice(&ulpdu.to_be_bytes());
-        hdr[2] = 0xc1;
-        hdr[3] = 0x40;
-        let mut stream = Vec::new();
-        let mut f = Framer::new(true, false);
-        f.frame_to_vec(&hdr, &[&payload], &mut stream).unwrap();
-        f.frame_to_vec(&hdr, &[&payload], &mut stream).unwrap();
+        let (_, stream) = two_tagged_fpdus(&payload, true);
         let run = |placed: &[u8]| {
             let mut d = Deframer::new(true, false);
             d.decode(&stream[..16]).unwrap();
