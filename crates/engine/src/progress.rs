@@ -132,6 +132,12 @@ impl BusyPoll {
         }
     }
 
+    /// The poller is active now (after an inline poll that did long work).
+    #[inline]
+    pub(crate) fn stamp(&self) {
+        self.last_ns.store(now_ns(), Ordering::Relaxed);
+    }
+
     /// A CQ of the source was armed: whoever polls may block next.
     pub(crate) fn reset(&self) {
         self.streak.store(0, Ordering::Relaxed);
@@ -150,6 +156,9 @@ struct ParkState {
     /// The descriptor and token while registered.
     fd: Option<(RawFd, u64)>,
     parked: bool,
+    /// While parked: write interest is left to the poller too (RC, whose
+    /// inline progress transmits; see [`Parking::park_if_spinning_rw`]).
+    parked_write: bool,
     write: bool,
     /// The descriptor is in the epoll set (it leaves it while it waits
     /// for nothing: parked, no write interest).
@@ -185,7 +194,7 @@ impl Parking {
         };
         let want = Interest {
             read: !st.parked,
-            write: st.write,
+            write: st.write && !st.parked_write,
         };
         match (want.read || want.write, st.in_set) {
             (true, true) => p.epoll.modify(fd, token, want),
@@ -213,6 +222,7 @@ impl Parking {
     ) -> io::Result<()> {
         let mut st = self.state();
         st.parked = false;
+        st.parked_write = false;
         st.write = false;
         p.register(fd, token, src)?;
         st.fd = Some((fd, token));
@@ -244,6 +254,20 @@ impl Parking {
     /// read interest and arms the re-check timer; true if parked (the
     /// caller then leaves the descriptor to the poller).
     pub(crate) fn park_if_spinning(&self, p: &Progress) -> bool {
+        self.park(p, false)
+    }
+
+    /// [`Parking::park_if_spinning`] for a source whose inline progress
+    /// also transmits whatever it has queued (an RC QP): woken readable or
+    /// writable, it parks read and write interest both, so a bulk sender's
+    /// poller is not joined by this thread at every `EPOLLOUT` (on a small
+    /// machine it took a core from a poller and the QP lock from the
+    /// sender at each wake-up). Write interest returns with read interest.
+    pub(crate) fn park_if_spinning_rw(&self, p: &Progress) -> bool {
+        self.park(p, true)
+    }
+
+    fn park(&self, p: &Progress, writes: bool) -> bool {
         if !self.busy.spinning() {
             return false;
         }
@@ -251,13 +275,17 @@ impl Parking {
         let Some((_, token)) = st.fd else {
             return false;
         };
-        if !st.parked {
+        if !st.parked || (writes && !st.parked_write) {
+            let was = (st.parked, st.parked_write);
             st.parked = true;
+            st.parked_write |= writes;
             if Self::apply(p, &mut st).is_err() {
-                st.parked = false;
+                (st.parked, st.parked_write) = was;
                 return false;
             }
-            st.every = PARK_RECHECK;
+            if !was.0 {
+                st.every = PARK_RECHECK;
+            }
         }
         p.set_timer(token, Instant::now() + st.every);
         true
@@ -282,6 +310,7 @@ impl Parking {
             return;
         }
         st.parked = false;
+        st.parked_write = false;
         let _ = Self::apply(p, &mut st);
     }
 
@@ -296,9 +325,12 @@ impl Parking {
         }
         // Registered, so the thread exists: this does not start one.
         let Ok(p) = progress() else { return };
+        let was = st.parked_write;
         st.parked = false;
+        st.parked_write = false;
         if Self::apply(p, &mut st).is_err() {
             st.parked = true;
+            st.parked_write = was;
             return;
         }
         p.cancel_timer(token);
@@ -688,5 +720,53 @@ mod tests {
         assert_eq!(watched(&p, fd), None);
         park.notify_armed(|| Ok(&p));
         assert_eq!(watched(&p, fd), None, "unregistered stays out");
+    }
+
+    /// An RC source parks write interest too: while its poller spins the
+    /// descriptor leaves the set even with write interest, which comes
+    /// back with read interest when the poller arms a CQ or, at a
+    /// re-check, has stopped; a datagram socket's parking keeps it.
+    #[test]
+    fn a_transmitting_poller_takes_write_interest_too() {
+        let p = Progress::start().unwrap();
+        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let fd = sock.as_raw_fd();
+        let src = Arc::new(Nothing);
+        let park = Parking::default();
+        park.register(&p, fd, 79, Arc::downgrade(&src)).unwrap();
+        let spin = || {
+            for _ in 0..=SPIN_STREAK {
+                park.busy.polled();
+            }
+        };
+        park.watch_write(&p, true).unwrap();
+        assert_eq!(watched(&p, fd).map(|m| m & (IN | OUT)), Some(IN | OUT));
+        // Nobody spins: nothing is parked.
+        assert!(!park.park_if_spinning_rw(&p));
+        assert_eq!(watched(&p, fd).map(|m| m & (IN | OUT)), Some(IN | OUT));
+        // Parked for reading only: write interest stays.
+        spin();
+        assert!(park.park_if_spinning(&p));
+        assert_eq!(watched(&p, fd).map(|m| m & (IN | OUT)), Some(OUT));
+        // Then for both: out of the set, and write interest changing
+        // while parked does not bring it back.
+        spin();
+        assert!(park.park_if_spinning_rw(&p));
+        assert_eq!(watched(&p, fd), None);
+        park.watch_write(&p, false).unwrap();
+        park.watch_write(&p, true).unwrap();
+        assert_eq!(watched(&p, fd), None, "the poller transmits");
+        // The poller arms a CQ: both are back at once.
+        park.notify_armed(|| Ok(&p));
+        assert_eq!(watched(&p, fd).map(|m| m & (IN | OUT)), Some(IN | OUT));
+        // Parked for both again; a re-check that finds the poller gone
+        // (its CQ armed resets the streak) takes both back too.
+        spin();
+        assert!(park.park_if_spinning_rw(&p));
+        assert_eq!(watched(&p, fd), None);
+        park.busy.reset();
+        park.recheck(&p);
+        assert_eq!(watched(&p, fd).map(|m| m & (IN | OUT)), Some(IN | OUT));
+        park.unregister(&p);
     }
 }

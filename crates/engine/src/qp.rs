@@ -183,6 +183,10 @@ const RXBUF: usize = 256 * 1024;
 /// (With CRC also the octets an FPDU must still lack to be streamed rather
 /// than kept whole: `RcConfig::crc_direct_min`.)
 pub(crate) const DIRECT_MIN: usize = 2048;
+/// Octets one inline poll reads at most (about 100-250 µs of placing on
+/// loopback), so a poller whose sender keeps the socket full returns to
+/// its caller with the completions so far and stamps its activity.
+const INLINE_RX_BUDGET: usize = 1 << 20;
 
 /// Header-sized reads in a row without a direct placement after which the
 /// receive path goes back to reading the whole buffer (small messages).
@@ -636,7 +640,13 @@ impl QpShared {
     /// checked when the trailer arrives, before anything of the FPDU
     /// completes. Everything else goes through `rxbuf` and
     /// `RcQp::handle_bytes` (with CRC: verify, then place).
-    fn receive(&self, c: &mut QpCore) {
+    ///
+    /// Stops after a read that found the socket empty, or once `budget`
+    /// octets were read (an inline poll returns to its caller and stamps
+    /// its activity while a sender keeps the socket full); returns the
+    /// octets read.
+    fn receive(&self, c: &mut QpCore, budget: usize) -> usize {
+        let mut total = 0usize;
         let QpCore {
             link,
             rxbuf,
@@ -646,9 +656,9 @@ impl QpShared {
             rx_stats,
             ..
         } = c;
-        let Some(link) = link.as_mut() else { return };
+        let Some(link) = link.as_mut() else { return 0 };
         if link.closed {
-            return;
+            return 0;
         }
         let pd = self.pd;
         loop {
@@ -723,6 +733,7 @@ impl QpShared {
                     break;
                 }
             };
+            total += n;
             // With a direct read the first octets are already in place.
             let placed = used.map_or(0, |d| n.min(d.len));
             if let Some(d) = used {
@@ -787,10 +798,11 @@ impl QpShared {
                     }
                 }
             }
-            if n < offered {
+            if n < offered || total >= budget {
                 break;
             }
         }
+        total
     }
 
     /// Moves completions out of the protocol engine into the CQs (under the
@@ -890,21 +902,26 @@ impl QpShared {
     }
 
     /// Progress from the progress thread: readable and/or writable. A
-    /// readable socket that an application busy-polls is parked instead
-    /// (left to the poller; `progress` module docs), unless it hung up.
+    /// socket that an application busy-polls is parked instead (left to
+    /// the poller, for reading and transmitting; `progress` module docs),
+    /// unless it hung up.
     pub(crate) fn on_ready(&self, readable: bool, writable: bool, hangup: bool) {
-        let readable = readable
-            && (hangup
-                || !self
-                    .shared
-                    .progress()
-                    .is_ok_and(|p| self.park.park_if_spinning(p)));
+        // A spinning poller's inline progress reads and transmits for this
+        // QP: woken for either, the thread leaves both to it (a hang-up is
+        // acted on at once).
+        let parked = !hangup
+            && (readable || writable)
+            && self
+                .shared
+                .progress()
+                .is_ok_and(|p| self.park.park_if_spinning_rw(p));
+        let (readable, writable) = (readable && !parked, writable && !parked);
         if !readable && !writable {
             return;
         }
         let mut c = self.lock();
         if readable {
-            self.receive(&mut c);
+            self.receive(&mut c, usize::MAX);
         }
         if readable || writable {
             self.transmit(&mut c);
@@ -914,19 +931,29 @@ impl QpShared {
 
     /// Inline progress outside a CQ poll (DC reads a connection's last
     /// messages with it): skipped if another thread holds the QP (it is
-    /// making progress already).
+    /// making progress already). Everything the socket has is read (no [`INLINE_RX_BUDGET`]): DC
+    /// relies on it to take a closing connection's last messages.
     pub(crate) fn progress_inline(&self) {
-        self.progress_inline_to(None)
+        self.progress_inline_with(None, usize::MAX)
     }
 
     /// Progress from [`Cq::poll`] on an empty CQ, which may take the
     /// completions in `direct`: skipped if another thread holds the QP.
     pub(crate) fn progress_inline_to(&self, direct: Option<&mut Direct<'_>>) {
+        self.progress_inline_with(direct, INLINE_RX_BUDGET)
+    }
+
+    fn progress_inline_with(&self, direct: Option<&mut Direct<'_>>, budget: usize) {
         self.park.busy.polled();
         let Ok(mut c) = self.core.try_lock() else {
             return;
         };
-        self.receive(&mut c);
+        if self.receive(&mut c, budget) >= INLINE_RX_BUDGET {
+            // A poll that placed this much took long enough for the
+            // schedule of `polled` stamps to fall behind: stamp now, or
+            // the progress thread would take the socket from the poller.
+            self.park.busy.stamp();
+        }
         // An empty poll stays cheap: no registry lock, no framing.
         if c.link.as_ref().is_some_and(|l| l.rc.wants_transmit()) {
             self.transmit(&mut c);
