@@ -403,6 +403,71 @@ fn mpa_latency_floor() {
     assert!(all.contains("up to 16384 octets"), "{all}");
 }
 
+/// `udp_dgram_lat` (the UD latency floor: a raw UDP ping-pong of UD Send
+/// datagrams framed and checked by the wire code) runs alone and against
+/// `udp_lat` of the same run, with a clear error above one datagram.
+#[test]
+fn dgram_latency_floor() {
+    let out = softrdma(
+        &[
+            "perf",
+            "baseline",
+            "udp_dgram_lat",
+            "--size",
+            "64",
+            "--iters",
+            "200",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let objs: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
+    assert_eq!(objs.len(), 1);
+    assert_eq!(s(&objs[0], "test"), Some("udp_dgram_lat"));
+    assert_eq!(num(&objs[0], "iters"), Some(200.0));
+    assert!(num(&objs[0], "lat_us_p50").unwrap() > 0.0);
+    assert!(s(&objs[0], "note").unwrap().contains("UD Send framing"));
+    let out = softrdma(
+        &[
+            "perf",
+            "udp_dgram_lat",
+            "--sizes",
+            "64,1024",
+            "--iters",
+            "200",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let objs: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
+    let rows: Vec<_> = objs
+        .iter()
+        .filter(|o| s(o, "test") == Some("udp_dgram_lat"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{objs:?}");
+    for r in rows {
+        assert_eq!(s(r, "baseline"), Some("udp_lat"));
+        assert!(num(r, "ratio").unwrap() > 0.0);
+    }
+    let out = softrdma(
+        &[
+            "perf",
+            "baseline",
+            "udp_dgram_lat",
+            "--size",
+            "4Ki",
+            "--iters",
+            "10",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(all.contains("(one datagram)"), "{all}");
+}
+
 /// `tcp_crc_bw` and `udp_crc_bw` (the CRC ceilings) and `tcp_mpa_bw` (the
 /// floor of RC Write bandwidth without CRC) run alone as baselines, and as
 /// tests they are measured against `tcp_bw`/`udp_bw` of the same run.
@@ -866,6 +931,7 @@ fn quick_suite_writes_report_and_pngs() {
         ("tcp_crc_bw", "tcp_bw", "CRC ceiling"),
         ("udp_crc_bw", "udp_bw", "datagram ceiling"),
         ("tcp_mpa_lat", "tcp_lat", "RC latency floor"),
+        ("udp_dgram_lat", "udp_lat", "UD latency floor"),
         ("tcp_mpa_bw", "tcp_bw", "RC no-CRC bandwidth floor"),
         ("udp_lat", "tcp_lat", "UD/RC latency floor"),
     ] {
@@ -882,6 +948,10 @@ fn quick_suite_writes_report_and_pngs() {
     );
     assert!(
         stdout.contains("floor: raw TCP ping-pong framed"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("floor: raw UDP ping-pong framed as UD Sends"),
         "{stdout}"
     );
     assert!(

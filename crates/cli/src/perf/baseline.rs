@@ -13,6 +13,16 @@
 //!   the floor of any iWARP Send over kernel sockets built on this wire
 //!   code, so `softrdma perf tcp_mpa_lat` (a ratio to `tcp_lat` of the
 //!   same run) splits the RC latency ratio into protocol and engine.
+//! * `udp_dgram_lat`: `udp_lat` whose datagrams are what a UD Send of one
+//!   datagram puts on the wire (DDP untagged header with the DQPN word,
+//!   RDMAP Send, payload, CRC32C trailer), framed and taken apart with
+//!   softrdma's datagram wire code and nothing else: the sender emits the
+//!   header, copies the payload behind it and seals it with the CRC; the
+//!   receiver checks the CRC, parses and checks the header (opcode, queue,
+//!   MSN, DQPN) and copies the payload to its receive buffer. The UD
+//!   counterpart of `tcp_mpa_lat`: `softrdma perf udp_dgram_lat` (a ratio
+//!   to `udp_lat` of the same run) splits the UD latency ratio into
+//!   protocol and engine. Messages of one datagram only.
 //! * `tcp_bw`: `size`-octet writes; the receiver reads 256 KiB at a time
 //!   and acknowledges EOF with one octet; the sender's clock stops at that
 //!   acknowledgement, so nothing still queued in socket buffers counts.
@@ -318,6 +328,9 @@ fn send_msg(
 fn serve_udp(spec: &Spec, ctrl: &mut Ctrl, ip: IpAddr) -> io::Result<()> {
     let mut s = udp_bind(ip, spec)?;
     ctrl.send(&Msg::new("READY").with("port", s.socket().local_addr()?.port()))?;
+    if is_dgram_lat(spec) {
+        return serve_dgram_lat(spec, ctrl, s);
+    }
     let mut run_buf = Vec::new();
     let crc = with_crc(spec);
     let trailer = if crc { CRC_LEN } else { 0 };
@@ -429,6 +442,7 @@ pub(crate) fn run(spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> {
     match (spec.test.op, spec.test.kind) {
         (Op::Tcp, Kind::Lat) => tcp_lat(spec, ctrl, to),
         (Op::Tcp, Kind::Bw) => tcp_bw(spec, ctrl, to),
+        (Op::Udp, Kind::Lat) if is_dgram_lat(spec) => udp_dgram_lat(spec, ctrl, to),
         (Op::Udp, Kind::Lat) => udp_lat(spec, ctrl, to),
         (Op::Udp, Kind::Bw) => udp_bw(spec, ctrl, to),
         _ => Err(io::Error::other("not a baseline")),
@@ -571,6 +585,194 @@ fn is_mpa_bw(spec: &Spec) -> bool {
 /// True for `tcp_mpa_lat` (`tcp_lat` framed as RC Sends).
 fn is_mpa(spec: &Spec) -> bool {
     spec.test.name == "tcp_mpa_lat"
+}
+
+/// True for `udp_dgram_lat` (`udp_lat` framed as UD Sends).
+fn is_dgram_lat(spec: &Spec) -> bool {
+    spec.test.name == "udp_dgram_lat"
+}
+
+/// The DQPN word of every `udp_dgram_lat` datagram (both ends' QP 1 in
+/// slot 1, as a UD QP puts its own slot in the top octet).
+const DGRAM_LAT_DQPN: u32 = (1 << 24) | 1;
+
+/// One end of the `udp_dgram_lat` ping-pong: its transmit datagram and the
+/// "registered" memory its payload comes from and goes to.
+struct DgramPingPong {
+    size: usize,
+    /// Header, payload and CRC of one datagram.
+    tx: Vec<u8>,
+    /// Where the sent payload comes from and the received one goes.
+    mem: Vec<u8>,
+}
+
+impl DgramPingPong {
+    fn new(spec: &Spec) -> io::Result<Self> {
+        // What one UD Send datagram carries on this path.
+        let max = super::cell::dgram_payload("ud", Op::Send, super::cell::dgram_mtu());
+        if spec.size > max {
+            return Err(io::Error::other(format!(
+                "udp_dgram_lat: messages up to {max} octets (one datagram)"
+            )));
+        }
+        Ok(DgramPingPong {
+            size: spec.size,
+            tx: vec![0; max + 128],
+            mem: vec![0x3c; spec.size.max(1)],
+        })
+    }
+
+    /// Frames a Send with `msn`; the datagram's length.
+    fn frame(&mut self, msn: u32) -> usize {
+        use softrdma_wire::datagram;
+        use softrdma_wire::rdmap::{Opcode, RdmapBody, SegmentRepr};
+        let mut repr = SegmentRepr::untagged(Opcode::Send, 0, msn, 0, true, RdmapBody::None);
+        repr.dqpn = Some(DGRAM_LAT_DQPN);
+        let h = datagram::emit_header(&repr, &mut self.tx);
+        self.tx[h..h + self.size].copy_from_slice(&self.mem[..self.size]);
+        datagram::seal(&mut self.tx, h + self.size)
+    }
+
+    /// Checks one datagram (CRC, then a Send on queue 0 to this QP with a
+    /// whole message of the size) and copies its payload to `mem`; its
+    /// MSN.
+    fn take(&mut self, d: &[u8]) -> Result<u32, String> {
+        use softrdma_wire::ddp::DdpHeader;
+        use softrdma_wire::rdmap::Opcode;
+        let (repr, payload) = softrdma_wire::datagram::parse(d).map_err(|e| format!("{e:?}"))?;
+        let msn = match repr.ddp {
+            DdpHeader::Untagged {
+                qn: 0, msn, mo: 0, ..
+            } => msn,
+            _ => return Err(format!("unexpected {repr:?}")),
+        };
+        let ok = repr.opcode == Opcode::Send
+            && repr.last
+            && repr.dqpn == Some(DGRAM_LAT_DQPN)
+            && payload.len() == self.size;
+        if !ok {
+            return Err(format!("unexpected {repr:?}"));
+        }
+        self.mem[..self.size].copy_from_slice(payload);
+        Ok(msn)
+    }
+}
+
+/// The `udp_dgram_lat` echo: every datagram checked and answered with a
+/// Send of the same MSN, until the client ends the cell.
+fn serve_dgram_lat(spec: &Spec, ctrl: &mut Ctrl, mut s: RawUdp) -> io::Result<()> {
+    let mut p = DgramPingPong::new(spec)?;
+    let mut bad: Option<String> = None;
+    let mut answer: Vec<(u32, SocketAddr)> = Vec::new();
+    let mut idle = 0u32;
+    loop {
+        let r = s.recv_batch(|d, from| match p.take(d) {
+            Ok(msn) => answer.push((msn, from)),
+            Err(e) => {
+                bad.get_or_insert(e);
+            }
+        });
+        if let Some(e) = bad.take() {
+            return Err(io::Error::other(format!("udp_dgram_lat: {e}")));
+        }
+        match r {
+            Ok(_) => {
+                idle = 0;
+                for (msn, from) in answer.drain(..) {
+                    let n = p.frame(msn);
+                    match s.socket().send_to(&p.tx[..n], from) {
+                        Ok(_) => {}
+                        // As for udp_lat: a lost answer is the client's
+                        // loss to count.
+                        Err(e) if would_block(&e) => {}
+                        Err(e) if matches!(e.raw_os_error(), Some(105) | Some(111)) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            Err(e) if would_block(&e) => {
+                idle += 1;
+                if (spec.wait == WaitMode::Event || idle & 1023 == 0) && ctrl.ready() {
+                    break;
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(111) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    ctrl.expect("END")?;
+    ctrl.send(&Msg::new("DONE"))
+}
+
+/// The `udp_dgram_lat` client: `udp_lat`'s loop (warm-up, loss timeout)
+/// over framed and checked Sends.
+fn udp_dgram_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> {
+    let mut s = udp_socket(spec, ctrl)?;
+    let mut p = DgramPingPong::new(spec)?;
+    let mut h = Histogram::new();
+    let (mut lost, mut msn, mut warm) = (0u64, 0u32, 0u64);
+    let mut t0 = Instant::now();
+    while warm < spec.warmup || spec.more(h.count(), t0) {
+        msn = msn.wrapping_add(1);
+        let a = Instant::now();
+        let n = p.frame(msn);
+        match s.socket().send_to(&p.tx[..n], to) {
+            Ok(_) => {}
+            Err(e) if would_block(&e) || e.raw_os_error() == Some(111) => {}
+            Err(e) => return Err(e),
+        }
+        let mut got = false;
+        let mut bad: Option<String> = None;
+        let mut spins = 0u32;
+        let answered = loop {
+            let r = s.recv_batch(|d, _| match p.take(d) {
+                Ok(m) => got |= m == msn,
+                Err(e) => {
+                    bad.get_or_insert(e);
+                }
+            });
+            if let Some(e) = bad.take() {
+                return Err(io::Error::other(format!("udp_dgram_lat: {e}")));
+            }
+            match r {
+                Ok(_) if got => break true,
+                Ok(_) => {}
+                Err(e) if would_block(&e) => {
+                    spins = spins.wrapping_add(1);
+                    if (spec.wait == WaitMode::Event || spins & 255 == 0)
+                        && a.elapsed() > LOSS_TIMEOUT
+                    {
+                        break false;
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(111) => {}
+                Err(e) => return Err(e),
+            }
+        };
+        if !answered {
+            lost += 1;
+            if lost > 10 + h.count() / 10 {
+                return Err(io::Error::other(format!(
+                    "udp_dgram_lat: {lost} messages lost (more than 10 %)"
+                )));
+            }
+            continue;
+        }
+        if warm < spec.warmup {
+            warm += 1;
+            t0 = Instant::now();
+        } else {
+            h.record(a.elapsed().as_nanos() as u64 / 2);
+        }
+    }
+    ctrl.send(&Msg::new("END"))?;
+    ctrl.expect("DONE")?;
+    Ok(Measured {
+        hist: Some(h),
+        lost,
+        note: "DDP/RDMAP UD Send framing with CRC32C, wire code only".into(),
+        ..Default::default()
+    })
 }
 
 /// Largest `tcp_mpa_lat` message: one FPDU, as an RC Send of this size is

@@ -98,6 +98,9 @@ pub(crate) const BASELINES: &[TestDef] = &[
     // floor of RC latency over kernel sockets (see baseline.rs).
     t("tcp_mpa_lat", Op::Tcp, Kind::Lat),
     t("udp_lat", Op::Udp, Kind::Lat),
+    // `udp_lat` framed as UD Sends with softrdma's wire code alone: the
+    // floor of UD latency over kernel sockets (see baseline.rs).
+    t("udp_dgram_lat", Op::Udp, Kind::Lat),
     t("udp_bw", Op::Udp, Kind::Bw),
     // `tcp_bw` framed as RC Writes without CRC, each FPDU's payload read
     // into place by its own readv: the floor of no-CRC RC Write bandwidth.
@@ -119,6 +122,7 @@ pub(crate) fn reference_of(test: &TestDef) -> Option<&'static TestDef> {
         "tcp_crc_bw" => test_by_name("tcp_bw"),
         "udp_lat" => test_by_name("tcp_lat"),
         "tcp_mpa_lat" => test_by_name("tcp_lat"),
+        "udp_dgram_lat" => test_by_name("udp_lat"),
         "tcp_mpa_bw" => test_by_name("tcp_bw"),
         "udp_crc_bw" => test_by_name("udp_bw"),
         _ => None,

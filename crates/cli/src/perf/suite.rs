@@ -139,6 +139,14 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
         sizes: vec![64],
         no_crc: false,
     });
+    // The same for UD: a raw UDP ping-pong framed as UD Sends by the wire
+    // code alone, against the raw ping-pong.
+    g.push(Group {
+        test: "udp_dgram_lat",
+        transport: "udp",
+        sizes: vec![64],
+        no_crc: false,
+    });
     // The ceiling of the CRC target (a raw TCP stream that checksums what
     // it moves) and the floor of the no-CRC one (a raw TCP stream framed
     // as RC Writes without CRC, each FPDU's payload read into place by its
@@ -629,6 +637,11 @@ fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> Str
         ratio("send_lat", "ud", 64, None),
         "<= 1.10",
     );
+    line(
+        "  floor: raw UDP ping-pong framed as UD Sends / raw",
+        ratio("udp_dgram_lat", "udp", 64, None),
+        "-",
+    );
     let ud_rc = match (
         find(rows, "send_lat", "ud", 64, None).and_then(|r| r.lat_us_p50),
         find(rows, "send_lat", "rc", 64, None).and_then(|r| r.lat_us_p50),
@@ -1113,7 +1126,8 @@ sender's rate (noted in the row).\n\
 `tcp_crc_bw` (raw stream + CRC32C at both ends) and `udp_crc_bw` (raw blast + CRC32C \
 trailer + placement copy) are the ceilings of CRC'd RC and datagram bandwidth; \
 `tcp_mpa_lat` (raw ping-pong of RC Send FPDUs built and checked by the wire code \
-alone) is the floor of RC latency: what the protocol costs without the engine; \
+alone) is the floor of RC latency: what the protocol costs without the engine, \
+and `udp_dgram_lat` (raw ping-pong of UD Send datagrams, likewise) that of UD latency; \
 `tcp_mpa_bw` (raw stream of RC Write FPDUs without CRC, each payload read into place \
 by its own `readv` after its header) is the floor of RC Write bandwidth without CRC; \
 `udp_lat` against `tcp_lat` (the raw UDP ping-pong alternated with the raw TCP one) \
