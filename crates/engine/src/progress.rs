@@ -25,9 +25,12 @@
 //! ([`BusyPoll::spinning`]: at least [`SPIN_STREAK`] empty inline polls
 //! since the last [`crate::Cq::req_notify`], the latest less than
 //! [`SPIN_WINDOW`] ago) when it is woken readable *parks* its descriptor
-//! instead of reading it: read interest is dropped (write interest stays;
-//! with none, the descriptor leaves the epoll set, because a socket with
-//! any waiter pays a wake-up walk for every segment that arrives) and a
+//! instead of reading it: read interest is dropped (write interest stays,
+//! except for an RC QP, whose poller transmits too and which parks write
+//! interest as well, woken readable or writable:
+//! [`Parking::park_if_spinning_rw`]; with neither, the descriptor leaves
+//! the epoll set, because a socket with any waiter pays a wake-up walk
+//! for every segment that arrives) and a
 //! timer re-checks the poller after [`PARK_RECHECK`], then after twice as
 //! long at every re-check that finds it still spinning, up to
 //! [`PARK_RECHECK_MAX`] (each re-check wakes the thread, which on a small

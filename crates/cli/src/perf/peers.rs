@@ -113,24 +113,29 @@ const FI_PROVIDERS: [(&str, &str); 3] = [
 /// raw TCP ping-pong ([`run_all`]'s `yardstick`).
 pub(crate) const YARDSTICK_SIZE: usize = 64;
 
-/// Measures a raw TCP ping-pong of [`YARDSTICK_SIZE`] octets now: its
-/// one-way p50 in µs, or `None` if it failed.
-pub(crate) type Yardstick<'a> = &'a mut dyn FnMut() -> Option<f64>;
+/// The sizes at which TCP-based peers' bandwidth is bracketed by raw TCP
+/// streams (those of the "RC bandwidth vs best TCP peer" target).
+pub(crate) const BW_YARDSTICK_SIZES: [usize; 2] = [64 << 10, 1 << 20];
 
-/// Runs `peer`, bracketed by `yardstick` when there is one and `wanted`:
-/// the peer's output, and the mean of the raw figures just before and just
-/// after it (`None` unless both were measured).
+/// Measures raw TCP now: `(Kind::Lat, size)` a ping-pong (its one-way p50
+/// in µs), `(Kind::Bw, size)` a stream (Gbit/s); `None` if it failed.
+pub(crate) type Yardstick<'a> = &'a mut dyn FnMut(Kind, usize) -> Option<f64>;
+
+/// Runs `peer`, bracketed by `yardstick` measuring `wanted` when there is
+/// one and something is wanted: the peer's output, and the mean of the
+/// raw figures just before and just after it (`None` unless both were
+/// measured).
 fn bracketed<T>(
     yardstick: &mut Option<Yardstick<'_>>,
-    wanted: bool,
+    wanted: Option<(Kind, usize)>,
     peer: impl FnOnce() -> T,
 ) -> (T, Option<f64>) {
-    let Some(y) = yardstick.as_mut().filter(|_| wanted) else {
+    let (Some(y), Some((kind, size))) = (yardstick.as_mut(), wanted) else {
         return (peer(), None);
     };
-    let before = y();
+    let before = y(kind, size);
     let out = peer();
-    let after = y();
+    let after = y(kind, size);
     (out, before.zip(after).map(|(a, b)| (a + b) / 2.0))
 }
 
@@ -141,6 +146,31 @@ fn against_raw(r: &mut PerfResult, raw_us: Option<f64>) {
         r.baseline = Some("tcp_lat".into());
         r.baseline_value = Some(raw);
         r.ratio = Some(lat / raw);
+    }
+}
+
+/// Marks a peer bandwidth row with the raw TCP stream of its moment (its
+/// ratio to it, higher is better, as softrdma's rows).
+fn against_raw_bw(r: &mut PerfResult, raw_gbps: Option<f64>) {
+    if let (Some(raw), Some(bw)) = (raw_gbps.filter(|&v| v > 0.0), r.bw_gbps) {
+        r.baseline = Some("tcp_bw".into());
+        r.baseline_value = Some(raw);
+        r.ratio = Some(bw / raw);
+    }
+}
+
+/// What a TCP-based peer's run at `size` is bracketed with, if anything:
+/// its 64 B latency run by raw ping-pongs, its bandwidth runs at
+/// [`BW_YARDSTICK_SIZES`] by raw streams.
+fn bracket_for(tcp: bool, lat: bool, bw: bool, size: usize) -> Option<(Kind, usize)> {
+    if !tcp {
+        None
+    } else if lat && size == YARDSTICK_SIZE {
+        Some((Kind::Lat, size))
+    } else if bw && BW_YARDSTICK_SIZES.contains(&size) {
+        Some((Kind::Bw, size))
+    } else {
+        None
     }
 }
 
@@ -199,8 +229,9 @@ pub(crate) fn run_all(
                     &port.to_string(),
                     "127.0.0.1",
                 ]);
-                let bracket = lat && size == YARDSTICK_SIZE && prov.starts_with("tcp");
+                let bracket = bracket_for(prov.starts_with("tcp"), lat, bw, size);
                 let (out, raw) = bracketed(&mut yardstick, bracket, || pair(srv, cli));
+                let raw_of = |k: Kind| raw.filter(|_| bracket.is_some_and(|b| b.0 == k));
                 match out
                     .and_then(|o| parse_fi(&o).ok_or_else(|| format!("unreadable output: {o:?}")))
                 {
@@ -212,7 +243,7 @@ pub(crate) fn run_all(
                             r.lat_us_mean = Some(usec);
                             r.msg_rate_mps = Some(1.0 / usec);
                             r.note = "mean usec/xfer (no percentiles)".into();
-                            against_raw(&mut r, raw);
+                            against_raw(&mut r, raw_of(Kind::Lat));
                             rows.push(r);
                         }
                         if bw {
@@ -221,6 +252,7 @@ pub(crate) fn run_all(
                             r.bw_gbps = Some(mbs * 8.0 / 1000.0);
                             r.msg_rate_mps = Some(mbs * 1e6 / size as f64 / 1e6);
                             r.note = "ping-pong throughput".into();
+                            against_raw_bw(&mut r, raw_of(Kind::Bw));
                             rows.push(r);
                         }
                     }
@@ -269,7 +301,7 @@ pub(crate) fn run_all(
                     "-f",
                 ]);
                 let name = format!("ucx_{t}");
-                let bracket = t == "tag_lat" && size == YARDSTICK_SIZE;
+                let bracket = bracket_for(true, t == "tag_lat", t == "tag_bw", size);
                 let (out, raw) = bracketed(&mut yardstick, bracket, || pair(srv, cli));
                 match out
                     .and_then(|o| parse_ucx(&o).ok_or_else(|| format!("unreadable output: {o:?}")))
@@ -283,6 +315,7 @@ pub(crate) fn run_all(
                         } else {
                             r.bw_gbps = Some(mbs * 1048576.0 * 8.0 / 1e9);
                             r.msg_rate_mps = Some(mbs * 1048576.0 / size as f64 / 1e6);
+                            against_raw_bw(&mut r, raw);
                         }
                         rows.push(r);
                     }
@@ -329,8 +362,12 @@ mod tests {
                 calls.push("raw");
                 figures.next()
             };
+            let mut y = |k: Kind, size: usize| {
+                assert_eq!((k, size), (Kind::Lat, 64));
+                y()
+            };
             let mut ys: Option<Yardstick<'_>> = Some(&mut y);
-            let (out, raw) = bracketed(&mut ys, true, || 7);
+            let (out, raw) = bracketed(&mut ys, Some((Kind::Lat, 64)), || 7);
             assert_eq!((out, raw), (7, Some(4.0)));
             raw
         };
@@ -342,14 +379,48 @@ mod tests {
         assert_eq!((r.baseline_value, r.ratio), (Some(4.0), Some(1.5)));
         // A failed raw run on either side: no baseline, no ratio.
         let mut fail = [Some(3.0), None].into_iter();
-        let mut y = || fail.next().flatten();
+        let mut y = |_: Kind, _: usize| fail.next().flatten();
         let mut ys: Option<Yardstick<'_>> = Some(&mut y);
-        assert_eq!(bracketed(&mut ys, true, || ()).1, None);
+        assert_eq!(bracketed(&mut ys, Some((Kind::Lat, 64)), || ()).1, None);
         let mut r = PerfResult::new("ucx_tag_lat", "ucx tcp", 64, "x");
         r.lat_us_p50 = Some(6.0);
         against_raw(&mut r, None);
         assert_eq!((r.baseline, r.ratio), (None, None));
-        // Without a yardstick the peer runs alone.
-        assert_eq!(bracketed(&mut None, true, || 1), (1, None));
+        // Without a yardstick, or with nothing wanted, the peer runs alone.
+        assert_eq!(bracketed(&mut None, Some((Kind::Lat, 64)), || 1), (1, None));
+        let mut never = |_: Kind, _: usize| -> Option<f64> { panic!("not wanted") };
+        let mut ys: Option<Yardstick<'_>> = Some(&mut never);
+        assert_eq!(bracketed(&mut ys, None, || 2), (2, None));
+    }
+
+    /// Bandwidth rows get the raw stream of their moment; what is
+    /// bracketed with what.
+    #[test]
+    fn a_peer_bandwidth_row_gets_the_raw_stream_of_its_moment() {
+        let mut figures = [30.0, 40.0].into_iter();
+        let mut y = |k: Kind, size: usize| {
+            assert_eq!((k, size), (Kind::Bw, 1 << 20));
+            figures.next()
+        };
+        let mut ys: Option<Yardstick<'_>> = Some(&mut y);
+        let (_, raw) = bracketed(&mut ys, bracket_for(true, false, true, 1 << 20), || ());
+        assert_eq!(raw, Some(35.0));
+        let mut r = PerfResult::new("ucx_tag_bw", "ucx tcp", 1 << 20, "x");
+        r.bw_gbps = Some(42.0);
+        against_raw_bw(&mut r, raw);
+        assert_eq!(r.baseline.as_deref(), Some("tcp_bw"));
+        assert_eq!((r.baseline_value, r.ratio), (Some(35.0), Some(1.2)));
+        assert_eq!(bracket_for(true, true, true, 64), Some((Kind::Lat, 64)));
+        assert_eq!(
+            bracket_for(true, true, true, 64 << 10),
+            Some((Kind::Bw, 64 << 10))
+        );
+        assert_eq!(bracket_for(true, true, true, 4 << 10), None);
+        assert_eq!(bracket_for(false, true, true, 64), None, "not TCP-based");
+        assert_eq!(
+            bracket_for(true, false, true, 64),
+            None,
+            "a bandwidth run at 64 B"
+        );
     }
 }

@@ -372,20 +372,24 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             vec![64, 4 << 10, 64 << 10, 1 << 20]
         };
         // Raw TCP right before and after each TCP-based peer's 64 B
-        // latency run (busy-polling, as the peers wait): the yardstick
-        // of the "RC latency vs best TCP peer" target. Only when
-        // softrdma's cells busy-poll too, so that both ratios are to the
-        // same kind of raw ping-pong.
-        let size = peers::YARDSTICK_SIZE.to_string();
-        let mut yardstick = || {
+        // latency run and its 64 KiB and 1 MiB bandwidth runs
+        // (busy-polling, as the peers wait): the yardsticks of the "RC vs
+        // best TCP peer" targets. Only when softrdma's cells busy-poll too,
+        // so that both ratios are to the same kind of raw socket run.
+        let mut yardstick = |kind: Kind, size: usize| {
+            let (test, secs) = match kind {
+                Kind::Lat => ("tcp_lat", "0.15"),
+                Kind::Bw => ("tcp_bw", "0.3"),
+            };
+            let size = size.to_string();
             let args: Vec<String> = [
                 "perf",
                 "baseline",
-                "tcp_lat",
+                test,
                 "--size",
                 &size,
                 "--duration",
-                "0.15",
+                secs,
                 "--warmup",
                 "10",
                 "--wait",
@@ -395,9 +399,11 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             .map(String::from)
             .into();
             let (got, _) = run_child(&args, Duration::from_secs(10));
-            got.iter()
-                .find(|r| r.test == "tcp_lat" && r.error.is_none())
-                .and_then(|r| r.lat_us_p50)
+            let r = got.iter().find(|r| r.test == test && r.error.is_none())?;
+            match kind {
+                Kind::Lat => r.lat_us_p50,
+                Kind::Bw => r.bw_gbps,
+            }
         };
         let (found, pr) = peers::run_all(
             &peer_sizes,
@@ -771,6 +777,24 @@ fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> Str
             line(
                 "  RC without CRC, as the peers run / best peer",
                 rel(bw_no_crc("write_bw", "rc", size), best(false, size, true)),
+                "-",
+            );
+            // Through raw TCP of each one's moment: RC's ratio to its raw
+            // stream over the highest ratio of a TCP-based peer to the raw
+            // streams run just before and after it.
+            let peer_ratio = matching(false, size, true)
+                .filter_map(|r| r.ratio)
+                .max_by(f64::total_cmp);
+            let rc_ratio =
+                |crc: bool| find(rows, "write_bw", "rc", size, Some(crc)).and_then(|r| r.ratio);
+            line(
+                "  each against raw TCP of its own moment (CRC)",
+                rel(rc_ratio(true), peer_ratio),
+                "-",
+            );
+            line(
+                "  each against raw TCP of its own moment (no CRC)",
+                rel(rc_ratio(false), peer_ratio),
                 "-",
             );
         }
