@@ -339,54 +339,43 @@ fn baselines_alone() {
     }
 }
 
-/// `tcp_mpa_lat` (the RC latency floor: a raw TCP ping-pong of RC Send
-/// FPDUs framed and checked by the wire code) runs alone and against
-/// `tcp_lat` of the same run, with a clear error above one FPDU.
-#[test]
-fn mpa_latency_floor() {
+/// A latency floor `name` runs alone as a baseline (200 iterations at
+/// 64 B, its note naming what it frames) and, as a test at `sizes`, against
+/// `raw` of the same run.
+fn latency_floor_alone_and_against(name: &str, raw: &str, sizes: &str, note_has: &str) {
     let out = softrdma(
         &[
-            "perf",
-            "baseline",
-            "tcp_mpa_lat",
-            "--size",
-            "64",
-            "--iters",
-            "200",
-            "--json",
+            "perf", "baseline", name, "--size", "64", "--iters", "200", "--json",
         ],
         &[],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let objs: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
     assert_eq!(objs.len(), 1);
-    assert_eq!(s(&objs[0], "test"), Some("tcp_mpa_lat"));
+    assert_eq!(s(&objs[0], "test"), Some(name));
     assert_eq!(num(&objs[0], "iters"), Some(200.0));
     assert!(num(&objs[0], "lat_us_p50").unwrap() > 0.0);
-    assert!(s(&objs[0], "note").unwrap().contains("CRC32C"));
+    assert!(s(&objs[0], "note").unwrap().contains(note_has));
     let out = softrdma(
-        &[
-            "perf",
-            "tcp_mpa_lat",
-            "--sizes",
-            "64,4096",
-            "--iters",
-            "200",
-            "--json",
-        ],
+        &["perf", name, "--sizes", sizes, "--iters", "200", "--json"],
         &[],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let objs: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
-    let rows: Vec<_> = objs
-        .iter()
-        .filter(|o| s(o, "test") == Some("tcp_mpa_lat"))
-        .collect();
+    let rows: Vec<_> = objs.iter().filter(|o| s(o, "test") == Some(name)).collect();
     assert_eq!(rows.len(), 2, "{objs:?}");
     for r in rows {
-        assert_eq!(s(r, "baseline"), Some("tcp_lat"));
+        assert_eq!(s(r, "baseline"), Some(raw));
         assert!(num(r, "ratio").unwrap() > 0.0);
     }
+}
+
+/// `tcp_mpa_lat` (the RC latency floor: a raw TCP ping-pong of RC Send
+/// FPDUs framed and checked by the wire code) runs alone and against
+/// `tcp_lat` of the same run, with a clear error above one FPDU.
+#[test]
+fn mpa_latency_floor() {
+    latency_floor_alone_and_against("tcp_mpa_lat", "tcp_lat", "64,4096", "CRC32C");
     let out = softrdma(
         &[
             "perf",
@@ -408,49 +397,7 @@ fn mpa_latency_floor() {
 /// `udp_lat` of the same run, with a clear error above one datagram.
 #[test]
 fn dgram_latency_floor() {
-    let out = softrdma(
-        &[
-            "perf",
-            "baseline",
-            "udp_dgram_lat",
-            "--size",
-            "64",
-            "--iters",
-            "200",
-            "--json",
-        ],
-        &[],
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let objs: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
-    assert_eq!(objs.len(), 1);
-    assert_eq!(s(&objs[0], "test"), Some("udp_dgram_lat"));
-    assert_eq!(num(&objs[0], "iters"), Some(200.0));
-    assert!(num(&objs[0], "lat_us_p50").unwrap() > 0.0);
-    assert!(s(&objs[0], "note").unwrap().contains("UD Send framing"));
-    let out = softrdma(
-        &[
-            "perf",
-            "udp_dgram_lat",
-            "--sizes",
-            "64,1024",
-            "--iters",
-            "200",
-            "--json",
-        ],
-        &[],
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let objs: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
-    let rows: Vec<_> = objs
-        .iter()
-        .filter(|o| s(o, "test") == Some("udp_dgram_lat"))
-        .collect();
-    assert_eq!(rows.len(), 2, "{objs:?}");
-    for r in rows {
-        assert_eq!(s(r, "baseline"), Some("udp_lat"));
-        assert!(num(r, "ratio").unwrap() > 0.0);
-    }
+    latency_floor_alone_and_against("udp_dgram_lat", "udp_lat", "64,1024", "UD Send framing");
     let out = softrdma(
         &[
             "perf",

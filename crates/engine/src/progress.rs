@@ -594,6 +594,13 @@ mod tests {
         fn on_ready(&self, _readable: bool, _writable: bool) {}
     }
 
+    /// Enough empty inline polls for `park`'s poller to count as spinning.
+    fn spin(park: &Parking) {
+        for _ in 0..=SPIN_STREAK {
+            park.busy.polled();
+        }
+    }
+
     /// The re-check period of a parked descriptor doubles while its poller
     /// keeps spinning, up to `PARK_RECHECK_MAX`, and starts again from
     /// `PARK_RECHECK` after the descriptor was taken back.
@@ -605,11 +612,6 @@ mod tests {
         let park = Parking::default();
         park.register(&p, sock.as_raw_fd(), 78, Arc::downgrade(&src))
             .unwrap();
-        let spin = || {
-            for _ in 0..=SPIN_STREAK {
-                park.busy.polled();
-            }
-        };
         // Whether `arm` arms the timer `want` ahead: the deadline is the
         // clock read inside the call plus the period, so it lies between
         // `want` after the clock before the call and `want` after it.
@@ -621,17 +623,17 @@ mod tests {
             (before + want..=after + want).contains(&at)
         };
         let ms = Duration::from_millis;
-        spin();
+        spin(&park);
         let first = arms(&|| assert!(park.park_if_spinning(&p)), PARK_RECHECK);
         assert!(first, "first look after 1 ms");
         for want in [2, 4, 8, 8, 8] {
-            spin();
+            spin(&park);
             assert!(arms(&|| park.recheck(&p), ms(want)), "then after {want} ms");
         }
         assert_eq!(PARK_RECHECK_MAX, ms(8));
         // Taken back (the poller armed its CQ), parked again: 1 ms.
         park.notify_armed(|| Ok(&p));
-        spin();
+        spin(&park);
         let again = arms(&|| assert!(park.park_if_spinning(&p)), PARK_RECHECK);
         assert!(again, "after re-arming: 1 ms again");
         park.unregister(&p);
@@ -693,9 +695,7 @@ mod tests {
         // Nobody spins yet: not parked.
         assert!(!park.park_if_spinning(&p));
         assert_eq!(watched(&p, fd).map(|m| m & (IN | OUT)), Some(IN));
-        for _ in 0..=SPIN_STREAK {
-            park.busy.polled();
-        }
+        spin(&park);
         assert!(park.park_if_spinning(&p));
         assert_eq!(watched(&p, fd), None, "parked, nothing to wait for");
         park.watch_write(&p, true).unwrap();
@@ -714,9 +714,7 @@ mod tests {
         park.notify_armed(|| Ok(&p));
         assert_eq!(watched(&p, fd).map(|m| m & (IN | OUT)), Some(IN));
         // Parked again, then unregistered while out of the set.
-        for _ in 0..=SPIN_STREAK {
-            park.busy.polled();
-        }
+        spin(&park);
         assert!(park.park_if_spinning(&p));
         assert_eq!(watched(&p, fd), None);
         park.unregister(&p);
@@ -737,23 +735,18 @@ mod tests {
         let src = Arc::new(Nothing);
         let park = Parking::default();
         park.register(&p, fd, 79, Arc::downgrade(&src)).unwrap();
-        let spin = || {
-            for _ in 0..=SPIN_STREAK {
-                park.busy.polled();
-            }
-        };
         park.watch_write(&p, true).unwrap();
         assert_eq!(watched(&p, fd).map(|m| m & (IN | OUT)), Some(IN | OUT));
         // Nobody spins: nothing is parked.
         assert!(!park.park_if_spinning_rw(&p));
         assert_eq!(watched(&p, fd).map(|m| m & (IN | OUT)), Some(IN | OUT));
         // Parked for reading only: write interest stays.
-        spin();
+        spin(&park);
         assert!(park.park_if_spinning(&p));
         assert_eq!(watched(&p, fd).map(|m| m & (IN | OUT)), Some(OUT));
         // Then for both: out of the set, and write interest changing
         // while parked does not bring it back.
-        spin();
+        spin(&park);
         assert!(park.park_if_spinning_rw(&p));
         assert_eq!(watched(&p, fd), None);
         park.watch_write(&p, false).unwrap();
@@ -764,7 +757,7 @@ mod tests {
         assert_eq!(watched(&p, fd).map(|m| m & (IN | OUT)), Some(IN | OUT));
         // Parked for both again; a re-check that finds the poller gone
         // (its CQ armed resets the streak) takes both back too.
-        spin();
+        spin(&park);
         assert!(park.park_if_spinning_rw(&p));
         assert_eq!(watched(&p, fd), None);
         park.busy.reset();

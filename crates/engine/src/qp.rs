@@ -929,10 +929,10 @@ impl QpShared {
         self.flush(c);
     }
 
-    /// Inline progress outside a CQ poll (DC reads a connection's last
-    /// messages with it): skipped if another thread holds the QP (it is
-    /// making progress already). Everything the socket has is read (no [`INLINE_RX_BUDGET`]): DC
-    /// relies on it to take a closing connection's last messages.
+    /// Inline progress outside a CQ poll: skipped if another thread holds
+    /// the QP (it is making progress already). Everything the socket has
+    /// is read (no [`INLINE_RX_BUDGET`]): DC relies on it to take a closing
+    /// connection's last messages.
     pub(crate) fn progress_inline(&self) {
         self.progress_inline_with(None, usize::MAX)
     }

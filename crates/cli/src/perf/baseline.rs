@@ -704,77 +704,6 @@ fn serve_dgram_lat(spec: &Spec, ctrl: &mut Ctrl, mut s: RawUdp) -> io::Result<()
     ctrl.send(&Msg::new("DONE"))
 }
 
-/// The `udp_dgram_lat` client: `udp_lat`'s loop (warm-up, loss timeout)
-/// over framed and checked Sends.
-fn udp_dgram_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> {
-    let mut s = udp_socket(spec, ctrl)?;
-    let mut p = DgramPingPong::new(spec)?;
-    let mut h = Histogram::new();
-    let (mut lost, mut msn, mut warm) = (0u64, 0u32, 0u64);
-    let mut t0 = Instant::now();
-    while warm < spec.warmup || spec.more(h.count(), t0) {
-        msn = msn.wrapping_add(1);
-        let a = Instant::now();
-        let n = p.frame(msn);
-        match s.socket().send_to(&p.tx[..n], to) {
-            Ok(_) => {}
-            Err(e) if would_block(&e) || e.raw_os_error() == Some(111) => {}
-            Err(e) => return Err(e),
-        }
-        let mut got = false;
-        let mut bad: Option<String> = None;
-        let mut spins = 0u32;
-        let answered = loop {
-            let r = s.recv_batch(|d, _| match p.take(d) {
-                Ok(m) => got |= m == msn,
-                Err(e) => {
-                    bad.get_or_insert(e);
-                }
-            });
-            if let Some(e) = bad.take() {
-                return Err(io::Error::other(format!("udp_dgram_lat: {e}")));
-            }
-            match r {
-                Ok(_) if got => break true,
-                Ok(_) => {}
-                Err(e) if would_block(&e) => {
-                    spins = spins.wrapping_add(1);
-                    if (spec.wait == WaitMode::Event || spins & 255 == 0)
-                        && a.elapsed() > LOSS_TIMEOUT
-                    {
-                        break false;
-                    }
-                }
-                Err(e) if e.raw_os_error() == Some(111) => {}
-                Err(e) => return Err(e),
-            }
-        };
-        if !answered {
-            lost += 1;
-            if lost > 10 + h.count() / 10 {
-                return Err(io::Error::other(format!(
-                    "udp_dgram_lat: {lost} messages lost (more than 10 %)"
-                )));
-            }
-            continue;
-        }
-        if warm < spec.warmup {
-            warm += 1;
-            t0 = Instant::now();
-        } else {
-            h.record(a.elapsed().as_nanos() as u64 / 2);
-        }
-    }
-    ctrl.send(&Msg::new("END"))?;
-    ctrl.expect("DONE")?;
-    Ok(Measured {
-        hist: Some(h),
-        lost,
-        note: "DDP/RDMAP UD Send framing with CRC32C, wire code only".into(),
-        ..Default::default()
-    })
-}
-
 /// Largest `tcp_mpa_lat` message: one FPDU, as an RC Send of this size is
 /// on a loopback connection (larger ones would be several FPDUs there).
 const MPA_MAX: usize = 16 << 10;
@@ -890,28 +819,113 @@ fn udp_socket(spec: &Spec, ctrl: &Ctrl) -> io::Result<RawUdp> {
     udp_bind(ctrl.local_addr()?.ip(), spec)
 }
 
+/// How a UDP ping-pong's client sends message `seq` and recognises the
+/// datagrams of its answer (`udp_lat`, `udp_dgram_lat`).
+trait UdpRound {
+    /// Datagrams the answer to one message arrives in.
+    fn datagrams(&self) -> usize;
+    /// Sends message `seq` to `to`.
+    fn send(&mut self, s: &mut RawUdp, to: SocketAddr, seq: u32) -> io::Result<()>;
+    /// Whether `d` is a datagram of the answer to `seq`; `Err` for one that
+    /// cannot be part of this ping-pong at all.
+    fn answers(&mut self, d: &[u8], seq: u32) -> Result<bool, String>;
+}
+
+/// `udp_lat`'s messages: cut into datagrams with a seq/index header.
+struct RawRound<'a> {
+    spec: &'a Spec,
+    datagrams: usize,
+    run_buf: Vec<u8>,
+    w: Watch,
+}
+
+impl UdpRound for RawRound<'_> {
+    fn datagrams(&self) -> usize {
+        self.datagrams
+    }
+
+    fn send(&mut self, s: &mut RawUdp, to: SocketAddr, seq: u32) -> io::Result<()> {
+        send_msg(s, to, &mut self.run_buf, seq, self.spec, &mut self.w)
+    }
+
+    fn answers(&mut self, d: &[u8], seq: u32) -> Result<bool, String> {
+        Ok(get_hdr(d).is_some_and(|(sq, _, _)| sq == seq))
+    }
+}
+
+/// `udp_dgram_lat`'s messages: one UD Send datagram, MSN = seq.
+impl UdpRound for DgramPingPong {
+    fn datagrams(&self) -> usize {
+        1
+    }
+
+    fn send(&mut self, s: &mut RawUdp, to: SocketAddr, seq: u32) -> io::Result<()> {
+        let n = self.frame(seq);
+        match s.socket().send_to(&self.tx[..n], to) {
+            Ok(_) => Ok(()),
+            Err(e) if would_block(&e) || e.raw_os_error() == Some(111) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn answers(&mut self, d: &[u8], seq: u32) -> Result<bool, String> {
+        self.take(d).map(|msn| msn == seq)
+    }
+}
+
 fn udp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> {
+    let (datagrams, _) = chunks(spec.size, spec.payload)?;
+    let mut round = RawRound {
+        spec,
+        datagrams,
+        run_buf: Vec::new(),
+        w: Watch::new(HANG),
+    };
+    udp_ping_pong(spec, ctrl, to, &mut round, "UDP ping-pong", "")
+}
+
+/// The `udp_dgram_lat` client: `udp_lat`'s loop over framed and checked
+/// Sends.
+fn udp_dgram_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> {
+    let mut round = DgramPingPong::new(spec)?;
+    let note = "DDP/RDMAP UD Send framing with CRC32C, wire code only";
+    udp_ping_pong(spec, ctrl, to, &mut round, "udp_dgram_lat", note)
+}
+
+/// A UDP ping-pong's client loop: warm-up, then rounds until the spec's
+/// count or duration; an answer not complete within [`LOSS_TIMEOUT`]
+/// counts as lost (an error past 10 %). `what` names it in errors.
+fn udp_ping_pong(
+    spec: &Spec,
+    ctrl: &mut Ctrl,
+    to: SocketAddr,
+    round: &mut impl UdpRound,
+    what: &str,
+    note: &str,
+) -> io::Result<Measured> {
     let mut s = udp_socket(spec, ctrl)?;
-    let mut w = Watch::new(HANG);
-    let mut run_buf = Vec::new();
-    let (cnt, _) = chunks(spec.size, spec.payload)?;
+    let cnt = round.datagrams();
     let mut h = Histogram::new();
     let (mut lost, mut seq, mut warm) = (0u64, 0u32, 0u64);
     let mut t0 = Instant::now();
     while warm < spec.warmup || spec.more(h.count(), t0) {
         seq = seq.wrapping_add(1);
         let a = Instant::now();
-        send_msg(&mut s, to, &mut run_buf, seq, spec, &mut w)?;
+        round.send(&mut s, to, seq)?;
         let mut got = 0usize;
+        let mut bad: Option<String> = None;
         let mut spins = 0u32;
         let answered = loop {
-            let r = s.recv_batch(|d, _| {
-                if let Some((sq, _, _)) = get_hdr(d) {
-                    if sq == seq {
-                        got += 1;
-                    }
+            let r = s.recv_batch(|d, _| match round.answers(d, seq) {
+                Ok(true) => got += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    bad.get_or_insert(e);
                 }
             });
+            if let Some(e) = bad.take() {
+                return Err(io::Error::other(format!("{what}: {e}")));
+            }
             match r {
                 Ok(_) if got >= cnt => break true,
                 Ok(_) => {}
@@ -931,7 +945,7 @@ fn udp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured>
             lost += 1;
             if lost > 10 + h.count() / 10 {
                 return Err(io::Error::other(format!(
-                    "UDP ping-pong: {lost} messages lost (more than 10 %)"
+                    "{what}: {lost} messages lost (more than 10 %)"
                 )));
             }
             continue;
@@ -948,6 +962,7 @@ fn udp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured>
     Ok(Measured {
         hist: Some(h),
         lost,
+        note: note.into(),
         ..Default::default()
     })
 }
