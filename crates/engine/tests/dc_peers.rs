@@ -900,7 +900,15 @@ fn reverse_use_one_connection_both_ways() {
         }
         a.poll();
         b.poll();
-        assert!(Instant::now() < deadline, "stream stalled at {posted}");
+        assert!(
+            Instant::now() < deadline,
+            "stream stalled at {posted}: A got {}, B done {}, outstanding {}; A {:?}; B {:?}",
+            a.got.len() - a0,
+            b.done.len(),
+            b.dci.outstanding(),
+            a.svc.stats(),
+            b.svc.stats()
+        );
     }
     while b.done.len() < total as usize {
         b.poll();
