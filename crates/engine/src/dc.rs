@@ -345,9 +345,8 @@ struct Core {
     dcis: LocalMap<u32, DciState>,
     next_dci: u32,
     dcts: LocalMap<u32, DctState>,
+    /// Target connections, from before their accept runs.
     targets: LocalMap<ConnId, TargetConn>,
-    /// Target connections being accepted (counted as RC QPs).
-    accepting: usize,
     /// Target connections asked to unbind whose reverse work is done:
     /// the Unbound goes once what was written on them is acknowledged.
     drained: Vec<ConnId>,
@@ -507,7 +506,6 @@ impl DcService {
                 next_dci: 1,
                 dcts: LocalMap::default(),
                 targets: LocalMap::default(),
-                accepting: 0,
                 drained: Vec::new(),
                 timer: None,
                 last_reap: None,
@@ -672,6 +670,13 @@ impl DcService {
                     conn.inflight += 1;
                 }
                 Err(QpError::QueueFull) => break,
+                // A target connection bound to while its accept runs:
+                // the accept drains the backlog when it is done.
+                Err(QpError::NotConnected)
+                    if conn.shared && qp.link_state() == QpLinkState::Unconnected =>
+                {
+                    break
+                }
                 Err(e) => {
                     conn.backlog.pop_front();
                     failed.push((wr, e));
@@ -1546,7 +1551,22 @@ impl DcService {
             // Its closing is normal operation, not an async error.
             qp.set_internal();
             let _ = ib.bind(qpn, &qp);
-            core.accepting += 1;
+            // Known (and its offer taken) before the accept lets the QP
+            // deliver: an application that has a message from the peer
+            // must find the connection, or its answer would open a
+            // second one instead of going back over this one.
+            core.targets.insert(
+                id,
+                TargetConn {
+                    qp: qp.clone(),
+                    dct,
+                },
+            );
+            if reverse {
+                if let Some(offer) = req.offer {
+                    core.table.accept_offer(id, offer, d.pd);
+                }
+            }
             core.max_rc = core.max_rc.max(rc_count(core));
             (qp, id)
         };
@@ -1563,20 +1583,30 @@ impl DcService {
         let now = Instant::now();
         let mut c = self.lock();
         let core = &mut *c;
-        core.accepting -= 1;
-        let ok = ok && core.dcts.contains_key(&dct);
-        if ok {
-            core.targets.insert(id, TargetConn { qp, dct });
-            if let (Some(offer), Some(d)) = (req.offer, core.dcts.get(&dct)) {
-                let local = d.pd;
-                core.table.accept_offer(id, offer, local);
+        if !ok {
+            // (A DCT destroyed meanwhile has closed it already.)
+            if core.targets.remove(&id).is_some() {
+                qp.disconnect();
+                core.table.closed(id, now);
             }
         } else {
-            qp.disconnect();
-            core.table.closed(id, now);
+            // Work of this side's DCIs bound to the connection while the
+            // accept ran waited for it.
+            let waiting: Vec<ConnId> = core
+                .conns
+                .iter()
+                .filter(|(_, c)| {
+                    c.qp.as_ref()
+                        .is_some_and(|q| Arc::ptr_eq(&q.inner, &qp.inner))
+                })
+                .map(|(&cid, _)| cid)
+                .collect();
+            for cid in waiting {
+                self.drain_backlog(core, cid, now);
+            }
         }
         self.pump(core, now);
-        ok
+        ok && core.targets.contains_key(&id)
     }
 
     fn add_dct(&self, pd: u32, cq: Arc<Cq>, srq: Arc<Srq>, key: u64) -> Result<u32, DcError> {
@@ -1731,7 +1761,6 @@ fn rc_count(c: &Core) -> usize {
         .filter(|x| x.qp.is_some() && !x.shared)
         .count()
         + c.targets.len()
-        + c.accepting
 }
 
 /// Marks internal work request `wr_id` done with `status` (unless it is

@@ -892,9 +892,16 @@ fn reverse_use_one_connection_both_ways() {
     let a0 = a.got.len();
     let deadline = Instant::now() + Duration::from_secs(30);
     while a.got.len() < a0 + total as usize {
-        // Paced over several idle timeouts.
+        // Paced over several idle timeouts. A Send completes when written,
+        // not when received, and iWARP has no receiver-not-ready retry: B
+        // never has more messages unreceived than A has receives posted
+        // (A reposts each as it takes the message), or a burst after a
+        // stall of this thread would find A's SRQ empty and fail the
+        // connection (`DdpUntaggedNoBuffer`), as it would between
+        // processes.
         let due = ((start.elapsed().as_micros() / 200) as u32).min(total);
-        while posted < due && b.dci.outstanding() < SENDS {
+        let credit = (a.got.len() - a0 + RECVS) as u32;
+        while posted < due && posted < credit && b.dci.outstanding() < SENDS {
             b.send(2000 + posted, a.dct.number(), KEY).unwrap();
             posted += 1;
         }
