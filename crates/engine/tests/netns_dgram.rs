@@ -11,7 +11,10 @@
 //!   twice (duplicated datagrams are injected), every completion
 //!   succeeds, and after draining `delivered + reassembly timeouts +
 //!   evictions = sent` exactly (plus messages that found no receive
-//!   posted, which with 256 posted does not happen in practice).
+//!   posted, which with 256 posted does not happen in practice) — unless
+//!   the receiver's socket overflowed (`UdpRcvbufErrors`), which can drop
+//!   every datagram of a message; then only as many messages may be
+//!   missing as those drops account for.
 //! * **Write-Record under loss** (same levels): target memory is filled
 //!   with a known background and each message writes octets that all
 //!   differ from it, so "changed" and "written" are the same thing. After
@@ -114,9 +117,15 @@ const MIN_MSG: usize = 16 << 10;
 const MAX_MSG: usize = 64 << 10;
 /// Messages per loss test.
 const LOSS_MESSAGES: u32 = 500;
-/// Offered load of the loss tests, octets per second (debug builds keep up
-/// with several times this; the point is kernel loss, not overload).
-const LOSS_RATE: u64 = 40_000_000;
+/// Offered load of the loss tests, octets per second: the point is kernel
+/// loss, not overload. Half in debug builds: on this project's 2-core CI
+/// host a debug receiver sharing the cores with the sender and a parallel
+/// test once fell behind at 40 MB/s and its socket overflowed.
+const LOSS_RATE: u64 = if cfg!(debug_assertions) {
+    20_000_000
+} else {
+    40_000_000
+};
 /// Output packets (GSO runs, before they are cut) duplicated by the kernel
 /// in the loss tests, per mille.
 const DUP_PERMILLE: u32 = 30;
@@ -474,7 +483,15 @@ fn ud_under_loss(test: &str, permille: u32) {
     // its counters must tell what became of every other message. (A message
     // finding no receive posted is dropped whole too; with 256 posted it
     // happens only if the receiving process is starved for a long time.)
+    // The one exception: a message whose every datagram was lost never
+    // reached the receiver. The loss rule alone does that with probability
+    // p^12 at least (under 1e-15 here); a receiving process starved long
+    // enough for its socket's receive buffer to overflow (the kernel's
+    // `UdpRcvbufErrors`; seen on a loaded CI host with a debug build) does
+    // it to runs of datagrams. Such messages are allowed only then, and
+    // only as many as those drops can account for.
     let no_recv = get("no_recv");
+    let rcvbuf_errors = get("rcvbuf_errors");
     assert_eq!(get("stat_delivered"), delivered, "{r:?}");
     for k in [
         "len_err",
@@ -485,28 +502,39 @@ fn ud_under_loss(test: &str, permille: u32) {
     ] {
         assert_eq!(get(k), 0, "{k}: {r:?}");
     }
-    assert_eq!(
-        delivered + timeouts + evicted + no_recv,
-        n,
-        "delivered + timed out + evicted (+ no receive) = sent: {r:?}"
-    );
+    let settled = delivered + timeouts + evicted + no_recv;
+    let dropped = net.pair.dropped(1);
+    if rcvbuf_errors == 0 {
+        assert_eq!(
+            settled, n,
+            "delivered + timed out + evicted (+ no receive) = sent: {r:?}"
+        );
+    } else {
+        assert!(settled <= n, "more messages settled than sent: {r:?}");
+        let min_datagrams = MIN_MSG.div_ceil(UNTAGGED_ROOM) as u64;
+        assert!(
+            (n - settled) * min_datagrams <= rcvbuf_errors + dropped,
+            "{} messages never seen, more than {rcvbuf_errors} receive-buffer drops and \
+             {dropped} lost datagrams account for: {r:?}",
+            n - settled
+        );
+    }
     let model: f64 = (0..n as u32)
         .map(|i| p_whole(msg_len(seed, i), UNTAGGED_ROOM, permille))
         .sum::<f64>()
         / n as f64;
-    let dropped = net.pair.dropped(1);
     eprintln!(
         "{test}: loss {:.1} %: delivered {delivered}/{n} = {:.1} % (independent-loss model {:.1} %); \
-         lost {} (reassembly timeouts {timeouts}, evictions {evicted}, no receive {no_recv}); \
-         kernel dropped {dropped} packets, duplicated {} runs; receiver: {} duplicate segments, \
-         {} UDP receive-buffer errors",
+         lost {} (reassembly timeouts {timeouts}, evictions {evicted}, no receive {no_recv}, \
+         never seen {}); kernel dropped {dropped} packets, duplicated {} runs; receiver: {} \
+         duplicate segments, {rcvbuf_errors} UDP receive-buffer errors",
         f64::from(permille) / 10.0,
         100.0 * delivered as f64 / n as f64,
         100.0 * model,
         n - delivered,
+        n - settled,
         net.duplicated(0),
         get("duplicates"),
-        get("rcvbuf_errors"),
     );
     if permille > 0 {
         assert!(dropped > 0, "the loss rule dropped nothing");
@@ -1252,6 +1280,7 @@ fn peer_ud_recv(kv: &Kv) {
     let mut seen = vec![false; n as usize];
     let mut delivered = 0u64;
     let mut drain_from: Option<Instant> = None;
+    let (mut last, mut last_change) = ((0u64, 0u64), Instant::now());
     let mut buf = [blank(); 32];
     loop {
         let k = cq.poll(&mut buf);
@@ -1282,8 +1311,18 @@ fn peer_ud_recv(kv: &Kv) {
         if let Some(t) = drain_from {
             let s = ud_stats(&qp);
             let settled = s.rx_delivered + s.rx_timeouts + s.rx_evicted + s.rx_no_recv;
-            if (settled >= u64::from(n) && s.rx_delivered == delivered) || t.elapsed() > DRAIN_LIMIT
-            {
+            // A message the kernel dropped whole (receive buffer full) never
+            // settles here: quiet for several reassembly timeouts, with
+            // every delivery taken, ends the wait too.
+            let now = (s.rx_datagrams, settled);
+            if now != last {
+                (last, last_change) = (now, Instant::now());
+            }
+            let quiet = 4 * RX_TIMEOUT;
+            let done = s.rx_delivered == delivered
+                && (settled >= u64::from(n)
+                    || (t.elapsed() > quiet && last_change.elapsed() > quiet));
+            if done || t.elapsed() > DRAIN_LIMIT {
                 break;
             }
         }
