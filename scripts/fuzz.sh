@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every wire-layer fuzz target for a bounded time; fails on any crash.
+# Runs every fuzz target (the wire layer's parsers, the DC connection table)
+# for a bounded time; fails on any crash.
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET]      (default 30)
 #
@@ -9,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-30}
-targets=(mpa_frame fpdu_deframer segment datagram)
+targets=(mpa_frame fpdu_deframer segment datagram dc_table)
 
 command -v cargo-fuzz >/dev/null || { echo "cargo-fuzz missing: run scripts/install-test-deps.sh" >&2; exit 1; }
 
