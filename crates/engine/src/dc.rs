@@ -99,6 +99,7 @@ use softrdma_proto::wr::{
     WorkCompletion,
 };
 use softrdma_wire::mpa::{frame_len as mpa_frame_len, HEADER_LEN};
+use softrdma_wire::rdmap::TerminateCause;
 
 use crate::cm::{self, ConnParams, Listener};
 use crate::cq::{CompChannel, Completion, Cq, InlineProgress};
@@ -332,6 +333,8 @@ struct DctState {
     srq: Arc<Srq>,
     rejected: u64,
     rejections: VecDeque<DgramAddr>,
+    /// Connections failed by a Send that found the SRQ empty.
+    lost_no_receive: u64,
 }
 
 struct TargetConn {
@@ -704,6 +707,9 @@ impl DcService {
             fail_backlog(core, &mut conn, WcStatus::WrFlushErr, now);
             // Work in flight completes through the QP's flush.
             if let Some(qp) = conn.qp.take() {
+                if let (Some(dct), false) = (conn.bound_dct, conn.shared) {
+                    count_no_receive(core, &qp, dct);
+                }
                 qp.disconnect();
             }
         }
@@ -1660,6 +1666,7 @@ impl DcService {
                 srq,
                 rejected: 0,
                 rejections: VecDeque::new(),
+                lost_no_receive: 0,
             },
         );
         Ok(num)
@@ -1861,8 +1868,22 @@ fn reap(core: &mut Core, now: Instant) {
         .map(|(&id, _)| id)
         .collect();
     for id in gone {
-        core.targets.remove(&id);
+        if let Some(t) = core.targets.remove(&id) {
+            count_no_receive(core, &t.qp, t.dct);
+        }
         core.table.closed(id, now);
+    }
+}
+
+/// Counts `qp`'s failure on DCT `dct` if a Send found the SRQ empty.
+fn count_no_receive(core: &mut Core, qp: &Qp, dct: u32) {
+    if matches!(
+        qp.terminate_cause(),
+        Some((TerminateCause::DdpUntaggedNoBuffer, false))
+    ) {
+        if let Some(d) = core.dcts.get_mut(&dct) {
+            d.lost_no_receive += 1;
+        }
     }
 }
 
@@ -2536,6 +2557,20 @@ impl Dct {
             .dcts
             .get(&self.num)
             .map_or(0, |d| d.rejected)
+    }
+
+    /// Connections to this DCT that failed because a Send found its SRQ
+    /// empty (iWARP has no receiver-not-ready retry: the connection is
+    /// terminated, the Send and whatever followed it on that connection
+    /// are lost, and the initiator's later work on it fails; `docs/dc.md`
+    /// §4). Nothing else tells the target's application: the connections
+    /// are internal and raise no async events.
+    pub fn connections_lost_no_receive(&self) -> u64 {
+        self.svc
+            .lock()
+            .dcts
+            .get(&self.num)
+            .map_or(0, |d| d.lost_no_receive)
     }
 
     /// The sources of rejected invitations not read yet (oldest first; at

@@ -47,7 +47,7 @@ use softrdma_proto::rc::{
     CqKind, DirectRx, PostError, RcConfig, RcEvent, RcQp, RcState, RecvQueue,
 };
 use softrdma_proto::wr::{RecvWr, SendWr, MAX_SGE};
-use softrdma_wire::rdmap::Layer;
+use softrdma_wire::rdmap::{Layer, TerminateCause};
 
 use crate::cq::{AsyncEvent, Completion, Cq, Direct};
 use crate::mr::View;
@@ -139,6 +139,9 @@ pub(crate) struct QpCore {
     out_send: Vec<Completion>,
     out_recv: Vec<Completion>,
     errored: bool,
+    /// The Terminate that moved the connection to the error state, and
+    /// whether the peer sent it.
+    terminate: Option<(TerminateCause, bool)>,
 }
 
 /// The shared part of a QP (the CQs and the progress thread hold it).
@@ -315,6 +318,7 @@ impl Qp {
                 out_send: Vec::with_capacity(caps.max_send_wr),
                 out_recv: Vec::with_capacity(caps.max_recv_wr),
                 errored: false,
+                terminate: None,
             }),
         });
         send_cq.attach(Arc::downgrade(&inner));
@@ -392,6 +396,14 @@ impl Qp {
             Some(l) if l.rc.state() == RcState::Error => QpLinkState::Error,
             Some(_) => QpLinkState::Connected,
         }
+    }
+
+    /// The Terminate that failed the connection, if one did, and whether
+    /// the peer sent it (`true`) or this side (`false`, e.g.
+    /// [`TerminateCause::DdpUntaggedNoBuffer`]: a Send found no receive).
+    /// `None` while connected, and after a close or a transport failure.
+    pub fn terminate_cause(&self) -> Option<(TerminateCause, bool)> {
+        self.inner.lock().terminate
     }
 
     /// Octets written to the connection's socket that the peer has not
@@ -839,6 +851,7 @@ impl QpShared {
                 link,
                 out_send,
                 out_recv,
+                terminate,
                 ..
             } = &mut *c;
             if let Some(link) = link.as_mut() {
@@ -854,6 +867,13 @@ impl QpShared {
                     Direct::hand_or_stage(direct.as_deref_mut(), cq, staged, comp);
                 }
                 while let Some(ev) = link.rc.poll_event() {
+                    if let RcEvent::Error {
+                        cause: Some(t),
+                        remote,
+                    } = ev
+                    {
+                        terminate.get_or_insert((t, remote));
+                    }
                     let ae = match ev {
                         RcEvent::Error { cause: Some(t), .. }
                             if matches!(t.layer(), Layer::Rdmap | Layer::Ddp) && t.etype() == 1 =>

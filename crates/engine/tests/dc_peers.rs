@@ -944,3 +944,85 @@ fn reverse_use_one_connection_both_ways() {
         sb.table
     );
 }
+
+/// A Send that finds the DCT's SRQ empty: iWARP has no receiver-not-ready
+/// retry, so the connection fails. The target's application sees only the
+/// messages that found receives, in order, and the DCT counts the lost
+/// connection (or connections: A's later Sends may take fresh ones that
+/// fail the same way); the initiator's work completes in order, the
+/// first ones successfully (a Send completes when written: usually every
+/// one here, the lost ones included), and once B has receives again A's
+/// next message takes a fresh connection.
+#[test]
+fn a_send_finding_the_srq_empty_is_counted_at_the_dct() {
+    let mut a = Side::new(false, Duration::from_secs(2));
+    let mut b = Side::new(false, Duration::from_secs(2));
+    let db = b.dct.number();
+    let total = RECVS as u32 + 36;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // B takes nothing: its receives are not reposted. (A send slot is
+    // written by `send` before the post: only with room in the queue.)
+    let mut posted = 0;
+    while posted < total {
+        if a.dci.outstanding() < SENDS {
+            a.send(posted, db, KEY).unwrap();
+            posted += 1;
+        }
+        a.poll();
+        assert!(Instant::now() < deadline, "posting: {posted}");
+    }
+    while a.done.len() < total as usize {
+        a.poll();
+        assert!(
+            Instant::now() < deadline,
+            "A's completions: {}",
+            a.done.len()
+        );
+    }
+    while b.dct.connections_lost_no_receive() == 0 {
+        thread::sleep(Duration::from_millis(5));
+        assert!(Instant::now() < deadline, "the DCT never counted the loss");
+    }
+    // Once A learns of the failure, its later Sends take fresh
+    // connections, which fail the same way while B has no receives: one
+    // or more connections, each counted once.
+    let lost = b.dct.connections_lost_no_receive();
+    assert!(
+        (1..=u64::from(total - RECVS as u32)).contains(&lost),
+        "{lost}"
+    );
+    assert_eq!(a.dct.connections_lost_no_receive(), 0);
+    // In posting order; the first RECVS at least succeeded (a Send
+    // completes when written: usually every one does here, the lost
+    // ones included; a fresh connection's may fail later).
+    let ids: Vec<u64> = a.done.iter().map(|&(id, _)| id).collect();
+    assert_eq!(ids, (0..u64::from(total)).collect::<Vec<_>>());
+    let ok = a
+        .done
+        .iter()
+        .take_while(|d| d.1 == WcStatus::Success)
+        .count();
+    assert!(ok >= RECVS, "{ok} successes: {:?}", a.done);
+    // B got exactly the messages its receives took, in order.
+    let until = Instant::now() + Duration::from_millis(200);
+    while Instant::now() < until {
+        b.poll();
+    }
+    assert_eq!(b.got, (0..RECVS as u32).collect::<Vec<_>>());
+    // B has receives again: A's next message takes a fresh connection.
+    a.done.clear();
+    a.send(9000, db, KEY).unwrap();
+    while b.got.len() < RECVS + 1 || a.done.is_empty() {
+        a.poll();
+        b.poll();
+        assert!(Instant::now() < deadline, "the message after the loss");
+    }
+    assert_eq!(b.got[RECVS], 9000);
+    assert_eq!(a.done, vec![(9000, WcStatus::Success)]);
+    let until = Instant::now() + Duration::from_millis(200);
+    while Instant::now() < until {
+        a.poll();
+        b.poll();
+    }
+    assert_eq!(b.dct.connections_lost_no_receive(), lost, "counted once");
+}

@@ -226,6 +226,13 @@ impl DcTarget {
         self.dct.take_rejections()
     }
 
+    /// Connections to this DCT that a Send finding its SRQ empty failed
+    /// (iWARP has no receiver-not-ready retry; what that Send and the
+    /// Sends behind it carried is lost, `docs/dc.md` §4).
+    pub fn connections_lost_no_receive(&self) -> u64 {
+        self.dct.connections_lost_no_receive()
+    }
+
     /// The context's DC counters (connection table included).
     pub fn stats(&self) -> DcServiceStats {
         self.dct.service().stats()
