@@ -46,7 +46,7 @@ use softrdma_proto::dc::DcTarget;
 use softrdma_proto::wr::{DgramAddr, MAX_INLINE, MAX_SGE};
 
 use crate::abi::*;
-use crate::export::{export, guard_errno, guard_ptr};
+use crate::export::{export, guard, guard_errno, guard_ptr};
 use crate::objects::*;
 
 /// `ibv_sdc_attr.comp_mask`: `capacity` is valid.
@@ -582,6 +582,18 @@ pub unsafe extern "C" fn ibv_sdc_query_qp(qp: *mut ibv_sdc_qp, stats: *mut ibv_s
     })
 }
 
+/// `ibv_sdc_dct_lost_no_receive`: connections to `dct` that a Send
+/// finding its SRQ empty failed (iWARP has no receiver-not-ready retry:
+/// what that Send and the Sends behind it carried is lost, and nothing
+/// else tells the target; `docs/dc.md` §4). 0 for NULL.
+pub unsafe extern "C" fn ibv_sdc_dct_lost_no_receive(dct: *mut ibv_sdc_dct) -> u64 {
+    guard(0, || {
+        // SAFETY: a DCT of ours or NULL (verbs contract).
+        let d = unsafe { (dct as *const DctObj).as_ref() };
+        d.map_or(0, |d| d.engine.connections_lost_no_receive())
+    })
+}
+
 export!(
     ibv_sdc_create_dct,
     ibv_sdc_destroy_dct,
@@ -592,4 +604,5 @@ export!(
     ibv_sdc_post_send,
     ibv_sdc_query_dct,
     ibv_sdc_query_qp,
+    ibv_sdc_dct_lost_no_receive,
 );

@@ -280,6 +280,13 @@ struct ibv_sdc_stats {
 int ibv_sdc_query_dct(struct ibv_sdc_dct *dct, struct ibv_sdc_stats *stats);
 int ibv_sdc_query_qp(struct ibv_sdc_qp *qp, struct ibv_sdc_stats *stats);
 
+/* Connections to this DCT that a Send finding its SRQ empty failed: iWARP
+ * has no receiver-not-ready retry, so that Send and the ones behind it on
+ * the connection are lost (the initiator's may have completed
+ * successfully: a Send completes when written). Keep at most as many
+ * Sends in flight to a DCT as it has receives posted. 0 for NULL. */
+uint64_t ibv_sdc_dct_lost_no_receive(struct ibv_sdc_dct *dct);
+
 #ifdef __cplusplus
 }
 #endif

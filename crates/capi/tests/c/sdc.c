@@ -377,6 +377,12 @@ int main(void)
 	      "stats: rejected %llu/%llu capacity %u live %u",
 	      (unsigned long long)st.dct_rejected,
 	      (unsigned long long)st.rejected_bad_key, st.capacity, st.live);
+	/* Every Send so far found a receive: no connection lost to an empty
+	 * SRQ (the counting itself is tested in Rust, dc_peers). */
+	CHECK(ibv_sdc_dct_lost_no_receive(dct) == 0 &&
+		      ibv_sdc_dct_lost_no_receive(NULL) == 0,
+	      "lost_no_receive %llu",
+	      (unsigned long long)ibv_sdc_dct_lost_no_receive(dct));
 	printf("sdc: wrong key: %s, DCT rejected %llu\n",
 	       ibv_wc_status_str(wc.status),
 	       (unsigned long long)st.dct_rejected);
