@@ -55,6 +55,16 @@ impl Input<'_> {
         self.data = rest;
         b.to_vec()
     }
+    /// A word: even, one seen in `pool` (itself if `pool` is empty);
+    /// odd, itself.
+    fn word_or_seen(&mut self, pool: &[u64]) -> u64 {
+        let w = self.u64();
+        if w & 1 == 0 {
+            self.pick(pool, w)
+        } else {
+            w
+        }
+    }
     /// One of `pool`, or (if empty) `fallback`.
     fn pick<T: Copy>(&mut self, pool: &[T], fallback: T) -> T {
         if pool.is_empty() {
@@ -200,23 +210,9 @@ fuzz_target!(|data: &[u8]| {
                     }),
                     port: input.u16(),
                     dct: input.pick(&dcts, 0),
-                    conn: {
-                        let w = input.u64();
-                        if w & 1 == 0 {
-                            input.pick(&seen.conns, w)
-                        } else {
-                            w
-                        }
-                    },
+                    conn: input.word_or_seen(&seen.conns),
                     key: input.pick(&keys, 0),
-                    cookie: {
-                        let w = input.u64();
-                        if w & 1 == 0 {
-                            input.pick(&seen.cookies, w)
-                        } else {
-                            w
-                        }
-                    },
+                    cookie: input.word_or_seen(&seen.cookies),
                 };
                 let local = if input.u8() & 1 == 0 { CTL_QPN } else { msg.dct };
                 t.handle_message(now, src, local, &msg.encode());

@@ -707,7 +707,9 @@ impl DcService {
             fail_backlog(core, &mut conn, WcStatus::WrFlushErr, now);
             // Work in flight completes through the QP's flush.
             if let Some(qp) = conn.qp.take() {
-                if let (Some(dct), false) = (conn.bound_dct, conn.shared) {
+                // (Only an opener's own connection has its receive side
+                // bound; a reverse user's QP is counted when reaped.)
+                if let Some(dct) = conn.bound_dct {
                     count_no_receive(core, &qp, dct);
                 }
                 qp.disconnect();
@@ -2550,13 +2552,14 @@ impl Dct {
         self.addr
     }
 
+    /// A counter of this DCT's state (0 once the DCT is gone).
+    fn counter(&self, of: impl FnOnce(&DctState) -> u64) -> u64 {
+        self.svc.lock().dcts.get(&self.num).map_or(0, of)
+    }
+
     /// Invitations rejected for a wrong key so far.
     pub fn rejected(&self) -> u64 {
-        self.svc
-            .lock()
-            .dcts
-            .get(&self.num)
-            .map_or(0, |d| d.rejected)
+        self.counter(|d| d.rejected)
     }
 
     /// Connections to this DCT that failed because a Send found its SRQ
@@ -2566,11 +2569,7 @@ impl Dct {
     /// §4). Nothing else tells the target's application: the connections
     /// are internal and raise no async events.
     pub fn connections_lost_no_receive(&self) -> u64 {
-        self.svc
-            .lock()
-            .dcts
-            .get(&self.num)
-            .map_or(0, |d| d.lost_no_receive)
+        self.counter(|d| d.lost_no_receive)
     }
 
     /// The sources of rejected invitations not read yet (oldest first; at

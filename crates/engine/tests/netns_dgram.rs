@@ -1314,9 +1314,9 @@ fn peer_ud_recv(kv: &Kv) {
             // A message the kernel dropped whole (receive buffer full) never
             // settles here: quiet for several reassembly timeouts, with
             // every delivery taken, ends the wait too.
-            let now = (s.rx_datagrams, settled);
-            if now != last {
-                (last, last_change) = (now, Instant::now());
+            let seen = (s.rx_datagrams, settled);
+            if seen != last {
+                (last, last_change) = (seen, Instant::now());
             }
             let quiet = 4 * RX_TIMEOUT;
             let done = s.rx_delivered == delivered
