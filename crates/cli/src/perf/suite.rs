@@ -29,6 +29,9 @@ struct Group {
     transport: &'static str,
     sizes: Vec<usize>,
     no_crc: bool,
+    /// A cell an issue-5 target (or its floor or ceiling) is read from:
+    /// run three times as long in four alternated rounds.
+    target: bool,
 }
 
 struct SuiteOpts {
@@ -114,6 +117,7 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
                 transport: tr.name,
                 sizes,
                 no_crc: false,
+                target: false,
             });
         }
     }
@@ -129,6 +133,7 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
                 vec![64 << 10, 1 << 20]
             },
             no_crc: true,
+            target: false,
         },
     );
     // The floor of the RC latency targets: a raw TCP ping-pong framed as
@@ -138,6 +143,7 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
         transport: "tcp",
         sizes: vec![64],
         no_crc: false,
+        target: false,
     });
     // The same for UD: a raw UDP ping-pong framed as UD Sends by the wire
     // code alone, against the raw ping-pong.
@@ -146,6 +152,7 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
         transport: "udp",
         sizes: vec![64],
         no_crc: false,
+        target: false,
     });
     // The ceiling of the CRC target (a raw TCP stream that checksums what
     // it moves) and the floor of the no-CRC one (a raw TCP stream framed
@@ -161,6 +168,7 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
                 vec![1 << 20]
             },
             no_crc: false,
+            target: false,
         });
     }
     // The floor of "UD latency 15 % below RC": the raw UDP ping-pong
@@ -170,6 +178,7 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
         transport: "udp",
         sizes: vec![64],
         no_crc: false,
+        target: false,
     });
     // And of the Write-Record target: the raw UDP blast doing the CRC and
     // placement work every datagram iWARP receiver must do.
@@ -178,6 +187,7 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
         transport: "udp",
         sizes: vec![64 << 10],
         no_crc: false,
+        target: false,
     });
     // The cells of the issue-5 targets first, so that a slow machine
     // spends its budget on them; the table is sorted back afterwards.
@@ -198,7 +208,41 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
                 first.len() + 1
             })
     });
-    g
+    // The target cells, and their floors and ceilings, run longer (see
+    // `Group::target`): latency groups whole; a bandwidth target's size
+    // leaves its group for one of its own (its other sizes are no target).
+    // (`--quick` keeps its groups: it has no time for more children.)
+    let mut out = Vec::with_capacity(g.len() + TARGET_BW.len());
+    for mut x in g {
+        if TARGET_LAT.contains(&(x.test, x.transport)) {
+            x.target = true;
+            out.push(x);
+            continue;
+        }
+        if !o.quick {
+            let cells: Vec<usize> = x
+                .sizes
+                .iter()
+                .copied()
+                .filter(|&s| TARGET_BW.contains(&(x.test, x.transport, s, x.no_crc)))
+                .collect();
+            x.sizes.retain(|s| !cells.contains(s));
+            let (test, transport, no_crc) = (x.test, x.transport, x.no_crc);
+            if !x.sizes.is_empty() {
+                out.push(x);
+            }
+            out.extend(cells.into_iter().map(|s| Group {
+                test,
+                transport,
+                sizes: vec![s],
+                no_crc,
+                target: true,
+            }));
+        } else {
+            out.push(x);
+        }
+    }
+    out
 }
 
 /// Rows of the table: softrdma's, and baselines measured against another
@@ -290,19 +334,14 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         } else {
             (left.as_secs_f64() / (per_group * remaining)).clamp(0.1, 1.0)
         };
-        // The latency cells the issue-5 targets are read from, and their
-        // floors, run three times as long in four alternated rounds: a
-        // 64 B ratio taken from 0.08 s moved by 0.1 and more between suite
-        // runs on this kind of host (about 3 s more in all).
-        let target_lat = kind == Some(Kind::Lat) && TARGET_LAT.contains(&(g.test, g.transport));
+        // The cells the issue-5 targets are read from, and their floors
+        // and ceilings, run three times as long in four alternated rounds:
+        // a 64 B latency ratio taken from 0.08 s moved by 0.1 and more
+        // between suite runs on this kind of host, a 1 MiB bandwidth ratio
+        // from 0.12 s by 0.25 (about 8 s more in all).
         let d = scale
-            * if target_lat {
-                3.0 * lat_d
-            } else if kind == Some(Kind::Lat) {
-                lat_d
-            } else {
-                bw_d
-            };
+            * if kind == Some(Kind::Lat) { lat_d } else { bw_d }
+            * if g.target { 3.0 } else { 1.0 };
         let sizes: Vec<String> = g.sizes.iter().map(|s| s.to_string()).collect();
         let mut args: Vec<String> = vec!["perf".into(), g.test.into()];
         // A baseline row (`tcp_crc_bw`) has its transport built in.
@@ -323,7 +362,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             // Alternating rounds against load bursts, unless time is short.
             if o.quick || scale < 0.5 {
                 "1"
-            } else if target_lat {
+            } else if g.target {
                 "4"
             } else {
                 "2"
@@ -641,6 +680,17 @@ const TARGET_LAT: [(&str, &str); 6] = [
     ("tcp_mpa_lat", "tcp"),
     ("udp_dgram_lat", "udp"),
     ("udp_lat", "udp"),
+];
+
+/// The bandwidth cells (test, transport, size, without CRC) the issue-5
+/// targets and their floors and ceilings are read from.
+const TARGET_BW: [(&str, &str, usize, bool); 6] = [
+    ("write_bw", "rc", 1 << 20, false),
+    ("write_bw", "rc", 1 << 20, true),
+    ("tcp_crc_bw", "tcp", 1 << 20, false),
+    ("tcp_mpa_bw", "tcp", 1 << 20, false),
+    ("write_record_bw", "ud", 64 << 10, false),
+    ("udp_crc_bw", "udp", 64 << 10, false),
 ];
 
 /// The issue-5 targets as lines `name: ratio (target)`.
@@ -1164,8 +1214,8 @@ measured on loopback with the two ends in two processes.\n\
 histogram of every round trip. `*_bw` rows: goodput in Gbit/s of message octets and \
 the message rate.\n\
 * `baseline` / `ratio`: the raw-socket test of the same size and wait mode, measured \
-alternately with the cell (two rounds each; the latency cells the targets below are read from, \
-and their floors, four rounds over three times the duration) by the same process pair (RC against raw TCP, UD and RD against \
+alternately with the cell (two rounds each; the cells the targets below are read from, \
+and their floors and ceilings, four rounds over three times the duration) by the same process pair (RC against raw TCP, UD and RD against \
 raw UDP cut into datagrams of softrdma's payload size). Latency ratio = softrdma / \
 baseline (below 1 is faster than raw sockets); bandwidth ratio = softrdma / baseline \
 (above 1 is faster). Only these same-run ratios are meaningful: absolute figures on a \
@@ -1204,6 +1254,60 @@ mod tests {
             "{d}"
         );
         assert_eq!(progress_bar(0, 2), "[##########..........]  1/2");
+    }
+
+    #[test]
+    fn target_cells_run_apart_and_every_cell_runs_once() {
+        let full = parse(&[]).unwrap();
+        let gs = groups(&full);
+        let cells = |gs: &[Group]| {
+            let mut v: Vec<_> = gs
+                .iter()
+                .flat_map(|g| g.sizes.iter().map(|&s| (g.test, g.transport, s, g.no_crc)))
+                .collect();
+            v.sort();
+            v
+        };
+        let all = cells(&gs);
+        let mut once = all.clone();
+        once.dedup();
+        assert_eq!(once, all, "a cell in two groups");
+        // Each bandwidth target is a group of its own, marked, and no other
+        // bandwidth group is.
+        for t in TARGET_BW {
+            let own: Vec<&Group> = gs
+                .iter()
+                .filter(|g| (g.test, g.transport, g.no_crc) == (t.0, t.1, t.3))
+                .filter(|g| g.sizes.contains(&t.2))
+                .collect();
+            assert_eq!(own.len(), 1, "{t:?}");
+            assert!(own[0].target && own[0].sizes == [t.2], "{t:?}");
+        }
+        // The same group's other sizes stay, unmarked, in one group.
+        let rc_write: Vec<&Group> = gs
+            .iter()
+            .filter(|g| g.test == "write_bw" && g.transport == "rc" && !g.no_crc)
+            .collect();
+        assert_eq!(rc_write.len(), 2);
+        assert!(rc_write
+            .iter()
+            .any(|g| !g.target && g.sizes == [64, 4 << 10, 64 << 10]));
+        for g in &gs {
+            let lat = TARGET_LAT.contains(&(g.test, g.transport));
+            let bw = g.sizes.len() == 1
+                && TARGET_BW.contains(&(g.test, g.transport, g.sizes[0], g.no_crc));
+            assert_eq!(g.target, lat || bw, "{} {}", g.test, g.transport);
+        }
+        // --quick splits nothing: the same cells as its groups had.
+        let quick = parse(&["--quick".to_string()]).unwrap();
+        let qs = groups(&quick);
+        assert!(qs
+            .iter()
+            .all(|g| !g.target || TARGET_LAT.contains(&(g.test, g.transport))));
+        let q = cells(&qs);
+        let mut qd = q.clone();
+        qd.dedup();
+        assert_eq!(qd, q);
     }
 
     #[test]
