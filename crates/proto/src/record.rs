@@ -288,6 +288,18 @@ impl Frags {
     /// called nothing, if that would need more than `max` ranges.
     fn add(&mut self, s: u32, e: u32, max: usize, mut new: impl FnMut(u32, u32)) -> bool {
         let iv = &mut self.iv;
+        // In-order arrival, the common case: `[s, e)` starts inside or at
+        // the end of the highest range, so it can only extend that one
+        // (every lower range ends before the highest starts, minus one).
+        if let Some(last) = iv.last_mut() {
+            if last.0 <= s && s <= last.1 {
+                if e > last.1 {
+                    new(last.1, e);
+                    last.1 = e;
+                }
+                return true;
+            }
+        }
         // First range ending at or after s (overlapping or touching), and
         // first range starting after e.
         let i = iv.partition_point(|r| r.1 < s);
@@ -393,6 +405,14 @@ fn apply(
 /// intervals. Returns false, changing nothing, if it would need more than
 /// [`MAX_VALID_INTERVALS`].
 fn set_add(v: &mut Vec<(u64, u64)>, s: u64, e: u64) -> bool {
+    // A message placed in order extends the highest range (as in
+    // `Frags::add`).
+    if let Some(last) = v.last_mut() {
+        if last.0 <= s && s <= last.1 {
+            last.1 = last.1.max(e);
+            return true;
+        }
+    }
     let i = v.partition_point(|r| r.1 < s);
     let j = i + v[i..].partition_point(|r| r.0 <= e);
     if i == j {
@@ -2045,8 +2065,59 @@ mod tests {
         }
     }
 
+    /// The set positions of `bits`.
+    fn ones(bits: &[bool]) -> impl Iterator<Item = u64> + '_ {
+        (0..bits.len() as u64).filter(|&k| bits[k as usize])
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// `Frags::add` and `set_add`, in-order fast paths included, against
+        /// a bitmap: the ranges are its runs (sorted, disjoint, not
+        /// adjacent), `new` is called once for each maximal piece not
+        /// covered before, in order, and a refused add (over `max` ranges)
+        /// changes nothing. Runs of adjacent segments take the fast path,
+        /// the rest the general one.
+        #[test]
+        fn interval_adds_match_a_bitmap(
+            adds in prop::collection::vec(
+                (0u32..200, 1u32..40, prop::bool::weighted(0.6)),
+                0..60,
+            ),
+            max in prop_oneof![Just(usize::MAX), 1usize..6],
+        ) {
+            let mut f = Frags::default();
+            let mut v: Vec<(u64, u64)> = Vec::new();
+            let mut bits = [false; 240];
+            let mut next = 0u32;
+            for (s, len, in_order) in adds {
+                // Often the segment right after the previous one.
+                let s = if in_order { next.min(199) } else { s };
+                let e = s + len;
+                next = e;
+                let before = f.iv.clone();
+                let mut fresh = Vec::new();
+                if !f.add(s, e, max, |a, b| fresh.push((u64::from(a), u64::from(b)))) {
+                    prop_assert_eq!(&f.iv, &before);
+                    prop_assert!(fresh.is_empty());
+                    prop_assert!(before.len() >= max.max(1));
+                    continue;
+                }
+                let mut gaps = vec![false; 240];
+                for k in s..e {
+                    gaps[k as usize] = !bits[k as usize];
+                    bits[k as usize] = true;
+                }
+                prop_assert_eq!(fresh, runs(ones(&gaps)));
+                let want = runs(ones(&bits));
+                let got: Vec<(u64, u64)> =
+                    f.iv.iter().map(|&(a, b)| (u64::from(a), u64::from(b))).collect();
+                prop_assert_eq!(&got, &want);
+                prop_assert!(set_add(&mut v, u64::from(s), u64::from(e)));
+                prop_assert_eq!(&v, &want);
+            }
+        }
 
         /// Random segmentation, loss, duplication, reordering, corruption,
         /// clears and time of several messages from several sources: the CQ
