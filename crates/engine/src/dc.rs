@@ -1604,8 +1604,10 @@ impl DcService {
                 .conns
                 .iter()
                 .filter(|(_, c)| {
-                    c.qp.as_ref()
-                        .is_some_and(|q| Arc::ptr_eq(&q.inner, &qp.inner))
+                    c.shared
+                        && c.qp
+                            .as_ref()
+                            .is_some_and(|q| Arc::ptr_eq(&q.inner, &qp.inner))
                 })
                 .map(|(&cid, _)| cid)
                 .collect();

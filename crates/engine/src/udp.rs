@@ -845,8 +845,8 @@ fn send_chunk<const B: usize, const I: usize>(
     if m == 0 {
         return Err(io::Error::from_raw_os_error(libc::EAFNOSUPPORT));
     }
-    // SAFETY: entries `..m` of `plan` have been written (each `m += 1`
-    // follows its write).
+    // Each `m += 1` above follows the write of `plan[m]`.
+    // SAFETY: entries `..m` of `plan` have been written.
     let plan = unsafe { std::slice::from_raw_parts(plan.as_ptr().cast::<MsgPlan>(), m) };
     let iov_p = iovs.as_mut_ptr().cast::<libc::iovec>();
     for (k, p) in plan.iter().enumerate() {
@@ -857,8 +857,8 @@ fn send_chunk<const B: usize, const I: usize>(
             seg,
             ..
         } = *p;
-        // SAFETY: all-zero is a valid mmsghdr (no name, io-vectors or
-        // control until set below).
+        // No name, io-vectors or control until set below.
+        // SAFETY: all-zero is a valid mmsghdr.
         let mut h: libc::mmsghdr = unsafe { zeroed() };
         let hdr = &mut h.msg_hdr;
         hdr.msg_name = addrs[k].as_mut_ptr().cast::<libc::c_void>();

@@ -219,28 +219,27 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
             out.push(x);
             continue;
         }
-        if !o.quick {
-            let cells: Vec<usize> = x
-                .sizes
+        let cells: Vec<usize> = if o.quick {
+            Vec::new()
+        } else {
+            x.sizes
                 .iter()
                 .copied()
                 .filter(|&s| TARGET_BW.contains(&(x.test, x.transport, s, x.no_crc)))
-                .collect();
-            x.sizes.retain(|s| !cells.contains(s));
-            let (test, transport, no_crc) = (x.test, x.transport, x.no_crc);
-            if !x.sizes.is_empty() {
-                out.push(x);
-            }
-            out.extend(cells.into_iter().map(|s| Group {
-                test,
-                transport,
-                sizes: vec![s],
-                no_crc,
-                target: true,
-            }));
-        } else {
+                .collect()
+        };
+        x.sizes.retain(|s| !cells.contains(s));
+        let (test, transport, no_crc) = (x.test, x.transport, x.no_crc);
+        if !x.sizes.is_empty() {
             out.push(x);
         }
+        out.extend(cells.into_iter().map(|s| Group {
+            test,
+            transport,
+            sizes: vec![s],
+            no_crc,
+            target: true,
+        }));
     }
     out
 }
