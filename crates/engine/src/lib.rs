@@ -201,6 +201,19 @@ pub fn tune_udp_socket(sock: &std::net::UdpSocket) -> io::Result<()> {
     udp::set_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, v)
 }
 
+/// Whether the TCP socket `sock`, which a write just found full, has room
+/// again: one `poll` for `POLLOUT` that does not wait. A raw-socket
+/// baseline (`softrdma perf`) busy-polls this instead of retrying the
+/// write: the kernel answers it without the socket's lock and says yes
+/// once about a third of the send buffer is free, while a write retried on
+/// every spin takes the lock each time and holds up the acknowledgements
+/// that free the room (`docs/datagram.md` §12.13). An error or hang-up
+/// counts as room: the write that follows reports it.
+pub fn tcp_has_room(sock: &std::net::TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    sys::has_room(sock.as_raw_fd())
+}
+
 /// Octets of heap the process's allocator has handed out and not yet had
 /// back (glibc `mallinfo2`: chunks in use plus mmapped blocks): the live
 /// state of a process, without the free memory the allocator keeps

@@ -115,6 +115,20 @@ impl NoSigPipe<'_> {
     }
 }
 
+/// `poll` for `POLLOUT` on `fd` without waiting: false only if the
+/// kernel says the socket has no room (see [`crate::tcp_has_room`]); a
+/// failed `poll`, an error or a hang-up read as room.
+pub(crate) fn has_room(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd; a zero timeout never blocks.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    r != 0
+}
+
 /// True for `EAGAIN`/`EWOULDBLOCK`: a non-blocking call found nothing. A
 /// comparison of the raw code, not [`io::Error::kind`] (an out-of-line
 /// decoding of every errno that every empty busy poll would pay).

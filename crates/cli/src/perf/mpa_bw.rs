@@ -94,7 +94,7 @@ impl WriteFrames {
                     IoSlice::advance_slices(&mut left, n);
                     w.progress();
                 }
-                Err(e) if super::baseline::would_block(&e) => w.check("a TCP write")?,
+                Err(e) if super::baseline::would_block(&e) => super::baseline::wait_room(s, w)?,
                 Err(e) => return Err(e),
             }
         }
