@@ -137,8 +137,9 @@ pub(crate) fn write_full(s: &mut TcpStream, buf: &[u8], w: &mut Watch) -> io::Re
 /// Busy-waits until a TCP socket a write found full has room again, by
 /// asking the kernel (`softrdma_engine::tcp_has_room`) rather than
 /// retrying the write: on this loopback a 1 MiB stream whose writer spins
-/// on refused writes moves about a tenth less (`docs/datagram.md` §12.13),
-/// and the baseline is to show what kernel sockets can do.
+/// on refused writes moves less (by 4-20 % in alternated pairs,
+/// `docs/datagram.md` §12.13), and the baseline is to show what kernel
+/// sockets can do.
 pub(crate) fn wait_room(s: &TcpStream, w: &mut Watch) -> io::Result<()> {
     while !softrdma_engine::tcp_has_room(s) {
         w.check("room in the TCP send buffer")?;
