@@ -781,6 +781,10 @@ pub struct RdQp {
     /// Where batches of datagrams are framed contiguously
     /// ([`crate::ud::offer_staged`]); empty until the first such batch.
     stage: Vec<u8>,
+    /// The plans of the batch `poll_transmit` is sending, kept between
+    /// calls (capacity [`TX_BATCH`]): an array of them on the stack was
+    /// written whole on every call, some 5 KiB for a lone ACK or answer.
+    plans: Vec<Plan>,
     // --- receive ---
     rq: RecvFifo,
     tracker: Tracker,
@@ -835,6 +839,7 @@ impl RdQp {
             in_free: (0..cfg.max_inbound as u32).rev().collect(),
             peers: PeerTable::new(),
             stage: Vec::new(),
+            plans: Vec::with_capacity(TX_BATCH),
             ready: VecDeque::with_capacity(cfg.sq_depth + cfg.max_inbound),
             rq: RecvFifo::new(cfg.rq_depth),
             tracker: Tracker::new(cfg.record),
@@ -1719,15 +1724,14 @@ impl RdQp {
                     }
                 }
             }
-            let mut plans = [Plan::EMPTY; TX_BATCH];
-            let mut n = 0;
+            let mut plans = std::mem::take(&mut self.plans);
+            plans.clear();
             let mut i = 0;
-            while i < self.pending.len() && n < TX_BATCH {
+            while i < self.pending.len() && plans.len() < TX_BATCH {
                 let t = self.pending[i];
                 match self.plan(&t, mem) {
                     Some(p) => {
-                        plans[n] = p;
-                        n += 1;
+                        plans.push(p);
                         i += 1;
                     }
                     None => {
@@ -1736,7 +1740,8 @@ impl RdQp {
                     }
                 }
             }
-            if n == 0 {
+            if plans.is_empty() {
+                self.plans = plans;
                 if drained {
                     self.maybe_tx = false;
                     break Ok(total);
@@ -1744,10 +1749,19 @@ impl RdQp {
                 continue;
             }
             let mut stage = std::mem::take(&mut self.stage);
-            // `offered` may be fewer than `n` (the staging buffer full):
-            // only a sink that took fewer than it was offered pushed back.
-            let (offered, sent) = self.send_plans(mem, sink, &plans[..n], &mut stage);
+            // `offered` may be fewer than `plans.len()` (the staging buffer
+            // full): only a sink that took fewer than it was offered pushed
+            // back. A lone datagram (a ping-pong's answer, an ACK) goes
+            // with one-entry arrays: the batch's would be written whole.
+            let (offered, sent) = if plans.len() == 1 {
+                self.send_plans::<M, S, 1, IOV_PER>(mem, sink, &plans, &mut stage)
+            } else {
+                self.send_plans::<M, S, TX_BATCH, { TX_BATCH * IOV_PER }>(
+                    mem, sink, &plans, &mut stage,
+                )
+            };
             self.stage = stage;
+            self.plans = plans;
             match sent {
                 Ok(k) => {
                     let k = k.min(offered);
@@ -2110,17 +2124,19 @@ impl RdQp {
     /// contiguously there (one io-vector each, as UD's batches;
     /// `docs/datagram.md` §12.5); otherwise gathered from memory. Returns
     /// how many were offered (a prefix of `plans`) and what the sink said.
-    fn send_plans<M: Memory, S: DatagramSink>(
+    fn send_plans<M: Memory, S: DatagramSink, const B: usize, const IOV: usize>(
         &self,
         mem: &M,
         sink: &mut S,
         plans: &[Plan],
         stage: &mut Vec<u8>,
     ) -> (usize, io::Result<usize>) {
+        debug_assert!(IOV == B * IOV_PER && (1..=B).contains(&plans.len()));
+        let plans = &plans[..plans.len().min(B)];
         let n = plans.len();
-        let mut trailers = [[0u8; CRC_LEN]; TX_BATCH];
-        let mut pieces: [[&[u8]; MAX_SGE]; TX_BATCH] = [[&[]; MAX_SGE]; TX_BATCH];
-        let mut npieces = [0usize; TX_BATCH];
+        let mut trailers = [[0u8; CRC_LEN]; B];
+        let mut pieces: [[&[u8]; MAX_SGE]; B] = [[&[]; MAX_SGE]; B];
+        let mut npieces = [0usize; B];
         for (j, p) in plans.iter().enumerate() {
             npieces[j] = match p.body {
                 Body::None => 0,
@@ -2135,7 +2151,7 @@ impl RdQp {
             };
         }
         if n >= STAGE_MIN_BATCH {
-            let mut dests = [plans[0].dest; TX_BATCH];
+            let mut dests = [plans[0].dest; B];
             for (d, p) in dests.iter_mut().zip(plans) {
                 *d = p.dest;
             }
@@ -2161,8 +2177,8 @@ impl RdQp {
         for (j, p) in plans.iter().enumerate() {
             trailers[j] = datagram::trailer(&p.hdr[..p.hlen], &pieces[j][..npieces[j]]);
         }
-        let mut iov = [IoSlice::new(&[]); TX_BATCH * IOV_PER];
-        let mut bounds = [(0usize, 0usize); TX_BATCH];
+        let mut iov = [IoSlice::new(&[]); IOV];
+        let mut bounds = [(0usize, 0usize); B];
         let mut k = 0;
         for j in 0..n {
             let start = k;
@@ -2176,14 +2192,11 @@ impl RdQp {
             k += 1;
             bounds[j] = (start, k);
         }
-        let mut dests = [plans[0].dest; TX_BATCH];
+        let mut dests = [plans[0].dest; B];
         for (d, p) in dests.iter_mut().zip(plans) {
             *d = p.dest;
         }
-        (
-            n,
-            offer::<S, TX_BATCH>(sink, &dests[..n], &iov, &bounds[..n]),
-        )
+        (n, offer::<S, B>(sink, &dests[..n], &iov, &bounds[..n]))
     }
 
     // ------------------------------------------------------------------
