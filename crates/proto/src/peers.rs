@@ -55,6 +55,7 @@ impl<K: Copy + Eq + Hash, V> PeerTable<K, V> {
         self.slots.shrink_to(n);
     }
 
+    #[inline]
     fn slot(&self, key: &K) -> Option<usize> {
         match self.last {
             Some((k, i)) if k == *key => Some(i),
@@ -63,23 +64,35 @@ impl<K: Copy + Eq + Hash, V> PeerTable<K, V> {
     }
 
     /// Whether `key` has an entry.
+    #[inline]
     pub(crate) fn contains_key(&self, key: &K) -> bool {
         self.slot(key).is_some()
     }
 
     /// `key`'s entry.
+    #[inline]
     pub(crate) fn get(&self, key: &K) -> Option<&V> {
         self.slot(key).map(|i| &self.slots[i].1)
     }
 
     /// `key`'s entry, to change; remembered for the next lookup.
+    #[inline]
     pub(crate) fn get_mut(&mut self, key: &K) -> Option<&mut V> {
-        let i = self.slot(key)?;
-        self.last = Some((*key, i));
+        // The remembered entry needs no store (most lookups: one
+        // datagram reaches its peer many times).
+        let i = match self.last {
+            Some((k, i)) if k == *key => i,
+            _ => {
+                let i = *self.index.get(key)?;
+                self.last = Some((*key, i));
+                i
+            }
+        };
         Some(&mut self.slots[i].1)
     }
 
     /// `key`'s entry, made by `make` if it has none.
+    #[inline]
     pub(crate) fn get_or_insert_with(&mut self, key: K, make: impl FnOnce() -> V) -> &mut V {
         let i = match self.slot(&key) {
             Some(i) => i,
