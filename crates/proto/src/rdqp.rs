@@ -2124,6 +2124,9 @@ impl RdQp {
     /// contiguously there (one io-vector each, as UD's batches;
     /// `docs/datagram.md` §12.5); otherwise gathered from memory. Returns
     /// how many were offered (a prefix of `plans`) and what the sink said.
+    /// `B` sizes the arrays it fills (at most `B` plans are sent; `IOV` is
+    /// `B * IOV_PER`): 1 for a lone datagram, whose arrays would otherwise
+    /// be a whole batch's, written on every call.
     fn send_plans<M: Memory, S: DatagramSink, const B: usize, const IOV: usize>(
         &self,
         mem: &M,
