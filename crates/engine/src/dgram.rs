@@ -200,6 +200,11 @@ const DEFERRED_TX_FALLBACK: Duration = Duration::from_micros(500);
 /// read a batch always reads it): at a few hundred nanoseconds such a
 /// poll, due timers run within some microseconds.
 const INLINE_CLOCK_EVERY: u32 = 16;
+/// The longest a due timer waits for a busy poller's reading of the
+/// clock: a poller whose readings come further apart than this (its polls
+/// are not that busy) reads it on every poll again, and one whose polls
+/// come [`INLINE_CLOCK_EVERY`] times faster goes back to every 16th.
+const INLINE_CLOCK_GAP_NS: u64 = 50_000;
 /// Progress-thread tokens of datagram sockets and QPs: above every RC QP's
 /// token (a u32 QPN).
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1 << 40);
@@ -1169,6 +1174,9 @@ pub(crate) struct DgramQpShared {
     /// ([`INLINE_CLOCK_EVERY`]); written by pollers without a
     /// read-modify-write (a lost count only moves the next reading).
     inline_polls: AtomicU32,
+    /// The inline polls are sparse: each reads the clock
+    /// ([`INLINE_CLOCK_GAP_NS`]).
+    inline_sparse: AtomicBool,
     /// What a receive by inline progress made the engine owe (an RD ACK,
     /// a response) waits for the next inline poll or `post_send` (see
     /// [`DgramQpShared::receive`]).
@@ -1424,8 +1432,15 @@ impl Source for DgramQpShared {
             }
             return;
         }
+        // What has arrived is taken in before any deadline is judged: a
+        // poller that stopped polling (descheduled, or gone to sleep) may
+        // have left the rest of a message in the socket, and a timer that
+        // ran first would retire that message as idle (a Write-Record
+        // reported partial, its remaining segments then stale: placed but
+        // neither recorded nor valid; a reassembly dropped).
+        self.socket.drain(true, None, None);
         let c = self.lock();
-        self.run_timers(c, now);
+        self.run_timers(c, Instant::now().max(now));
         bump(&self.timers_thread, 1);
     }
 }
@@ -1483,18 +1498,30 @@ impl InlineProgress for DgramQpShared {
             return;
         }
         // The clock on every poll that read a batch (such a poll is long,
-        // and a stream's receiver owes delayed ACKs), else every few
-        // polls: an RD QP with a message in flight always has a timer
-        // armed, and reading the time on every spin of a ping-pong cost
-        // it some 6 % of all samples; its deadlines are hundreds of
-        // microseconds away, a few short polls late is nothing.
+        // and a stream's receiver owes delayed ACKs) and on every poll of
+        // a poller that polls sparsely, else on every 16th: an RD QP with
+        // a message in flight always has a timer armed, and reading the
+        // time on every spin of a ping-pong cost it some 6 % of all
+        // samples; its deadlines are hundreds of microseconds away, and a
+        // busy poller's 16 polls take a few.
         let polls = self.inline_polls.load(Ordering::Relaxed).wrapping_add(1);
         self.inline_polls.store(polls, Ordering::Relaxed);
-        if read < 2 && !polls.is_multiple_of(INLINE_CLOCK_EVERY) {
+        let sparse = self.inline_sparse.load(Ordering::Relaxed);
+        if read < 2 && !sparse && !polls.is_multiple_of(INLINE_CLOCK_EVERY) {
             return;
         }
+        let prev = self.inline_ns.load(Ordering::Relaxed);
         let now_ns = deadline_ns(Instant::now());
         self.inline_ns.store(now_ns, Ordering::Relaxed);
+        let span = if sparse {
+            INLINE_CLOCK_GAP_NS / u64::from(INLINE_CLOCK_EVERY)
+        } else {
+            INLINE_CLOCK_GAP_NS
+        };
+        let now_sparse = prev == 0 || now_ns.saturating_sub(prev) > span;
+        if now_sparse != sparse {
+            self.inline_sparse.store(now_sparse, Ordering::Relaxed);
+        }
         if now_ns >= due {
             let c = match self.core.try_lock() {
                 Ok(c) => c,
@@ -1917,6 +1944,7 @@ impl Context {
             timers_thread: AtomicU64::new(0),
             inline_ns: AtomicU64::new(0),
             inline_polls: AtomicU32::new(0),
+            inline_sparse: AtomicBool::new(true),
             core: Mutex::new(Core {
                 qp,
                 out_send: Vec::with_capacity(64),
