@@ -2642,7 +2642,12 @@ impl RdQp {
             };
         }
         let record = repr.opcode == Opcode::WriteRecord;
-        let res = if !payload.is_empty() {
+        let len = payload.len() as u32;
+        // As UD: a Write-Record segment the tracker will drop as stale is
+        // checked, not placed.
+        let res = if record && !self.tracker.admits(src, stag, to, mo, msn, len) {
+            mem.check_remote_write(stag, to, u64::from(len))
+        } else if !payload.is_empty() {
             mem.remote_write(stag, to, payload)
         } else if record {
             mem.check_remote_write(stag, to, 0)

@@ -60,6 +60,14 @@
 //! * Retiring a message (newer MSN, timeout, eviction, with either partial
 //!   action) leaves its octets valid: they were written. [`PartialAction`]
 //!   governs only the CQ.
+//! * The datagram QPs ask [`Tracker::admits`] before they place a segment
+//!   and only check the STag of one it refuses (an older MSN, a late
+//!   segment of a retired message, an impossible range): such a segment
+//!   changes no memory, so after a reordering the map and the partial
+//!   record still describe memory octet for octet. What `admits` cannot
+//!   see (a range contradicting its message, the fragment bound) is placed
+//!   and then refused by [`Tracker::placed`]: only then may memory hold
+//!   octets the map does not.
 //! * Per STag it is a sorted set of disjoint, non-adjacent `[start, end)`
 //!   intervals of at most [`MAX_VALID_INTERVALS`]. In-order segments extend
 //!   an interval in place (no allocation). A range that would need one more
@@ -186,8 +194,9 @@ impl Default for RecordConfig {
     }
 }
 
-/// What [`Tracker::placed`] did with a segment (the payload is in memory
-/// either way).
+/// What [`Tracker::placed`] did with a segment. The datagram QPs place
+/// only what [`Tracker::admits`]: the payload is in memory for every
+/// outcome but a [`Placed::Stale`] that `admits` refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Placed {
     /// It started a message (retiring an older one of the same source and
@@ -675,6 +684,45 @@ impl Tracker {
                 }
                 _ => self.start(key, base, mo, end, msn, last, now),
             },
+        }
+    }
+
+    /// Whether a segment of message `msn` from `src` to `stag` (at `to`,
+    /// `mo`, `len` octets) may be placed: false exactly when
+    /// [`Tracker::placed`] would drop it as stale without looking at the
+    /// message's ranges — a range that cannot be a message's (`TO < T-MO`,
+    /// an overflow), an MSN older than the message in progress or than the
+    /// newest retired one, a late segment of a message already retired as
+    /// partial. A caller places only what this admits, so that memory
+    /// changes only where the log says: after a reordering (a segment of
+    /// the next message first), the late tail of the message it retired
+    /// leaves memory as the partial record and the validity map describe
+    /// it. Duplicates of a completed message are admitted (placed again, as
+    /// the module documentation says). The rejections that need the
+    /// message's ranges (a base or an end contradicting it, the fragment
+    /// bound) are still found by `placed` after placement.
+    pub fn admits(&self, src: DgramAddr, stag: u32, to: u64, mo: u32, msn: u32, len: u32) -> bool {
+        if to.checked_sub(u64::from(mo)).is_none()
+            || to.checked_add(u64::from(len)).is_none()
+            || mo.checked_add(len).is_none()
+        {
+            return false;
+        }
+        let key = Key(src, stag);
+        let cur = self.inprog.get(&key).map(|m| m.msn);
+        if cur == Some(msn) {
+            return true;
+        }
+        if let Some(&completed) = self.history.outcome.get(&(key, msn)) {
+            return completed;
+        }
+        match cur {
+            Some(cur) => msn_newer(msn, cur),
+            None => self
+                .history
+                .latest
+                .get(&key)
+                .is_none_or(|&l| msn_newer(msn, l)),
         }
     }
 
@@ -2001,9 +2049,14 @@ mod tests {
                             to = to.wrapping_add(u64::from(x % 5)).wrapping_sub(2);
                         }
                     }
+                    let admitted = t.admits(addr(src), stag, to, mo, msn, len);
                     let a = t.placed(addr(src), stag, to, mo, msn, len, last, now);
                     let b = m.placed(addr(src), stag, to, mo, msn, len, last, now);
                     prop_assert_eq!(a, b, "segment {:?}", segs[idx]);
+                    // What is refused would have been stale; what is
+                    // recorded (or a duplicate) was admitted.
+                    prop_assert!(admitted || a == Placed::Stale, "{:?} refused", a);
+                    prop_assert!(admitted || a != Placed::Duplicate);
                 }
                 Op::Advance(ms) => {
                     now += Duration::from_millis(ms);

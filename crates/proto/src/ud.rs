@@ -1456,7 +1456,13 @@ impl UdQp {
         };
         let (msn, mo) = ext.map_or((0, 0), |e| (e.msn, e.mo));
         let record = repr.opcode == Opcode::WriteRecord;
-        let res = if !payload.is_empty() {
+        let len = payload.len() as u32;
+        // A Write-Record segment the tracker will drop as stale (a late
+        // segment of a message already retired) is checked, not placed:
+        // memory changes only where the log says.
+        let res = if record && !self.tracker.admits(src, stag, to, mo, msn, len) {
+            mem.check_remote_write(stag, to, u64::from(len))
+        } else if !payload.is_empty() {
             mem.remote_write(stag, to, payload)
         } else if record {
             mem.check_remote_write(stag, to, 0)
@@ -3122,6 +3128,57 @@ mod tests {
         b.rx(a.addr, &d[0], now);
         let wc = b.wcs()[0].1;
         assert_eq!(wc.record.map(|r| (r.len, r.msn)), Some((0, 2)));
+    }
+
+    #[test]
+    fn a_late_segment_of_a_retired_record_changes_no_memory() {
+        // Reordering: the first segment of message 2 overtakes the tail of
+        // message 1, which it retires (partial). The tail arrives next: the
+        // tracker drops it as stale, and memory must not hold it either —
+        // the validity map and the partial record describe memory exactly.
+        let (mut a, mut b) = (a(), b());
+        let data = a.fill(0, 4000, 8);
+        let write = |a: &Node, id, off: u64| {
+            a.wr(
+                id,
+                SendOp::WriteRecord {
+                    remote_addr: BASE + off,
+                    rkey: b.buf,
+                },
+                0,
+                4000,
+            )
+        };
+        a.qp.post_send(write(&a, 1, 0x1000), b.addr).unwrap();
+        let m1 = a.tx();
+        a.qp.post_send(write(&a, 2, 0x4000), b.addr).unwrap();
+        let m2 = a.tx();
+        assert_eq!((m1.len(), m2.len()), (3, 3));
+        let before = b.at(0x1000, 4000).to_vec();
+        let now = Instant::now();
+        b.rx(a.addr, &m1[0], now);
+        b.rx(a.addr, &m2[0], now);
+        b.rx(a.addr, &m1[1], now);
+        b.rx(a.addr, &m1[2], now);
+        assert_eq!(b.qp.record_stats().retired_by_newer_msn, 1);
+        assert_eq!(b.qp.record_stats().stale_segments, 2);
+        assert_eq!(b.at(0x1000, 1442), &data[..1442], "the head was placed");
+        assert_eq!(
+            b.at(0x1000 + 1442, 4000 - 1442),
+            &before[1442..],
+            "the stale tail was not"
+        );
+        let t = b.qp.record_tracker();
+        assert!(t.is_valid(b.buf, BASE + 0x1000, 1442));
+        assert!(!t.is_valid(b.buf, BASE + 0x1000 + 1442, 1));
+        let w = b.wcs();
+        assert_eq!(w.len(), 1, "message 1 reported once, as partial");
+        assert_eq!(w[0].1.status, WcStatus::RecordPartial);
+        // Message 2 goes on as if nothing happened.
+        b.rx(a.addr, &m2[1], now);
+        b.rx(a.addr, &m2[2], now);
+        assert_eq!(b.at(0x4000, 4000), &data[..]);
+        assert_eq!(b.wcs()[0].1.status, WcStatus::Success);
     }
 
     #[test]

@@ -45,12 +45,13 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 impl NetPair {
     /// Creates the pair with no loss.
     pub fn create() -> Result<NetPair, String> {
-        let k = (std::process::id() % 200) * 7 + NEXT.fetch_add(1, Ordering::Relaxed) % 7;
-        let tag = format!(
-            "srdma{}x{}",
-            std::process::id(),
-            NEXT.load(Ordering::Relaxed)
-        );
+        // One number per pair, taken once: names built from a second
+        // read of the counter could be the same for two pairs created at
+        // once (parallel tests), and one pair's cleanup then removed the
+        // other's namespaces ("Invalid netns value").
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let k = (std::process::id() % 200) * 7 + n % 7;
+        let tag = format!("srdma{}x{}", std::process::id(), n + 1);
         let ns = [format!("{tag}a"), format!("{tag}b")];
         let subnet = (k % 250) as u8 + 1;
         let addr = [
