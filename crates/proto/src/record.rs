@@ -107,6 +107,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use crate::memory::{MemError, Memory};
 use crate::peers::PeerTable;
 use crate::wr::{
     DgramAddr, WcOpcode, WcStatus, WorkCompletion, WriteRecordInfo, MAX_RECORD_RANGES,
@@ -244,6 +245,30 @@ pub struct RecordStats {
     pub validity_overflow: u64,
     /// CQ entries dropped because [`MAX_PENDING_COMPLETIONS`] were waiting.
     pub cq_overflow: u64,
+}
+
+/// A segment's message base (`TO − T-MO`) and end within its message
+/// (`T-MO + length`); `None` for a range that cannot be a message's.
+fn geometry(to: u64, mo: u32, len: u32) -> Option<(u64, u32)> {
+    to.checked_add(u64::from(len))?;
+    Some((to.checked_sub(u64::from(mo))?, mo.checked_add(len)?))
+}
+
+/// Where a segment stands against the messages of its source and STag
+/// ([`Tracker::judge`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Judged {
+    /// Of the message in progress.
+    InProgress,
+    /// Of a message already completed.
+    Duplicate,
+    /// Of a message retired as partial, or older than the one in progress
+    /// or the newest retired: dropped.
+    Stale,
+    /// Of a message newer than the one in progress, which it retires.
+    Newer,
+    /// Of a message that starts with it (none in progress).
+    Fresh,
 }
 
 /// Whether MSN `a` is newer than `b` in serial-number arithmetic (RFC 1982
@@ -613,76 +638,86 @@ impl Tracker {
         last: bool,
         now: Instant,
     ) -> Placed {
-        let geometry = (
-            to.checked_sub(u64::from(mo)),
-            to.checked_add(u64::from(len)),
-            mo.checked_add(len),
-        );
-        let (Some(base), Some(_), Some(end)) = geometry else {
+        let Some((base, end)) = geometry(to, mo, len) else {
             self.stats.malformed += 1;
             return Placed::Stale;
         };
         let key = Key(src, stag);
-        let map_on = self.cfg.mode.map();
-        // The common case first, with one lookup: the next segment of the
-        // message in progress. (An MSN in progress is never in the
-        // history: `start` is reached only past the history check below.)
-        if let Some(m) = self.inprog.get_mut(&key).filter(|m| m.msn == msn) {
-            let map = if map_on {
-                Some(self.valid.get_or_insert_with(stag, Vec::new))
-            } else {
-                None
-            };
-            let r = apply(
-                m,
-                base,
-                mo,
-                end,
-                last,
-                now,
-                self.cfg.max_fragments,
-                map,
-                &mut self.stats.validity_overflow,
-            );
-            let done = r.is_ok() && m.complete();
-            return match r {
-                Err(r) => self.rejected(r),
-                Ok(()) if done => {
-                    if let Some(m) = self.inprog.remove(&key) {
-                        self.retire(key, m);
+        match self.judge(key, msn) {
+            Judged::InProgress => {
+                let Some(m) = self.inprog.get_mut(&key) else {
+                    return Placed::Stale; // not reached: judged in progress
+                };
+                let map = if self.cfg.mode.map() {
+                    Some(self.valid.get_or_insert_with(stag, Vec::new))
+                } else {
+                    None
+                };
+                let r = apply(
+                    m,
+                    base,
+                    mo,
+                    end,
+                    last,
+                    now,
+                    self.cfg.max_fragments,
+                    map,
+                    &mut self.stats.validity_overflow,
+                );
+                let done = r.is_ok() && m.complete();
+                match r {
+                    Err(r) => self.rejected(r),
+                    Ok(()) if done => {
+                        if let Some(m) = self.inprog.remove(&key) {
+                            self.retire(key, m);
+                        }
+                        Placed::Completed
                     }
-                    Placed::Completed
+                    Ok(()) => Placed::Continued,
                 }
-                Ok(()) => Placed::Continued,
-            };
-        }
-        if let Some(&completed) = self.history.outcome.get(&(key, msn)) {
-            return if completed {
+            }
+            Judged::Duplicate => {
                 self.stats.duplicates += 1;
                 Placed::Duplicate
-            } else {
+            }
+            Judged::Stale => {
                 self.stats.stale_segments += 1;
                 Placed::Stale
-            };
-        }
-        match self.inprog.get(&key).map(|m| m.msn) {
-            Some(cur) if msn_newer(msn, cur) => {
+            }
+            Judged::Newer => {
                 if let Some(old) = self.inprog.remove(&key) {
                     self.stats.retired_by_newer_msn += 1;
                     self.retire(key, old);
                 }
                 self.start(key, base, mo, end, msn, last, now)
             }
-            Some(_) => {
-                self.stats.stale_segments += 1;
-                Placed::Stale
-            }
+            Judged::Fresh => self.start(key, base, mo, end, msn, last, now),
+        }
+    }
+
+    /// Where a segment of message `msn` of `key` stands, before its ranges
+    /// are looked at: [`Tracker::placed`] acts on it, [`Tracker::admits`]
+    /// answers with it. The message in progress first (an MSN in progress
+    /// is never in the history: `start` is reached only past it), then the
+    /// history of retired messages, then the MSN order.
+    fn judge(&self, key: Key, msn: u32) -> Judged {
+        let cur = self.inprog.get(&key).map(|m| m.msn);
+        if cur == Some(msn) {
+            return Judged::InProgress;
+        }
+        if let Some(&completed) = self.history.outcome.get(&(key, msn)) {
+            return if completed {
+                Judged::Duplicate
+            } else {
+                Judged::Stale
+            };
+        }
+        match cur {
+            Some(cur) if msn_newer(msn, cur) => Judged::Newer,
+            Some(_) => Judged::Stale,
             None => match self.history.latest.get(&key) {
-                Some(&l) if !msn_newer(msn, l) => {
-                    self.stats.stale_segments += 1;
-                    Placed::Stale
-                }
-                _ => self.start(key, base, mo, end, msn, last, now),
+                Some(&l) if !msn_newer(msn, l) => Judged::Stale,
+                _ => Judged::Fresh,
             },
         }
     }
@@ -702,27 +737,34 @@ impl Tracker {
     /// message's ranges (a base or an end contradicting it, the fragment
     /// bound) are still found by `placed` after placement.
     pub fn admits(&self, src: DgramAddr, stag: u32, to: u64, mo: u32, msn: u32, len: u32) -> bool {
-        if to.checked_sub(u64::from(mo)).is_none()
-            || to.checked_add(u64::from(len)).is_none()
-            || mo.checked_add(len).is_none()
-        {
-            return false;
-        }
-        let key = Key(src, stag);
-        let cur = self.inprog.get(&key).map(|m| m.msn);
-        if cur == Some(msn) {
-            return true;
-        }
-        if let Some(&completed) = self.history.outcome.get(&(key, msn)) {
-            return completed;
-        }
-        match cur {
-            Some(cur) => msn_newer(msn, cur),
-            None => self
-                .history
-                .latest
-                .get(&key)
-                .is_none_or(|&l| msn_newer(msn, l)),
+        geometry(to, mo, len).is_some() && self.judge(Key(src, stag), msn) != Judged::Stale
+    }
+
+    /// Places a tagged segment's payload as a datagram QP does, before it
+    /// reports a Write-Record segment with [`Tracker::placed`]: an RDMA
+    /// Write (`record` false) is written; a Write-Record segment is written
+    /// only if [`Tracker::admits`] it, else (and when empty) its STag is
+    /// only checked. What the memory said (an access error is the caller's
+    /// to report).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn place_tagged<M: Memory>(
+        &self,
+        mem: &mut M,
+        record: bool,
+        src: DgramAddr,
+        stag: u32,
+        to: u64,
+        mo: u32,
+        msn: u32,
+        payload: &[u8],
+    ) -> Result<(), MemError> {
+        let len = payload.len() as u32;
+        if record && (payload.is_empty() || !self.admits(src, stag, to, mo, msn, len)) {
+            mem.check_remote_write(stag, to, u64::from(len))
+        } else if payload.is_empty() {
+            Ok(())
+        } else {
+            mem.remote_write(stag, to, payload)
         }
     }
 

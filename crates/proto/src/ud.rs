@@ -1456,19 +1456,12 @@ impl UdQp {
         };
         let (msn, mo) = ext.map_or((0, 0), |e| (e.msn, e.mo));
         let record = repr.opcode == Opcode::WriteRecord;
-        let len = payload.len() as u32;
         // A Write-Record segment the tracker will drop as stale (a late
         // segment of a message already retired) is checked, not placed:
         // memory changes only where the log says.
-        let res = if record && !self.tracker.admits(src, stag, to, mo, msn, len) {
-            mem.check_remote_write(stag, to, u64::from(len))
-        } else if !payload.is_empty() {
-            mem.remote_write(stag, to, payload)
-        } else if record {
-            mem.check_remote_write(stag, to, 0)
-        } else {
-            Ok(())
-        };
+        let res = self
+            .tracker
+            .place_tagged(mem, record, src, stag, to, mo, msn, payload);
         if let Err(error) = res {
             self.stats.rx_access_errors += 1;
             self.push_event(UdEvent::RemoteAccess {
