@@ -40,10 +40,12 @@
 //!   [`Placed::Stale`]: a message is reported at most once.
 //! * **Duplicates.** A segment of a message already completed (the last
 //!   [`RecordConfig::dedup_window`] retired messages are remembered) is
-//!   [`Placed::Duplicate`]: the caller placed it again, but it is recorded
-//!   neither in the CQ nor in the validity map, so a duplicate arriving
-//!   after the application cleared the data does not make it valid again.
-//!   Beyond the window a very late duplicate may start a message again.
+//!   [`Placed::Duplicate`]: recorded neither in the CQ nor in the validity
+//!   map, so a duplicate arriving after the application cleared the data
+//!   does not make it valid again — and [`Tracker::admits`] refuses it, so
+//!   the datagram QPs do not place it either (it could only overwrite what
+//!   the application wrote there since). Beyond the window a very late
+//!   duplicate may start a message again.
 //! * **Malformed segments** never panic and are ignored (returned as
 //!   [`Placed::Stale`], counted in [`RecordStats::malformed`]): `TO < T-MO`,
 //!   `TO + length` or `T-MO + length` overflowing, a base TO that differs
@@ -62,7 +64,8 @@
 //!   governs only the CQ.
 //! * The datagram QPs ask [`Tracker::admits`] before they place a segment
 //!   and only check the STag of one it refuses (an older MSN, a late
-//!   segment of a retired message, an impossible range): such a segment
+//!   segment of a retired message, a duplicate of a completed one, an
+//!   impossible range): such a segment
 //!   changes no memory, so after a reordering the map and the partial
 //!   record still describe memory octet for octet. What `admits` cannot
 //!   see (a range contradicting its message, the fragment bound) is placed
@@ -732,12 +735,17 @@ impl Tracker {
     /// changes only where the log says: after a reordering (a segment of
     /// the next message first), the late tail of the message it retired
     /// leaves memory as the partial record and the validity map describe
-    /// it. Duplicates of a completed message are admitted (placed again, as
-    /// the module documentation says). The rejections that need the
-    /// message's ranges (a base or an end contradicting it, the fragment
-    /// bound) are still found by `placed` after placement.
+    /// it. A duplicate of a message already completed is refused too:
+    /// every octet of it was placed once, and placing it again could only
+    /// overwrite what the application wrote there since. The rejections
+    /// that need the message's ranges (a base or an end contradicting it,
+    /// the fragment bound) are still found by `placed` after placement.
     pub fn admits(&self, src: DgramAddr, stag: u32, to: u64, mo: u32, msn: u32, len: u32) -> bool {
-        geometry(to, mo, len).is_some() && self.judge(Key(src, stag), msn) != Judged::Stale
+        geometry(to, mo, len).is_some()
+            && !matches!(
+                self.judge(Key(src, stag), msn),
+                Judged::Stale | Judged::Duplicate
+            )
     }
 
     /// Places a tagged segment's payload as a datagram QP does, before it
@@ -2095,10 +2103,15 @@ mod tests {
                     let a = t.placed(addr(src), stag, to, mo, msn, len, last, now);
                     let b = m.placed(addr(src), stag, to, mo, msn, len, last, now);
                     prop_assert_eq!(a, b, "segment {:?}", segs[idx]);
-                    // What is refused would have been stale; what is
-                    // recorded (or a duplicate) was admitted.
-                    prop_assert!(admitted || a == Placed::Stale, "{:?} refused", a);
-                    prop_assert!(admitted || a != Placed::Duplicate);
+                    // What is refused would have been stale or a
+                    // duplicate; what is recorded was admitted, and no
+                    // duplicate is.
+                    prop_assert!(
+                        admitted || matches!(a, Placed::Stale | Placed::Duplicate),
+                        "{:?} refused",
+                        a
+                    );
+                    prop_assert!(!admitted || a != Placed::Duplicate, "duplicate admitted");
                 }
                 Op::Advance(ms) => {
                     now += Duration::from_millis(ms);

@@ -3098,12 +3098,15 @@ mod tests {
         assert_eq!(b.at(0x1000, 4000), &data[..]);
         assert!(b.qp.record_tracker().is_valid(b.buf, BASE + 0x1000, 4000));
         assert_eq!(b.qp.stats().rx_record_segments, 3);
-        // Duplicates are placed again but never recorded twice.
+        // Duplicates are neither recorded twice nor placed again: what
+        // the application wrote after the completion stays.
+        let reused = b.fill(0x1000, 4000, 77);
         for s in &d {
             b.rx(a.addr, s, now);
         }
         assert!(b.wcs().is_empty());
         assert_eq!(b.qp.record_stats().duplicates, 3);
+        assert_eq!(b.at(0x1000, 4000), &reused[..], "a duplicate was placed");
         assert_eq!(b.qp.stats().rx_no_recv, 0);
         // Zero-length Write-Record: one segment, one record.
         let wr = a.wr(
