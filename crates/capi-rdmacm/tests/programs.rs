@@ -518,9 +518,10 @@ fn mckey() {
 // Failures are reported, not hung on
 // ----------------------------------------------------------------------
 
-/// Clients pointed at a port nobody listens on fail at once with rdma_cm's
-/// UNREACHABLE (status -ECONNREFUSED) or the rsocket equivalent, and exit
-/// non-zero well before the deadline.
+/// Clients pointed at a port nobody listens on fail with rdma_cm's
+/// UNREACHABLE (status -ECONNREFUSED) once the connect retry
+/// (`SOFTRDMA_CONNECT_RETRY_MS`, 1 s) is spent, or the rsocket equivalent,
+/// and exit non-zero well before the deadline.
 #[test]
 fn connecting_to_nothing_fails_cleanly() {
     let port = free_port().to_string();

@@ -302,6 +302,30 @@ pub(crate) fn connect_then(
     res
 }
 
+/// The longest pause between two connects to a peer that refuses.
+const REFUSED_PAUSE_MAX: Duration = Duration::from_millis(50);
+
+/// `TcpStream::connect_timeout`, tried again while the peer refuses the
+/// connection, for up to `retry` (`Config::connect_retry`): pauses of 1 ms
+/// doubling to [`REFUSED_PAUSE_MAX`]. Any other outcome is returned at
+/// once, and the last refusal when `retry` is spent.
+fn connect_tcp(addr: &SocketAddr, timeout: Duration, retry: Duration) -> io::Result<TcpStream> {
+    let give_up = Instant::now() + retry;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match TcpStream::connect_timeout(addr, timeout) {
+            Err(e)
+                if e.kind() == io::ErrorKind::ConnectionRefused
+                    && Instant::now() + pause <= give_up =>
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(REFUSED_PAUSE_MAX);
+            }
+            r => return r,
+        }
+    }
+}
+
 fn connect_inner<F: FnOnce()>(
     ctx: &Context,
     qp: &Qp,
@@ -317,7 +341,7 @@ fn connect_inner<F: FnOnce()>(
         .to_socket_addrs()?
         .next()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address"))?;
-    let sock = TcpStream::connect_timeout(&addr, timeout);
+    let sock = connect_tcp(&addr, timeout, ctx.config().connect_retry);
     if let Some(f) = tcp_done.take() {
         f()
     }

@@ -70,7 +70,13 @@
 //!
 //! Failures of an active connect map to events as follows: the TCP
 //! connection could not be made (refused, host or network unreachable,
-//! connect timeout) → [`CmEvent::Unreachable`]; the peer answered the MPA
+//! connect timeout) → [`CmEvent::Unreachable`]. A refusal is first tried
+//! again for `Config::connect_retry` (`SOFTRDMA_CONNECT_RETRY_MS`, 1 s by
+//! default): perftest's `-R` server closes the listener of its parameter
+//! exchange and opens another on the same port for the test's QPs, and a
+//! client that connects in between is refused; perftest then retries with
+//! ids it has already destroyed and crashes (seen as a rare CI hang of its
+//! server, waiting for a client that had died). The peer answered the MPA
 //! Request with a reject → [`CmEvent::Rejected`]; anything else (MPA
 //! timeout or protocol error, reset during set-up) →
 //! [`CmEvent::ConnectError`]. Their `status` is a negative errno, as in

@@ -37,6 +37,15 @@ pub struct Config {
     pub progress: ProgressMode,
     /// `SOFTRDMA_MPA_TIMEOUT_MS=N` (default 10000).
     pub mpa_timeout: Duration,
+    /// `SOFTRDMA_CONNECT_RETRY_MS=N` (default 1000): how long an active
+    /// connect keeps trying while the peer refuses the TCP connection (no
+    /// listener on the port, yet or any more) before it reports the
+    /// refusal; 0 reports it at once, as a kernel iWARP stack does. A server
+    /// that closes one listener and opens another on the same port (perftest
+    /// `-R`: one for its parameter exchange, one for the test's QPs) leaves
+    /// a gap a prompt client falls into, and clients that answer a refusal
+    /// by retrying do not all survive it (`cm_events` module docs).
+    pub connect_retry: Duration,
     /// `SOFTRDMA_RTR_HOLDOFF_US=N` (default 5000): after an MPA Reply from
     /// a peer that is not softrdma, wait this long before the first FPDU
     /// (wire.md §9 item 11).
@@ -67,6 +76,7 @@ impl Default for Config {
             max_fpdu: None,
             progress: ProgressMode::Both,
             mpa_timeout: Duration::from_secs(10),
+            connect_retry: Duration::from_secs(1),
             rtr_holdoff: Duration::from_millis(5),
             dgram_mtu: 1500,
             mcast_port: 18516,
@@ -127,6 +137,10 @@ impl Config {
         if let Some(v) = get("SOFTRDMA_MPA_TIMEOUT_MS") {
             c.mpa_timeout =
                 Duration::from_millis(number("SOFTRDMA_MPA_TIMEOUT_MS", &v, 1, 3_600_000)?);
+        }
+        if let Some(v) = get("SOFTRDMA_CONNECT_RETRY_MS") {
+            c.connect_retry =
+                Duration::from_millis(number("SOFTRDMA_CONNECT_RETRY_MS", &v, 0, 3_600_000)?);
         }
         if let Some(v) = get("SOFTRDMA_RTR_HOLDOFF_US") {
             c.rtr_holdoff =

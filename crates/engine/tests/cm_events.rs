@@ -296,6 +296,63 @@ fn connect_to_closed_port_is_unreachable() {
     assert_eq!(id.state(), CmIdState::Idle);
 }
 
+/// A refused connect is tried again for `connect_retry` (default 1 s): a
+/// listener that opens on the port meanwhile gets the connection (a server
+/// closing one listener and opening the next on the same port, as perftest
+/// `-R` does); with `connect_retry` 0 the refusal is reported at the first
+/// try.
+#[test]
+fn refused_connect_is_retried_until_a_listener_opens() {
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let sctx = Context::new().unwrap();
+    let cctx = Context::new().unwrap();
+    assert_eq!(cctx.config().connect_retry, Duration::from_secs(1));
+    let sch = EventChannel::new().unwrap();
+    let cch = EventChannel::new().unwrap();
+    let (cqp, _ccq) = qp(&cctx, 1);
+    let cid = cch
+        .connect(&cctx, &cqp, localhost(port), &params(b"early"))
+        .unwrap();
+    // Refused for a while: nothing is reported yet.
+    thread::sleep(Duration::from_millis(150));
+    assert!(cch.try_get_event().is_none(), "the refusal was reported");
+    let listener = sch.listen(&sctx, localhost(port), 4).unwrap();
+    let ev = next(&sch, "the request that waited");
+    let CmEvent::ConnectRequest {
+        id: child,
+        private_data,
+        ..
+    } = ev
+    else {
+        panic!("expected a connect request, got {ev:?}")
+    };
+    assert_eq!(private_data, b"early");
+    let (sqp, _scq) = qp(&sctx, 1);
+    child.accept(&sqp, &params(b"")).unwrap();
+    let ev = next(&cch, "client established");
+    assert_eq!((ev.kind(), ev.id()), (CmEventKind::Established, &cid));
+    listener.destroy();
+
+    // Without the retry: refused at the first try.
+    let mut config = softrdma_engine::config::Config::default();
+    config.connect_retry = Duration::ZERO;
+    let quick = Context::with_config(config).unwrap();
+    let (q, _cq) = qp(&quick, 2);
+    let closed = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let id = cch
+        .connect(&quick, &q, localhost(closed), &ConnParams::default())
+        .unwrap();
+    let ev = next(&cch, "refused");
+    assert_eq!(ev.id(), &id);
+    assert_eq!(ev.status(), -libc::ECONNREFUSED, "{ev:?}");
+}
+
 /// A destroyed listener refuses new connections at once and reports no
 /// more requests.
 #[test]

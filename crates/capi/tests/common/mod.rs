@@ -114,6 +114,9 @@ pub struct Done {
     /// Killed at the deadline: its threads' stacks just before (see
     /// `post_mortem`); empty otherwise.
     pub stacks: String,
+    /// Of a [`pair`]: how the other program ended and what it printed, so
+    /// a failure of one side shows both (empty otherwise).
+    pub peer: String,
 }
 
 impl Done {
@@ -121,7 +124,7 @@ impl Done {
     pub fn assert_ok(&self, what: &str, needles: &[&str]) {
         assert!(
             !self.timed_out && self.code == Some(0),
-            "{what}: exit {:?}, signal {:?}{}\nstdout:\n{}\nstderr:\n{}{}",
+            "{what}: exit {:?}, signal {:?}{}\nstdout:\n{}\nstderr:\n{}{}{}",
             self.code,
             self.signal,
             if self.timed_out {
@@ -135,16 +138,37 @@ impl Done {
                 String::new()
             } else {
                 format!("\nstacks before the kill:\n{}", self.stacks)
-            }
+            },
+            self.peer
         );
         for n in needles {
             assert!(
                 self.stdout.contains(n),
-                "{what}: output lacks {n:?}\nstdout:\n{}\nstderr:\n{}",
+                "{what}: output lacks {n:?}\nstdout:\n{}\nstderr:\n{}{}",
                 self.stdout,
-                self.stderr
+                self.stderr,
+                self.peer
             );
         }
+    }
+}
+
+impl Done {
+    /// How it ended and what it printed, as a paragraph for another
+    /// program's failure message.
+    pub fn summary(&self, who: &str) -> String {
+        format!(
+            "\n--- {who}: exit {:?}, signal {:?}{}\nstdout:\n{}\nstderr:\n{}",
+            self.code,
+            self.signal,
+            if self.timed_out {
+                " (killed at the deadline)"
+            } else {
+                ""
+            },
+            self.stdout,
+            self.stderr
+        )
     }
 }
 
@@ -199,6 +223,7 @@ pub fn finish(mut child: Child, deadline: Instant) -> Done {
         stdout: to.join().unwrap_or_default(),
         stderr: te.join().unwrap_or_default(),
         stacks,
+        peer: String::new(),
     }
 }
 
@@ -298,8 +323,13 @@ pub fn pair(prog: &str, server: &[&str], client: &[&str], port: u16) -> (Done, D
         std::thread::sleep(Duration::from_millis(20));
     }
     let c = spawn(prog, client);
-    let cd = finish(c, deadline);
-    // The server gets a little longer than the client to wind down.
-    let sd = finish(s, deadline.max(Instant::now() + Duration::from_secs(10)));
+    let mut cd = finish(c, deadline);
+    // The server gets a little longer than the client to wind down; after
+    // a client that failed, only that (it may wait for it for ever).
+    let grace = Instant::now() + Duration::from_secs(10);
+    let failed = cd.timed_out || cd.code != Some(0);
+    let mut sd = finish(s, if failed { grace } else { deadline.max(grace) });
+    sd.peer = cd.summary("the client");
+    cd.peer = sd.summary("the server");
     (sd, cd)
 }
