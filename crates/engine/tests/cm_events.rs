@@ -337,9 +337,11 @@ fn refused_connect_is_retried_until_a_listener_opens() {
     listener.destroy();
 
     // Without the retry: refused at the first try.
-    let mut config = softrdma_engine::config::Config::default();
-    config.connect_retry = Duration::ZERO;
-    let quick = Context::with_config(config).unwrap();
+    let quick = Context::with_config(softrdma_engine::config::Config {
+        connect_retry: Duration::ZERO,
+        ..Default::default()
+    })
+    .unwrap();
     let (q, _cq) = qp(&quick, 2);
     let closed = {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
