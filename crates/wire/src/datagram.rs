@@ -40,6 +40,12 @@ pub const MODE: Mode = Mode::Datagram;
 /// octets and a CRC, or ends inside the header its control octets announce;
 /// [`Error::BadCrc`] when the trailer does not match; otherwise whatever
 /// [`SegmentRepr::parse`] reports.
+///
+/// Always inlined, as [`SegmentRepr::parse`] is: returned through memory,
+/// the header was written in narrow pieces and copied on in 16-octet
+/// moves the CPU cannot forward from its store buffer, a stall on every
+/// datagram received (`docs/datagram.md` §12.15).
+#[inline(always)]
 pub fn parse(datagram: &[u8]) -> Result<(SegmentRepr, &[u8])> {
     if datagram.len() < 2 + CRC_LEN {
         return Err(Error::Truncated);

@@ -782,6 +782,11 @@ impl SegmentRepr {
     /// Decodes the header of `ulpdu` (a whole DDP segment, DDP header first)
     /// and returns it with its length, i.e. the offset of the payload. See
     /// the module documentation for what is checked.
+    ///
+    /// Always inlined: every segment received goes through it, and its
+    /// result returned through memory was read back in wider moves than
+    /// wrote it, which stalled (`docs/datagram.md` §12.15).
+    #[inline(always)]
     pub fn parse(ulpdu: &[u8], mode: Mode) -> Result<(SegmentRepr, usize)> {
         // The checks of `DdpSegment::check_control` and `check_len`, in
         // their order, with the control octet read once and the fields read
@@ -857,6 +862,7 @@ impl SegmentRepr {
 
     /// The opcode-specific header part at the start of `rest` (what follows
     /// the DDP header) and its length.
+    #[inline]
     fn parse_body(opcode: Opcode, tagged: bool, rest: &[u8]) -> Result<(RdmapBody, usize)> {
         if tagged {
             return Ok((RdmapBody::None, 0));
