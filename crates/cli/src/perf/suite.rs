@@ -902,6 +902,103 @@ fn peer_series_name(test: &str, transport: &str) -> String {
     }
 }
 
+/// The lines of one chart: every test measured over `transport` (latency
+/// or bandwidth), the raw-socket baseline, the peers; each line's points
+/// by message size.
+fn chart_series(
+    transport: &str,
+    stream: bool,
+    lat: bool,
+    rows: &[PerfResult],
+    peers: &[PerfResult],
+) -> Vec<Series> {
+    let mut series: Vec<Series> = Vec::new();
+    let base = if stream {
+        if lat {
+            "tcp_lat"
+        } else {
+            "tcp_bw"
+        }
+    } else if lat {
+        "udp_lat"
+    } else {
+        "udp_bw"
+    };
+    let mut names: Vec<(String, bool)> = Vec::new();
+    for r in rows
+        .iter()
+        .filter(|r| r.transport == transport && r.is_lat() == lat)
+    {
+        let key = (r.test.clone(), r.crc == Some(false));
+        if !names.contains(&key) {
+            names.push(key);
+        }
+    }
+    for (test, nocrc) in &names {
+        let pts: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| {
+                &r.test == test
+                    && r.transport == transport
+                    && (r.crc == Some(false)) == *nocrc
+                    && r.error.is_none()
+            })
+            .filter_map(|r| Some((r.size as f64, if lat { r.lat_us_p50? } else { r.bw_gbps? })))
+            .collect();
+        // By size: the rows are in the order the cells ran, and a
+        // cell measured again later (the targets' cells) would
+        // otherwise draw its line back across the chart.
+        let mut pts = pts;
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        series.push(Series {
+            name: format!("{test}{}", if *nocrc { " nocrc" } else { "" }),
+            points: pts,
+        });
+    }
+    // The baseline: median over the groups' same-run measurements.
+    let mut sizes: Vec<u64> = rows
+        .iter()
+        .filter(|r| r.test == base && r.error.is_none())
+        .map(|r| r.size)
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let pts: Vec<(f64, f64)> = sizes
+        .iter()
+        .filter_map(|&s| {
+            let mut v: Vec<f64> = rows
+                .iter()
+                .filter(|r| r.test == base && r.size == s && r.error.is_none())
+                .filter_map(|r| if lat { r.lat_us_p50 } else { r.bw_gbps })
+                .collect();
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).map(|m| (s as f64, *m))
+        })
+        .collect();
+    if !pts.is_empty() {
+        series.push(Series {
+            name: format!("raw {base}"),
+            points: pts,
+        });
+    }
+    for p in peers
+        .iter()
+        .filter(|p| p.is_lat() == lat && p.error.is_none())
+    {
+        let name = peer_series_name(&p.test, &p.transport);
+        if series.iter().any(|s| s.name == name) {
+            continue;
+        }
+        let pts: Vec<(f64, f64)> = peers
+            .iter()
+            .filter(|q| q.test == p.test && q.transport == p.transport && q.error.is_none())
+            .filter_map(|q| Some((q.size as f64, if lat { q.lat_us_p50? } else { q.bw_gbps? })))
+            .collect();
+        series.push(Series { name, points: pts });
+    }
+    series
+}
+
 /// Latency and bandwidth vs size, one chart each per transport.
 fn write_plots(
     out: &Path,
@@ -911,89 +1008,7 @@ fn write_plots(
     let mut files = Vec::new();
     for tr in TRANSPORTS {
         for lat in [true, false] {
-            let mut series: Vec<Series> = Vec::new();
-            let base = if tr.stream {
-                if lat {
-                    "tcp_lat"
-                } else {
-                    "tcp_bw"
-                }
-            } else if lat {
-                "udp_lat"
-            } else {
-                "udp_bw"
-            };
-            let mut names: Vec<(String, bool)> = Vec::new();
-            for r in rows
-                .iter()
-                .filter(|r| r.transport == tr.name && r.is_lat() == lat)
-            {
-                let key = (r.test.clone(), r.crc == Some(false));
-                if !names.contains(&key) {
-                    names.push(key);
-                }
-            }
-            for (test, nocrc) in &names {
-                let pts: Vec<(f64, f64)> = rows
-                    .iter()
-                    .filter(|r| {
-                        &r.test == test
-                            && r.transport == tr.name
-                            && (r.crc == Some(false)) == *nocrc
-                            && r.error.is_none()
-                    })
-                    .filter_map(|r| {
-                        Some((r.size as f64, if lat { r.lat_us_p50? } else { r.bw_gbps? }))
-                    })
-                    .collect();
-                series.push(Series {
-                    name: format!("{test}{}", if *nocrc { " nocrc" } else { "" }),
-                    points: pts,
-                });
-            }
-            // The baseline: median over the groups' same-run measurements.
-            let mut sizes: Vec<u64> = rows
-                .iter()
-                .filter(|r| r.test == base && r.error.is_none())
-                .map(|r| r.size)
-                .collect();
-            sizes.sort_unstable();
-            sizes.dedup();
-            let pts: Vec<(f64, f64)> = sizes
-                .iter()
-                .filter_map(|&s| {
-                    let mut v: Vec<f64> = rows
-                        .iter()
-                        .filter(|r| r.test == base && r.size == s && r.error.is_none())
-                        .filter_map(|r| if lat { r.lat_us_p50 } else { r.bw_gbps })
-                        .collect();
-                    v.sort_by(f64::total_cmp);
-                    v.get(v.len() / 2).map(|m| (s as f64, *m))
-                })
-                .collect();
-            if !pts.is_empty() {
-                series.push(Series {
-                    name: format!("raw {base}"),
-                    points: pts,
-                });
-            }
-            for p in peers
-                .iter()
-                .filter(|p| p.is_lat() == lat && p.error.is_none())
-            {
-                let name = peer_series_name(&p.test, &p.transport);
-                if series.iter().any(|s| s.name == name) {
-                    continue;
-                }
-                let pts: Vec<(f64, f64)> = peers
-                    .iter()
-                    .filter(|q| q.test == p.test && q.transport == p.transport && q.error.is_none())
-                    .filter_map(|q| {
-                        Some((q.size as f64, if lat { q.lat_us_p50? } else { q.bw_gbps? }))
-                    })
-                    .collect();
-                series.push(Series { name, points: pts });
-            }
+            let series = chart_series(tr.name, tr.stream, lat, rows, peers);
             let file = format!(
                 "{}_{}.png",
                 if lat { "latency" } else { "bandwidth" },
@@ -1244,6 +1259,42 @@ is the floor of the UD/RC latency target: how far below TCP raw UDP itself is.\n
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chart_lines_run_by_size_whatever_order_the_cells_ran_in() {
+        // The target cells run first (write_record_bw ud 64 KiB), the
+        // matrix after: the line must still go 64 B, 4 KiB, 64 KiB, 1 MiB.
+        let bw = |test: &str, size: u64, g: f64| {
+            let mut r = PerfResult::new(test, "ud", size, "poll");
+            r.bw_gbps = Some(g);
+            r
+        };
+        let rows = vec![
+            bw("write_record_bw", 64 << 10, 15.0),
+            bw("udp_bw", 64 << 10, 25.0),
+            bw("write_record_bw", 64, 0.1),
+            bw("write_record_bw", 4 << 10, 4.5),
+            bw("write_record_bw", 1 << 20, 19.0),
+            bw("udp_bw", 64, 0.2),
+        ];
+        let series = chart_series("ud", false, false, &rows, &[]);
+        let wr = series
+            .iter()
+            .find(|s| s.name == "write_record_bw")
+            .expect("a write_record_bw line");
+        let xs: Vec<f64> = wr.points.iter().map(|p| p.0).collect();
+        assert_eq!(xs, vec![64.0, 4096.0, 65536.0, 1048576.0]);
+        let raw = series
+            .iter()
+            .find(|s| s.name == "raw udp_bw")
+            .expect("a raw line");
+        assert_eq!(
+            raw.points.iter().map(|p| p.0).collect::<Vec<_>>(),
+            vec![64.0, 65536.0]
+        );
+        // A latency chart of these rows has no line at all.
+        assert!(chart_series("ud", false, true, &rows, &[]).is_empty());
+    }
 
     #[test]
     fn dates_and_bars() {
