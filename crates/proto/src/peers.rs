@@ -55,7 +55,7 @@ impl<K: Copy + Eq + Hash, V> PeerTable<K, V> {
         self.slots.shrink_to(n);
     }
 
-    #[inline]
+    #[inline(always)]
     fn slot(&self, key: &K) -> Option<usize> {
         match self.last {
             Some((k, i)) if k == *key => Some(i),
@@ -83,11 +83,7 @@ impl<K: Copy + Eq + Hash, V> PeerTable<K, V> {
     /// made RD's latency worse.
     #[inline(always)]
     pub(crate) fn get_inlined(&self, key: &K) -> Option<&V> {
-        let i = match self.last {
-            Some((k, i)) if k == *key => i,
-            _ => *self.index.get(key)?,
-        };
-        Some(&self.slots[i].1)
+        self.slot(key).map(|i| &self.slots[i].1)
     }
 
     /// `key`'s entry, to change; remembered for the next lookup.

@@ -120,11 +120,15 @@ pub struct Done {
 }
 
 impl Done {
-    /// Asserts exit 0 and that stdout contains every one of `needles`.
-    pub fn assert_ok(&self, what: &str, needles: &[&str]) {
-        assert!(
-            !self.timed_out && self.code == Some(0),
-            "{what}: exit {:?}, signal {:?}{}\nstdout:\n{}\nstderr:\n{}{}{}",
+    /// Exited 0 before the deadline.
+    pub fn ok(&self) -> bool {
+        !self.timed_out && self.code == Some(0)
+    }
+
+    /// How it ended and what it printed.
+    fn outcome(&self) -> String {
+        format!(
+            "exit {:?}, signal {:?}{}\nstdout:\n{}\nstderr:\n{}",
             self.code,
             self.signal,
             if self.timed_out {
@@ -133,7 +137,22 @@ impl Done {
                 ""
             },
             self.stdout,
-            self.stderr,
+            self.stderr
+        )
+    }
+
+    /// [`Done::outcome`] as a paragraph for another program's failure
+    /// message.
+    pub fn summary(&self, who: &str) -> String {
+        format!("\n--- {who}: {}", self.outcome())
+    }
+
+    /// Asserts exit 0 and that stdout contains every one of `needles`.
+    pub fn assert_ok(&self, what: &str, needles: &[&str]) {
+        assert!(
+            self.ok(),
+            "{what}: {}{}{}",
+            self.outcome(),
             if self.stacks.is_empty() {
                 String::new()
             } else {
@@ -150,25 +169,6 @@ impl Done {
                 self.peer
             );
         }
-    }
-}
-
-impl Done {
-    /// How it ended and what it printed, as a paragraph for another
-    /// program's failure message.
-    pub fn summary(&self, who: &str) -> String {
-        format!(
-            "\n--- {who}: exit {:?}, signal {:?}{}\nstdout:\n{}\nstderr:\n{}",
-            self.code,
-            self.signal,
-            if self.timed_out {
-                " (killed at the deadline)"
-            } else {
-                ""
-            },
-            self.stdout,
-            self.stderr
-        )
     }
 }
 
@@ -327,8 +327,7 @@ pub fn pair(prog: &str, server: &[&str], client: &[&str], port: u16) -> (Done, D
     // The server gets a little longer than the client to wind down; after
     // a client that failed, only that (it may wait for it for ever).
     let grace = Instant::now() + Duration::from_secs(10);
-    let failed = cd.timed_out || cd.code != Some(0);
-    let mut sd = finish(s, if failed { grace } else { deadline.max(grace) });
+    let mut sd = finish(s, if cd.ok() { deadline.max(grace) } else { grace });
     sd.peer = cd.summary("the client");
     cd.peer = sd.summary("the server");
     (sd, cd)

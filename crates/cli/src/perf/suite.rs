@@ -935,7 +935,7 @@ fn chart_series(
         }
     }
     for (test, nocrc) in &names {
-        let pts: Vec<(f64, f64)> = rows
+        let mut pts: Vec<(f64, f64)> = rows
             .iter()
             .filter(|r| {
                 &r.test == test
@@ -948,7 +948,6 @@ fn chart_series(
         // By size: the rows are in the order the cells ran, and a
         // cell measured again later (the targets' cells) would
         // otherwise draw its line back across the chart.
-        let mut pts = pts;
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         series.push(Series {
             name: format!("{test}{}", if *nocrc { " nocrc" } else { "" }),
