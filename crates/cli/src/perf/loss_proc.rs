@@ -101,14 +101,27 @@ impl Proc {
     /// Waits up to `timeout` for a line starting with `word`; other lines
     /// are ignored. An `error …` line, an exit or the timeout is an error.
     pub fn expect(&mut self, word: &str, timeout: Duration) -> Result<Kv, String> {
-        let deadline = Instant::now() + timeout;
+        self.poll(word, timeout)?.ok_or_else(|| {
+            format!(
+                "{}: no `{word}` within {:.0} s",
+                self.name,
+                timeout.as_secs_f64()
+            )
+        })
+    }
+
+    /// Reads the lines that come within `within` (none waited for when
+    /// zero) until one starts with `word`: `Ok(None)` if none did in
+    /// time; an `error …` line or an exit is an error naming the process.
+    pub fn poll(&mut self, word: &str, within: Duration) -> Result<Option<Kv>, String> {
+        let deadline = Instant::now() + within;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(line) => {
                     let mut w = line.split_whitespace();
                     match w.next() {
-                        Some(first) if first == word => return Ok(Kv::parse(w)),
+                        Some(first) if first == word => return Ok(Some(Kv::parse(w))),
                         Some("error") => {
                             return Err(format!(
                                 "{}: {}",
@@ -119,13 +132,7 @@ impl Proc {
                         _ => {}
                     }
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    return Err(format!(
-                        "{}: no `{word}` within {:.0} s",
-                        self.name,
-                        timeout.as_secs_f64()
-                    ))
-                }
+                Err(mpsc::RecvTimeoutError::Timeout) => return Ok(None),
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     let status = self.child.wait().map(|s| s.to_string());
                     return Err(format!(
@@ -342,4 +349,63 @@ pub fn load_note() -> String {
 /// Prints a progress line on stderr, prefixed with the elapsed time.
 pub fn progress(start: Instant, what: &str) {
     eprintln!("[{:6.1} s] {what}", start.elapsed().as_secs_f64());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Proc {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script]);
+        Proc::spawn(cmd, "child").expect("sh starts")
+    }
+
+    #[test]
+    fn poll_finds_the_word_skips_other_lines_and_waits_no_longer_than_asked() {
+        let mut p = sh("echo progress 1; echo done resent=3; sleep 30");
+        let kv = loop {
+            if let Some(kv) = p
+                .poll("done", Duration::from_millis(100))
+                .expect("no error")
+            {
+                break kv;
+            }
+        };
+        assert_eq!(kv.get::<u64>("resent").unwrap(), 3);
+        let t = Instant::now();
+        assert!(p.poll("done", Duration::ZERO).expect("alive").is_none());
+        assert!(p
+            .poll("done", Duration::from_millis(50))
+            .expect("alive")
+            .is_none());
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "waited {:?}",
+            t.elapsed()
+        );
+    }
+
+    #[test]
+    fn poll_reports_an_error_line_or_an_exit_with_the_process_name() {
+        let mut p = sh("echo error endpoint 7: no reply; sleep 30");
+        let e = loop {
+            match p.poll("done", Duration::from_millis(100)) {
+                Ok(None) => {}
+                Ok(Some(kv)) => panic!("not done: {kv:?}"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(e, "child: endpoint 7: no reply");
+        let mut q = sh("exit 3");
+        let e = loop {
+            match q.poll("done", Duration::from_millis(100)) {
+                Ok(None) => {}
+                Ok(Some(kv)) => panic!("not done: {kv:?}"),
+                Err(e) => break e,
+            }
+        };
+        assert!(e.starts_with("child: exited before `done`"), "{e}");
+        assert!(e.contains('3'), "{e}");
+    }
 }

@@ -10,7 +10,10 @@
 //!   rss=…`), once every one of the `n` peers has been served (`setup
 //!   rss=…`), and after the traffic has been idle for `settle_ms`, longer
 //!   than the RD idle expiry set for the run (`result rss=…`), with the
-//!   open descriptors and, for RD, the peer entries still alive.
+//!   open descriptors and, for RD, the peer entries still alive. It is
+//!   told `go` with the clients; from then on, [`SERVER_STALL`] without a
+//!   new peer served is a failure (`error …` with the counts and, for UD
+//!   and RD, the QP's counters).
 //! * **client**: creates `count` endpoints (UD QPs, RD QPs, RC QPs that
 //!   are not yet connected, or DC targets: each endpoint is a DCT the
 //!   server replies to, and one DCI per client process sends every
@@ -20,7 +23,10 @@
 //!   (RC: connect,) send the server one 8-octet message carrying the
 //!   endpoint's peer id, wait for the server's reply on that endpoint (UD:
 //!   send again after 200 ms, at most 25 times). Then it keeps every
-//!   endpoint open, idle, until `stop`.
+//!   endpoint open, idle, until `stop`. An endpoint left without a reply
+//!   fails the client (`error endpoint i: …`, with that endpoint's
+//!   counters for UD and RD); the parent watches the clients while the
+//!   server serves, so that ends the point at once.
 //!
 //! Serving a peer is: its first message received (UD/RD: the peer id, read
 //! from a receive slot that only that receive uses, marks a bitmap
@@ -31,7 +37,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use softrdma_verbs::cm::{self, ConnParams};
@@ -90,6 +96,10 @@ const DC_KEY: u64 = 0x5ca1_e000_0000_00dc;
 /// Send queue depth of the DC server's DCI (replies wait in it while
 /// their connections are made).
 const DC_SQ: usize = 4096;
+/// The server gives up when no new peer was served for this long after
+/// `go` (each client walks its endpoints in turn, so one that waits in
+/// vain for a reply stops every peer behind it).
+const SERVER_STALL: Duration = Duration::from_secs(120);
 
 fn dc_options() -> DcOptions {
     DcOptions {
@@ -219,6 +229,45 @@ enum ServerQp {
     Rd(RdQueuePair),
 }
 
+impl ServerQp {
+    /// The QP's counters on one line, for a failure's message.
+    fn brief(&self) -> String {
+        match self {
+            ServerQp::Ud(q) => dgram_brief(&Ep::Ud(q.clone())),
+            ServerQp::Rd(q) => dgram_brief(&Ep::Rd(q.clone())),
+        }
+    }
+}
+
+/// A datagram endpoint's counters on one line (empty for RC and DC): what
+/// its socket read and sent and, for RD, what the reliability layer did
+/// (sent, re-sent, acknowledged, timed out, sessions, peers) — enough to
+/// tell a request never sent from one lost or one never answered.
+fn dgram_brief(ep: &Ep) -> String {
+    let (sock, proto) = match ep {
+        Ep::Ud(q) => {
+            let s = q.stats();
+            (s.socket, format!("ud {:?}", s.ud))
+        }
+        Ep::Rd(q) => {
+            let s = q.stats();
+            let e = q.engine().stats();
+            (
+                s.socket,
+                format!(
+                    "timers inline={} thread={}; rd {:?} reliability {:?}",
+                    e.timers_inline, e.timers_thread, s.rd, s.reliability
+                ),
+            )
+        }
+        Ep::Rc(_) | Ep::Dc(..) => return String::new(),
+    };
+    format!(
+        "socket rx={} tx={} would_block={} no_qp={} errors={}; {proto}",
+        sock.rx_datagrams, sock.tx_datagrams, sock.tx_would_block, sock.rx_no_qp, sock.rx_errors
+    )
+}
+
 fn server(kv: &Kv) -> Result<(), String> {
     let kind = kind_of(kv)?;
     let n: usize = kv.get("n")?;
@@ -338,16 +387,23 @@ fn server(kv: &Kv) -> Result<(), String> {
         heap(),
         fd_limit().unwrap_or(0)
     ));
-    let give_up = Instant::now() + Duration::from_secs(900);
     let mut last_seen = Instant::now();
+    // From `go` (the clients are sending), then from each new peer served.
+    let mut last_new: Option<Instant> = None;
     let mut setup_said = false;
     let mut pending: Vec<u32> = Vec::new();
     loop {
-        if stopped(&cmds) {
-            return Ok(());
+        match cmds.try_recv() {
+            Ok(c) if c == "go" => last_new = Some(Instant::now()),
+            Err(mpsc::TryRecvError::Empty) => {}
+            Ok(_) | Err(mpsc::TryRecvError::Disconnected) => return Ok(()),
         }
-        if Instant::now() > give_up {
-            return Err(format!("only {count} of {n} peers served in 900 s"));
+        if last_new.is_some_and(|t| t.elapsed() > SERVER_STALL) {
+            return Err(format!(
+                "{count} of {n} peers served, none for {} s; {}",
+                SERVER_STALL.as_secs(),
+                dgram.as_ref().map_or_else(String::new, ServerQp::brief)
+            ));
         }
         if let (Some(qps), false) = (&rc, pending.is_empty()) {
             // RC: reply on every connection whose request arrived, once
@@ -361,6 +417,7 @@ fn server(kv: &Kv) -> Result<(), String> {
                             .map_err(|e| e.to_string())?;
                         *served = true;
                         count += 1;
+                        last_new = Some(Instant::now());
                     }
                     Some(_) => {}
                     None => left.push(qpn),
@@ -420,6 +477,7 @@ fn server(kv: &Kv) -> Result<(), String> {
                 if seen[id / 8] & (1 << (id % 8)) == 0 {
                     seen[id / 8] |= 1 << (id % 8);
                     count += 1;
+                    last_new = Some(Instant::now());
                 }
                 while let Err(e) = d.dci.post_send(send_wr(0, &tx, 0), &d.ah, dct, DC_KEY) {
                     if e != softrdma_verbs::PostError::QueueFull {
@@ -442,6 +500,7 @@ fn server(kv: &Kv) -> Result<(), String> {
                     {
                         seen[id / 8] |= 1 << (id % 8);
                         count += 1;
+                        last_new = Some(Instant::now());
                     }
                     let wr = RecvWr {
                         wr_id: slot as u64,
@@ -686,7 +745,10 @@ fn client(kv: &Kv) -> Result<(), String> {
             }
         }
         if !got {
-            return Err(format!("endpoint {i}: no reply from the server"));
+            return Err(format!(
+                "endpoint {i}: no reply from the server; {}",
+                dgram_brief(ep)
+            ));
         }
     }
     say(&format!(
