@@ -519,7 +519,8 @@ fn mckey() {
 // ----------------------------------------------------------------------
 
 /// Clients pointed at a port nobody listens on fail with rdma_cm's
-/// UNREACHABLE (status -ECONNREFUSED) once the connect retry
+/// REJECTED (status -ECONNREFUSED, as the kernel's iWARP CM reports a
+/// refused connection) once the connect retry
 /// (`SOFTRDMA_CONNECT_RETRY_MS`, 1 s) is spent, or the rsocket equivalent,
 /// and exit non-zero well before the deadline.
 #[test]
@@ -531,13 +532,13 @@ fn connecting_to_nothing_fails_cleanly() {
     assert!(!d.timed_out, "ucmatose hung: {d:?}");
     assert!(
         d.stdout
-            .contains("event: RDMA_CM_EVENT_UNREACHABLE, error: -111"),
+            .contains("event: RDMA_CM_EVENT_REJECTED, error: -111"),
         "ucmatose: {d:?}"
     );
     let d = run("rping", &["-c", "-a", "127.0.0.1", "-p", &port, "-C", "1"]);
     assert_ne!(d.code, Some(0), "rping: {d:?}");
     assert!(
-        d.stderr.contains("RDMA_CM_EVENT_UNREACHABLE, error -111"),
+        d.stderr.contains("RDMA_CM_EVENT_REJECTED, error -111"),
         "rping: {d:?}"
     );
     let d = run("rdma_client", &["-s", "127.0.0.1", "-p", &port]);

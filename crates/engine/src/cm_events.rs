@@ -69,8 +69,12 @@
 //!   (`link_down::watch`) to swap.
 //!
 //! Failures of an active connect map to events as follows: the TCP
-//! connection could not be made (refused, host or network unreachable,
-//! connect timeout) → [`CmEvent::Unreachable`]. A refusal is first tried
+//! connection could not be made (host or network unreachable, connect
+//! timeout) → [`CmEvent::Unreachable`]; the peer refused it (nothing
+//! listens on the port) → [`CmEvent::Rejected`] with no private data,
+//! status `-ECONNREFUSED`, as the kernel's iWARP connection manager
+//! reports a refused connection (`cma_iw_handler`; Linux siw fails
+//! `rdma_connect` itself instead). A refusal is first tried
 //! again for `Config::connect_retry` (`SOFTRDMA_CONNECT_RETRY_MS`, 1 s by
 //! default): perftest's `-R` server closes the listener of its parameter
 //! exchange and opens another on the same port for the test's QPs, and a
@@ -318,15 +322,18 @@ pub enum CmEvent {
         /// empty on the passive side).
         private_data: Vec<u8>,
     },
-    /// The peer rejected the connection request.
+    /// The peer rejected the connection request, or refused its TCP
+    /// connection (no listener on the port, after the connect retry):
+    /// the kernel's iWARP connection manager reports both as
+    /// `RDMA_CM_EVENT_REJECTED`, status `-ECONNREFUSED`.
     Rejected {
         /// The id.
         id: CmId,
-        /// The peer's reject private data.
+        /// The peer's reject private data (empty for a refused TCP
+        /// connection).
         private_data: Vec<u8>,
     },
-    /// The peer could not be reached (TCP refused, no route, connect
-    /// timeout).
+    /// The peer could not be reached (no route, connect timeout).
     Unreachable {
         /// The id.
         id: CmId,
@@ -957,6 +964,12 @@ fn failure_event(id: CmId, e: CmError) -> CmEvent {
     let status = -errno(&e);
     match e {
         CmError::Rejected(private_data) => CmEvent::Rejected { id, private_data },
+        // As the kernel's `cma_iw_handler`: a refused connection is a
+        // rejection (status -ECONNREFUSED), not an unreachable peer.
+        CmError::Io(ref io) if io.raw_os_error() == Some(libc::ECONNREFUSED) => CmEvent::Rejected {
+            id,
+            private_data: Vec::new(),
+        },
         CmError::Io(ref io) if unreachable(io) => CmEvent::Unreachable {
             id,
             status,
@@ -978,8 +991,7 @@ fn unreachable(e: &io::Error) -> bool {
         || matches!(
             e.raw_os_error(),
             Some(
-                libc::ECONNREFUSED
-                    | libc::EHOSTUNREACH
+                libc::EHOSTUNREACH
                     | libc::ENETUNREACH
                     | libc::EHOSTDOWN
                     | libc::ENETDOWN

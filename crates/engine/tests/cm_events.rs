@@ -268,7 +268,7 @@ fn reject_with_private_data() {
 }
 
 #[test]
-fn connect_to_closed_port_is_unreachable() {
+fn connect_to_closed_port_is_rejected() {
     let ctx = Context::new().unwrap();
     let ch = EventChannel::new().unwrap();
     let port = {
@@ -280,19 +280,15 @@ fn connect_to_closed_port_is_unreachable() {
     let id = ch
         .connect(&ctx, &q, localhost(port), &ConnParams::default())
         .unwrap();
-    let ev = next(&ch, "unreachable");
+    let ev = next(&ch, "rejected");
     assert!(t.elapsed() < WAIT);
     assert_eq!(ev.id(), &id);
-    assert!(
-        matches!(
-            ev.kind(),
-            CmEventKind::Unreachable | CmEventKind::ConnectError
-        ),
-        "{ev:?}"
-    );
-    assert!(ev.status() < 0, "{ev:?}");
-    assert_eq!(ev.rdma_cm_event(), 7, "refused TCP is unreachable: {ev:?}");
+    // As the kernel's iWARP CM: a refused TCP connection is REJECTED with
+    // status -ECONNREFUSED and no private data.
+    assert_eq!(ev.kind(), CmEventKind::Rejected, "{ev:?}");
+    assert_eq!(ev.rdma_cm_event(), 8, "refused TCP is a rejection: {ev:?}");
     assert_eq!(ev.status(), -libc::ECONNREFUSED);
+    assert!(ev.private_data().is_empty(), "{ev:?}");
     assert_eq!(id.state(), CmIdState::Idle);
 }
 
@@ -372,10 +368,7 @@ fn destroyed_listener_refuses() {
         .unwrap();
     let ev = next(&cch, "refused");
     assert!(
-        matches!(
-            ev.kind(),
-            CmEventKind::Unreachable | CmEventKind::ConnectError
-        ),
+        matches!(ev.kind(), CmEventKind::Rejected | CmEventKind::ConnectError),
         "{ev:?}"
     );
     assert!(sch.get_event(Some(Duration::from_millis(100))).is_none());
