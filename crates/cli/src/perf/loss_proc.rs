@@ -361,17 +361,21 @@ mod tests {
         Proc::spawn(cmd, "child").expect("sh starts")
     }
 
+    /// Polls until `poll` answers something other than "nothing yet", for
+    /// at most 10 s: a test of the poll must not hang if it is broken.
+    fn first_answer(p: &mut Proc, word: &str) -> Result<Kv, String> {
+        for _ in 0..100 {
+            if let Some(kv) = p.poll(word, Duration::from_millis(100))? {
+                return Ok(kv);
+            }
+        }
+        panic!("no answer within 10 s")
+    }
+
     #[test]
     fn poll_finds_the_word_skips_other_lines_and_waits_no_longer_than_asked() {
         let mut p = sh("echo progress 1; echo done resent=3; sleep 30");
-        let kv = loop {
-            if let Some(kv) = p
-                .poll("done", Duration::from_millis(100))
-                .expect("no error")
-            {
-                break kv;
-            }
-        };
+        let kv = first_answer(&mut p, "done").expect("no error");
         assert_eq!(kv.get::<u64>("resent").unwrap(), 3);
         let t = Instant::now();
         assert!(p.poll("done", Duration::ZERO).expect("alive").is_none());
@@ -389,22 +393,10 @@ mod tests {
     #[test]
     fn poll_reports_an_error_line_or_an_exit_with_the_process_name() {
         let mut p = sh("echo error endpoint 7: no reply; sleep 30");
-        let e = loop {
-            match p.poll("done", Duration::from_millis(100)) {
-                Ok(None) => {}
-                Ok(Some(kv)) => panic!("not done: {kv:?}"),
-                Err(e) => break e,
-            }
-        };
+        let e = first_answer(&mut p, "done").expect_err("an error line");
         assert_eq!(e, "child: endpoint 7: no reply");
         let mut q = sh("exit 3");
-        let e = loop {
-            match q.poll("done", Duration::from_millis(100)) {
-                Ok(None) => {}
-                Ok(Some(kv)) => panic!("not done: {kv:?}"),
-                Err(e) => break e,
-            }
-        };
+        let e = first_answer(&mut q, "done").expect_err("an exit");
         assert!(e.starts_with("child: exited before `done`"), "{e}");
         assert!(e.contains('3'), "{e}");
     }
