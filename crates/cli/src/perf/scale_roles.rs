@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 
 use softrdma_verbs::cm::{self, ConnParams};
 use softrdma_verbs::dc::{DcAddressHandle, DcInitiator, DcOptions, DcTarget};
+use softrdma_verbs::dgram::SocketStats;
 use softrdma_verbs::{
     Access, AddressHandle, Completion, Context, DgramAddr, MemoryRegion, Payload, ProtectionDomain,
     QpCaps, QueuePair, RdQpOptions, RdQueuePair, RecvWr, SendFlags, SendOp, SendWr, SgList,
@@ -233,37 +234,40 @@ impl ServerQp {
     /// The QP's counters on one line, for a failure's message.
     fn brief(&self) -> String {
         match self {
-            ServerQp::Ud(q) => dgram_brief(&Ep::Ud(q.clone())),
-            ServerQp::Rd(q) => dgram_brief(&Ep::Rd(q.clone())),
+            ServerQp::Ud(q) => ud_brief(q),
+            ServerQp::Rd(q) => rd_brief(q),
         }
     }
 }
 
-/// A datagram endpoint's counters on one line (empty for RC and DC): what
-/// its socket read and sent and, for RD, what the reliability layer did
-/// (sent, re-sent, acknowledged, timed out, sessions, peers) — enough to
-/// tell a request never sent from one lost or one never answered.
-fn dgram_brief(ep: &Ep) -> String {
-    let (sock, proto) = match ep {
-        Ep::Ud(q) => {
-            let s = q.stats();
-            (s.socket, format!("ud {:?}", s.ud))
-        }
-        Ep::Rd(q) => {
-            let s = q.stats();
-            let e = q.engine().stats();
-            (
-                s.socket,
-                format!(
-                    "timers inline={} thread={}; rd {:?} reliability {:?}",
-                    e.timers_inline, e.timers_thread, s.rd, s.reliability
-                ),
-            )
-        }
-        Ep::Rc(_) | Ep::Dc(..) => return String::new(),
-    };
+/// A datagram QP's counters on one line: what its socket read and sent,
+/// and what its protocol did — enough to tell a request never sent from
+/// one lost or one never answered.
+fn ud_brief(q: &UdQueuePair) -> String {
+    let s = q.stats();
+    format!("{}; ud {:?}", socket_brief(&s.socket), s.ud)
+}
+
+/// [`ud_brief`] for RD: the RD QP's and reliability layer's counters
+/// (sent, re-sent, acknowledged, timed out, sessions, peers) and where its
+/// timers ran.
+fn rd_brief(q: &RdQueuePair) -> String {
+    let s = q.stats();
+    let e = q.engine().stats();
     format!(
-        "socket rx={} tx={} would_block={} no_qp={} errors={}; {proto}",
+        "{}; timers inline={} thread={}; rd {:?} reliability {:?}",
+        socket_brief(&s.socket),
+        e.timers_inline,
+        e.timers_thread,
+        s.rd,
+        s.reliability
+    )
+}
+
+/// A socket's counters on one line.
+fn socket_brief(sock: &SocketStats) -> String {
+    format!(
+        "socket rx={} tx={} would_block={} no_qp={} errors={}",
         sock.rx_datagrams, sock.tx_datagrams, sock.tx_would_block, sock.rx_no_qp, sock.rx_errors
     )
 }
@@ -388,22 +392,27 @@ fn server(kv: &Kv) -> Result<(), String> {
         fd_limit().unwrap_or(0)
     ));
     let mut last_seen = Instant::now();
-    // From `go` (the clients are sending), then from each new peer served.
-    let mut last_new: Option<Instant> = None;
+    // The peers served at `go` (the clients are sending) or at the last
+    // change of `count`, and since when.
+    let mut served_at: Option<(usize, Instant)> = None;
     let mut setup_said = false;
     let mut pending: Vec<u32> = Vec::new();
     loop {
         match cmds.try_recv() {
-            Ok(c) if c == "go" => last_new = Some(Instant::now()),
+            Ok(c) if c == "go" => served_at = Some((count, Instant::now())),
             Err(mpsc::TryRecvError::Empty) => {}
             Ok(_) | Err(mpsc::TryRecvError::Disconnected) => return Ok(()),
         }
-        if last_new.is_some_and(|t| t.elapsed() > SERVER_STALL) {
-            return Err(format!(
-                "{count} of {n} peers served, none for {} s; {}",
-                SERVER_STALL.as_secs(),
-                dgram.as_ref().map_or_else(String::new, ServerQp::brief)
-            ));
+        match served_at {
+            Some((seen, _)) if seen != count => served_at = Some((count, Instant::now())),
+            Some((_, since)) if since.elapsed() > SERVER_STALL => {
+                return Err(format!(
+                    "{count} of {n} peers served, none for {} s; {}",
+                    SERVER_STALL.as_secs(),
+                    dgram.as_ref().map_or_else(String::new, ServerQp::brief)
+                ));
+            }
+            _ => {}
         }
         if let (Some(qps), false) = (&rc, pending.is_empty()) {
             // RC: reply on every connection whose request arrived, once
@@ -417,7 +426,6 @@ fn server(kv: &Kv) -> Result<(), String> {
                             .map_err(|e| e.to_string())?;
                         *served = true;
                         count += 1;
-                        last_new = Some(Instant::now());
                     }
                     Some(_) => {}
                     None => left.push(qpn),
@@ -477,7 +485,6 @@ fn server(kv: &Kv) -> Result<(), String> {
                 if seen[id / 8] & (1 << (id % 8)) == 0 {
                     seen[id / 8] |= 1 << (id % 8);
                     count += 1;
-                    last_new = Some(Instant::now());
                 }
                 while let Err(e) = d.dci.post_send(send_wr(0, &tx, 0), &d.ah, dct, DC_KEY) {
                     if e != softrdma_verbs::PostError::QueueFull {
@@ -500,7 +507,6 @@ fn server(kv: &Kv) -> Result<(), String> {
                     {
                         seen[id / 8] |= 1 << (id % 8);
                         count += 1;
-                        last_new = Some(Instant::now());
                     }
                     let wr = RecvWr {
                         wr_id: slot as u64,
@@ -745,9 +751,13 @@ fn client(kv: &Kv) -> Result<(), String> {
             }
         }
         if !got {
+            let counters = match ep {
+                Ep::Ud(q) => ud_brief(q),
+                Ep::Rd(q) => rd_brief(q),
+                Ep::Rc(_) | Ep::Dc(..) => String::new(),
+            };
             return Err(format!(
-                "endpoint {i}: no reply from the server; {}",
-                dgram_brief(ep)
+                "endpoint {i}: no reply from the server; {counters}"
             ));
         }
     }
