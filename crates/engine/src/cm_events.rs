@@ -68,22 +68,30 @@
 //!   the error state) would remove the latency; it is one function
 //!   (`link_down::watch`) to swap.
 //!
-//! Failures of an active connect map to events as follows: the TCP
-//! connection could not be made (host or network unreachable, connect
-//! timeout) → [`CmEvent::Unreachable`]; the peer refused it (nothing
-//! listens on the port) → [`CmEvent::Rejected`] with no private data,
-//! status `-ECONNREFUSED`, as the kernel's iWARP connection manager
-//! reports a refused connection (`cma_iw_handler`; Linux siw fails
-//! `rdma_connect` itself instead). A refusal is first tried
+//! Failures of an active connect map to events as the kernel's iWARP
+//! connection manager maps its providers' connect replies
+//! (`cma_iw_handler`: -ECONNREFUSED and -ECONNRESET are `REJECTED`,
+//! -ETIMEDOUT is `UNREACHABLE`, anything else `CONNECT_ERROR`, the errno
+//! kept as the status): the TCP connection could not be made (host or
+//! network unreachable, connect timeout) → [`CmEvent::Unreachable`]; the
+//! peer refused it (nothing listens on the port) → [`CmEvent::Rejected`]
+//! with no private data, status `-ECONNREFUSED` (Linux siw fails
+//! `rdma_connect` itself instead, its TCP connect being synchronous). A
+//! refusal is first tried
 //! again for `Config::connect_retry` (`SOFTRDMA_CONNECT_RETRY_MS`, 1 s by
 //! default): perftest's `-R` server closes the listener of its parameter
 //! exchange and opens another on the same port for the test's QPs, and a
 //! client that connects in between is refused; perftest then retries with
 //! ids it has already destroyed and crashes (seen as a rare CI hang of its
-//! server, waiting for a client that had died). The peer answered the MPA
-//! Request with a reject → [`CmEvent::Rejected`]; anything else (MPA
-//! timeout or protocol error, reset during set-up) →
-//! [`CmEvent::ConnectError`]. Their `status` is a negative errno, as in
+//! server, waiting for a client that had died). After TCP connected: the
+//! peer answered the MPA Request with a reject → [`CmEvent::Rejected`],
+//! status `-ECONNREFUSED`, with its private data; the peer closed or reset
+//! the connection before its MPA Reply → [`CmEvent::Rejected`], status
+//! `-ECONNRESET`, no private data (siw reports a close while it awaits the
+//! Reply so); no MPA Reply within `Config::mpa_timeout` →
+//! [`CmEvent::Unreachable`], status `-ETIMEDOUT` (siw's MPA timer);
+//! anything else (an MPA protocol error, a local socket error) →
+//! [`CmEvent::ConnectError`]. Every `status` is a negative errno, as in
 //! `rdma_cm_event.status`.
 
 use std::collections::VecDeque;
@@ -322,18 +330,22 @@ pub enum CmEvent {
         /// empty on the passive side).
         private_data: Vec<u8>,
     },
-    /// The peer rejected the connection request, or refused its TCP
+    /// The peer rejected the connection request or refused its TCP
     /// connection (no listener on the port, after the connect retry):
-    /// the kernel's iWARP connection manager reports both as
-    /// `RDMA_CM_EVENT_REJECTED`, status `-ECONNREFUSED`.
+    /// status `-ECONNREFUSED`; or it closed or reset the connection before
+    /// its MPA Reply: status `-ECONNRESET`. The kernel's iWARP connection
+    /// manager reports all three as `RDMA_CM_EVENT_REJECTED`.
     Rejected {
         /// The id.
         id: CmId,
-        /// The peer's reject private data (empty for a refused TCP
-        /// connection).
+        /// `-ECONNREFUSED` or `-ECONNRESET`.
+        status: i32,
+        /// The peer's reject private data (empty unless the peer sent an
+        /// MPA reject).
         private_data: Vec<u8>,
     },
-    /// The peer could not be reached (no route, connect timeout).
+    /// The peer could not be reached (no route, connect timeout) or did
+    /// not answer the MPA Request in time (status `-ETIMEDOUT`).
     Unreachable {
         /// The id.
         id: CmId,
@@ -342,8 +354,8 @@ pub enum CmEvent {
         /// What went wrong.
         reason: String,
     },
-    /// Connection set-up failed after TCP connected (MPA error or timeout,
-    /// reset during set-up).
+    /// Connection set-up failed for another reason (an MPA protocol
+    /// error, a local socket error).
     ConnectError {
         /// The id.
         id: CmId,
@@ -394,8 +406,9 @@ impl CmEvent {
     /// a reject, as iWARP reports it).
     pub fn status(&self) -> i32 {
         match self {
-            CmEvent::Rejected { .. } => -libc::ECONNREFUSED,
-            CmEvent::Unreachable { status, .. } | CmEvent::ConnectError { status, .. } => *status,
+            CmEvent::Rejected { status, .. }
+            | CmEvent::Unreachable { status, .. }
+            | CmEvent::ConnectError { status, .. } => *status,
             _ => 0,
         }
     }
@@ -963,12 +976,27 @@ impl CmId {
 fn failure_event(id: CmId, e: CmError) -> CmEvent {
     let status = -errno(&e);
     match e {
-        CmError::Rejected(private_data) => CmEvent::Rejected { id, private_data },
-        // As the kernel's `cma_iw_handler`: a refused connection is a
-        // rejection (status -ECONNREFUSED), not an unreachable peer.
-        CmError::Io(ref io) if io.raw_os_error() == Some(libc::ECONNREFUSED) => CmEvent::Rejected {
+        CmError::Rejected(private_data) => CmEvent::Rejected {
             id,
-            private_data: Vec::new(),
+            status,
+            private_data,
+        },
+        // As the kernel's `cma_iw_handler`: a refused connection, and one
+        // the peer closed or reset before its MPA Reply, are rejections
+        // (status -ECONNREFUSED, -ECONNRESET), not unreachable peers.
+        CmError::Io(_) if matches!(-status, libc::ECONNREFUSED | libc::ECONNRESET) => {
+            CmEvent::Rejected {
+                id,
+                status,
+                private_data: Vec::new(),
+            }
+        }
+        // No MPA Reply in time: siw's MPA timer reports -ETIMEDOUT, which
+        // the kernel makes UNREACHABLE.
+        CmError::Mpa(MpaError::Timeout) => CmEvent::Unreachable {
+            id,
+            status,
+            reason: e.to_string(),
         },
         CmError::Io(ref io) if unreachable(io) => CmEvent::Unreachable {
             id,

@@ -292,6 +292,73 @@ fn connect_to_closed_port_is_rejected() {
     assert_eq!(id.state(), CmIdState::Idle);
 }
 
+/// A peer that takes the TCP connection and the MPA Request, then closes
+/// without a Reply: `REJECTED`, status -ECONNRESET, no private data (siw
+/// reports a close while it awaits the Reply as -ECONNRESET, which the
+/// kernel's `cma_iw_handler` makes a rejection).
+#[test]
+fn peer_closing_before_the_mpa_reply_is_rejected_with_reset() {
+    use std::io::Read;
+    let ctx = Context::new().unwrap();
+    let ch = EventChannel::new().unwrap();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        // The MPA Request header (20 octets) and no more: then close.
+        let mut hdr = [0u8; 20];
+        s.read_exact(&mut hdr).unwrap();
+        hdr
+    });
+    let (q, _cq) = qp(&ctx, 1);
+    let id = ch.connect(&ctx, &q, addr, &ConnParams::default()).unwrap();
+    let hdr = server.join().unwrap();
+    assert_eq!(
+        &hdr[..16],
+        b"MPA ID Req Frame",
+        "the request reached the peer"
+    );
+    let ev = next(&ch, "rejected");
+    assert_eq!(ev.id(), &id);
+    assert_eq!(ev.kind(), CmEventKind::Rejected, "{ev:?}");
+    assert_eq!(ev.status(), -libc::ECONNRESET, "{ev:?}");
+    assert!(ev.private_data().is_empty(), "{ev:?}");
+    assert_eq!(q.link_state(), QpLinkState::Unconnected);
+    assert_eq!(id.state(), CmIdState::Idle);
+}
+
+/// A peer that takes the TCP connection and never answers the MPA Request:
+/// `UNREACHABLE`, status -ETIMEDOUT, after `Config::mpa_timeout` (siw's MPA
+/// timer reports -ETIMEDOUT, which the kernel makes UNREACHABLE).
+#[test]
+fn silent_peer_is_unreachable_after_the_mpa_timeout() {
+    let ctx = Context::with_config(softrdma_engine::config::Config {
+        mpa_timeout: Duration::from_millis(300),
+        ..Default::default()
+    })
+    .unwrap();
+    let ch = EventChannel::new().unwrap();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (q, _cq) = qp(&ctx, 1);
+    let t = Instant::now();
+    let id = ch.connect(&ctx, &q, addr, &ConnParams::default()).unwrap();
+    // The connection waits in the listener's backlog, never read.
+    let ev = next(&ch, "unreachable");
+    let waited = t.elapsed();
+    assert_eq!(ev.id(), &id);
+    assert_eq!(ev.kind(), CmEventKind::Unreachable, "{ev:?}");
+    assert_eq!(ev.rdma_cm_event(), 7);
+    assert_eq!(ev.status(), -libc::ETIMEDOUT, "{ev:?}");
+    assert!(
+        waited >= Duration::from_millis(300),
+        "reported after {waited:?}"
+    );
+    assert_eq!(q.link_state(), QpLinkState::Unconnected);
+    assert_eq!(id.state(), CmIdState::Idle);
+    drop(l);
+}
+
 /// A refused connect is tried again for `connect_retry` (default 1 s): a
 /// listener that opens on the port meanwhile gets the connection (a server
 /// closing one listener and opening the next on the same port, as perftest

@@ -738,10 +738,12 @@ fn complete(obj: &mut IdObj, want: i32) -> Res<()> {
     obj.id.event = e;
     lock(&obj.st).held = Some(e as usize);
     if event != want {
-        return Err(if status < 0 {
-            -status
-        } else {
+        // As librdmacm: a rejection is ECONNREFUSED whatever its status
+        // (-ECONNRESET for a peer that closed before its MPA Reply).
+        return Err(if event == ev::REJECTED || status >= 0 {
             libc::ECONNREFUSED
+        } else {
+            -status
         });
     }
     Ok(())
