@@ -1053,3 +1053,87 @@ fn versus_alternates_two_transports() {
         );
     }
 }
+
+/// `--tcp-cc`: the header names the run's TCP congestion control
+/// (default cubic when the kernel allows it, `system` keeps the host's,
+/// `SOFTRDMA_TCP_CONGESTION` is taken when no option is given); an
+/// algorithm the kernel refuses, or the option without a value, is a usage
+/// error that says what is allowed.
+#[test]
+fn tcp_congestion_control_is_named_and_checked() {
+    let run = |args: &[&str], env: Option<&str>| {
+        let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = Command::new(env!("CARGO_BIN_EXE_softrdma"));
+        c.args(args)
+            .env_remove("SOFTRDMA_TCP_CONGESTION")
+            .env_remove("SOFTRDMA_PERF_TCP_CC");
+        if let Some(cc) = env {
+            c.env("SOFTRDMA_TCP_CONGESTION", cc);
+        }
+        c.output().expect("run softrdma")
+    };
+    let sysctl = |name: &str| {
+        std::fs::read_to_string(format!("/proc/sys/net/ipv4/{name}"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let system = sysctl("tcp_congestion_control");
+    let allowed = sysctl("tcp_allowed_congestion_control");
+    let header = |out: &Output| {
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let stdout = text(&out.stdout);
+        stdout
+            .lines()
+            .find(|l| l.starts_with("softrdma perf "))
+            .unwrap_or_else(|| panic!("no header in {stdout}"))
+            .to_string()
+    };
+    let tcp_bw = [
+        "perf", "baseline", "tcp_bw", "--size", "4Ki", "--iters", "50",
+    ];
+
+    let h = header(&run(&[&tcp_bw[..], &["--tcp-cc", "reno"]].concat(), None));
+    assert!(h.contains("TCP congestion control reno"), "{h}");
+
+    let default = if allowed.split_whitespace().any(|a| a == "cubic") {
+        "cubic"
+    } else {
+        system.as_str()
+    };
+    let h = header(&run(&tcp_bw, None));
+    assert!(
+        h.contains(&format!("TCP congestion control {default} (")),
+        "{h}"
+    );
+
+    let h = header(&run(
+        &[
+            "perf", "write_bw", "--size", "4Ki", "--iters", "50", "--tcp-cc", "system",
+        ],
+        None,
+    ));
+    assert!(
+        h.contains(&format!(
+            "TCP congestion control {system} (the system default)"
+        )),
+        "{h}"
+    );
+
+    let h = header(&run(&tcp_bw, Some("reno")));
+    assert!(h.contains("TCP congestion control reno"), "{h}");
+
+    for args in [
+        &[&tcp_bw[..], &["--tcp-cc", "no_such_cc"]].concat(),
+        &[&tcp_bw[..], &["--tcp-cc"]].concat(),
+        &[&tcp_bw[..], &["--tcp-cc", "reno", "--tcp-cc", "cubic"]].concat(),
+    ] {
+        let out = run(args, None);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains("--tcp-cc"), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    let err = text(&run(&[&tcp_bw[..], &["--tcp-cc", "no_such_cc"]].concat(), None).stderr);
+    assert!(err.contains("allowed to this process"), "{err}");
+}

@@ -63,6 +63,14 @@ pub struct Config {
     /// `SOFTRDMA_DGRAM_OFFLOAD=0|1` (default 1): send runs of equal-sized
     /// datagrams as UDP GSO messages and receive with UDP GRO.
     pub dgram_offload: bool,
+    /// `SOFTRDMA_TCP_CONGESTION=NAME` (default: unset, the system's
+    /// `net.ipv4.tcp_congestion_control`): the TCP congestion control
+    /// algorithm of every connection an RC QP runs on (`TCP_CONGESTION`,
+    /// set when the QP takes the connection, on both ends of a softrdma
+    /// pair). The name must be one the kernel allows this process
+    /// (`net.ipv4.tcp_allowed_congestion_control`, or any loaded one with
+    /// `CAP_NET_ADMIN`): a context is not created otherwise.
+    pub tcp_congestion: Option<String>,
 }
 
 impl Default for Config {
@@ -81,7 +89,29 @@ impl Default for Config {
             dgram_mtu: 1500,
             mcast_port: 18516,
             dgram_offload: true,
+            tcp_congestion: None,
         }
+    }
+}
+
+/// Longest congestion control name the kernel takes (`TCP_CA_NAME_MAX`
+/// less its terminating NUL).
+pub const TCP_CONGESTION_NAME_MAX: usize = 15;
+
+/// Checks the form of a congestion control name (1 to
+/// [`TCP_CONGESTION_NAME_MAX`] octets of letters, digits, `_` and `-`);
+/// whether the kernel offers it is checked when a context is made.
+fn congestion_name(name: &str, v: &str) -> Result<String, String> {
+    let ok = (1..=TCP_CONGESTION_NAME_MAX).contains(&v.len())
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(v.to_string())
+    } else {
+        Err(format!(
+            "{name}={v:?}: expected the name of a TCP congestion control algorithm \
+             (1 to {TCP_CONGESTION_NAME_MAX} letters, digits, '_' or '-'), e.g. cubic"
+        ))
     }
 }
 
@@ -160,6 +190,9 @@ impl Config {
         if let Some(v) = get("SOFTRDMA_MCAST_PORT") {
             c.mcast_port = number("SOFTRDMA_MCAST_PORT", &v, 1, 65535)? as u16;
         }
+        if let Some(v) = get("SOFTRDMA_TCP_CONGESTION") {
+            c.tcp_congestion = Some(congestion_name("SOFTRDMA_TCP_CONGESTION", &v)?);
+        }
         Ok(c)
     }
 }
@@ -214,5 +247,19 @@ mod tests {
             .contains("SOFTRDMA_DGRAM_MTU"));
         }
         assert!(Config::from_lookup(env(&[("SOFTRDMA_MCAST_PORT", "0")])).is_err());
+        assert_eq!(
+            Config::from_lookup(env(&[("SOFTRDMA_TCP_CONGESTION", "cubic")]))
+                .unwrap()
+                .tcp_congestion
+                .as_deref(),
+            Some("cubic")
+        );
+        for bad in ["", "a b", "cubic\n", "sixteen_octets_x", "c/ubic"] {
+            assert!(Config::from_lookup(
+                |k: &str| (k == "SOFTRDMA_TCP_CONGESTION").then(|| bad.to_string())
+            )
+            .unwrap_err()
+            .contains("SOFTRDMA_TCP_CONGESTION"));
+        }
     }
 }

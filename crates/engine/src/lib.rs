@@ -92,8 +92,12 @@ impl Context {
         )
     }
 
-    /// A context with an explicit configuration.
+    /// A context with an explicit configuration. Fails if the kernel will
+    /// not give this process's TCP sockets `config.tcp_congestion`.
     pub fn with_config(config: config::Config) -> io::Result<Context> {
+        if let Some(cc) = &config.tcp_congestion {
+            sys::probe_tcp_congestion(cc)?;
+        }
         Ok(Context {
             shared: Arc::new(Shared {
                 registry: Registry::new(),
@@ -212,6 +216,30 @@ pub fn tune_udp_socket(sock: &std::net::UdpSocket) -> io::Result<()> {
 pub fn tcp_has_room(sock: &std::net::TcpStream) -> bool {
     use std::os::fd::AsRawFd;
     sys::has_room(sock.as_raw_fd())
+}
+
+/// Sets the TCP congestion control algorithm of `sock` (`TCP_CONGESTION`),
+/// as RC QPs do with `SOFTRDMA_TCP_CONGESTION`; a raw-socket baseline
+/// (`softrdma perf`) sets its own connections the same way so both sides
+/// of a ratio run one algorithm. `ENOENT`: the kernel has no such
+/// algorithm; `EPERM`: this process may not choose it.
+pub fn set_tcp_congestion(sock: &std::net::TcpStream, name: &str) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    sys::set_tcp_congestion(sock.as_raw_fd(), name)
+}
+
+/// The TCP congestion control algorithm `sock` runs.
+pub fn tcp_congestion(sock: &std::net::TcpStream) -> io::Result<String> {
+    use std::os::fd::AsRawFd;
+    sys::tcp_congestion(sock.as_raw_fd())
+}
+
+/// Checks, on a socket made for the purpose, that the kernel lets this
+/// process choose congestion control `name` (what creating a context with
+/// `SOFTRDMA_TCP_CONGESTION=name` checks); the error names the variable and
+/// what is allowed.
+pub fn check_tcp_congestion(name: &str) -> io::Result<()> {
+    sys::probe_tcp_congestion(name)
 }
 
 /// Octets of heap the process's allocator has handed out and not yet had

@@ -469,7 +469,9 @@ impl Qp {
 
     /// Starts running the protocol over `sock` with the negotiated `cfg`.
     /// `hold_until`: transmit nothing before then. Receives posted so far
-    /// move to the connection.
+    /// move to the connection. The socket is made non-blocking, gets
+    /// `TCP_NODELAY` and, if the context's configuration names one
+    /// (`SOFTRDMA_TCP_CONGESTION`), its congestion control algorithm.
     pub fn attach(
         &self,
         sock: TcpStream,
@@ -478,6 +480,9 @@ impl Qp {
     ) -> io::Result<()> {
         sock.set_nonblocking(true)?;
         sock.set_nodelay(true)?;
+        if let Some(cc) = &self.inner.shared.config.tcp_congestion {
+            crate::sys::set_tcp_congestion(sock.as_raw_fd(), cc)?;
+        }
         let mut rc = RcQp::new(RcConfig {
             sq_depth: self.inner.caps.max_send_wr,
             rq_depth: self.inner.caps.max_recv_wr,

@@ -115,6 +115,77 @@ impl NoSigPipe<'_> {
     }
 }
 
+/// Sets the TCP congestion control algorithm of socket `fd`
+/// (`TCP_CONGESTION`). `ENOENT`: the kernel has no such algorithm;
+/// `EPERM`: this process may not choose it.
+pub(crate) fn set_tcp_congestion(fd: RawFd, name: &str) -> io::Result<()> {
+    // SAFETY: `name` is live for the call and its length is passed with
+    // it; the kernel only reads that many octets.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_ptr() as *const libc::c_void,
+            name.len() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The TCP congestion control algorithm of socket `fd`
+/// (`TCP_CONGESTION`).
+pub(crate) fn tcp_congestion(fd: RawFd) -> io::Result<String> {
+    let mut name = [0u8; 16];
+    let mut len = name.len() as libc::socklen_t;
+    // SAFETY: `name` and `len` are live for the call and `len` states
+    // `name`'s size; the kernel writes at most that many octets.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_mut_ptr() as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let len = (len as usize).min(name.len());
+    let end = name[..len].iter().position(|&b| b == 0).unwrap_or(len);
+    Ok(String::from_utf8_lossy(&name[..end]).into_owned())
+}
+
+/// Checks that the kernel lets this process give its TCP sockets
+/// congestion control `name`, on a socket made for the purpose; the error
+/// says what is allowed.
+pub(crate) fn probe_tcp_congestion(name: &str) -> io::Result<()> {
+    // SAFETY: plain socket creation; the descriptor is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just created and is owned by nothing else.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    set_tcp_congestion(sock.as_raw_fd(), name).map_err(|e| {
+        let allowed = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "unknown".into());
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "SOFTRDMA_TCP_CONGESTION={name}: the kernel refuses it ({e}); \
+                 allowed to this process: {allowed}"
+            ),
+        )
+    })
+}
+
 /// `poll` for `POLLOUT` on `fd` without waiting: false only if the
 /// kernel says the socket has no room (see [`crate::tcp_has_room`]); a
 /// failed `poll`, an error or a hang-up read as room.

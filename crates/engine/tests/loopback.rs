@@ -354,3 +354,112 @@ fn placement_exchange(crc: bool, crc_direct: bool) -> (RxStats, RxStats) {
     let _ = (&mut server.buf, &mut client.buf);
     stats
 }
+
+/// The congestion control algorithm of TCP socket `fd`, if it is one.
+fn congestion_of(fd: i32) -> Option<String> {
+    let mut name = [0u8; 16];
+    let mut len = name.len() as libc::socklen_t;
+    // SAFETY: `name` and `len` are live and `len` states `name`'s size.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_mut_ptr() as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (r == 0).then(|| {
+        let n = name.iter().position(|&b| b == 0).unwrap_or(len as usize);
+        String::from_utf8_lossy(&name[..n]).into_owned()
+    })
+}
+
+/// The TCP port of `fd`'s local (`peer` false) or peer address.
+fn port_of(fd: i32, peer: bool) -> Option<u16> {
+    // SAFETY: `sockaddr_in` is plain data; all zeros is a valid value.
+    let mut a: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let p = &mut a as *mut libc::sockaddr_in as *mut libc::sockaddr;
+    // SAFETY: `a` and `len` are live and `len` states `a`'s size.
+    let r = unsafe {
+        if peer {
+            libc::getpeername(fd, p, &mut len)
+        } else {
+            libc::getsockname(fd, p, &mut len)
+        }
+    };
+    (r == 0 && i32::from(a.sin_family) == libc::AF_INET).then(|| u16::from_be(a.sin_port))
+}
+
+/// `SOFTRDMA_TCP_CONGESTION`: both ends' connections run the algorithm
+/// asked for (an allowed one other than the system's default, else reno,
+/// which every kernel allows), found among this process's descriptors by
+/// the listener's port; a name the kernel does not offer fails the context
+/// with a message naming the variable.
+#[test]
+fn tcp_congestion_is_set_on_both_ends() {
+    let sysctl = |name: &str| {
+        std::fs::read_to_string(format!("/proc/sys/net/ipv4/{name}")).unwrap_or_default()
+    };
+    let default = sysctl("tcp_congestion_control");
+    let want = sysctl("tcp_allowed_congestion_control")
+        .split_whitespace()
+        .find(|cc| *cc != default.trim())
+        .unwrap_or("reno")
+        .to_string();
+    let cfg = softrdma_engine::config::Config {
+        tcp_congestion: Some(want.clone()),
+        ..Default::default()
+    };
+    let server = side_with(cfg.clone(), 4096);
+    let client = side_with(cfg, 4096);
+    let listener = Listener::bind(&server.ctx, "127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let sqp = server.qp.clone();
+    let acceptor = thread::spawn(move || {
+        let inc = listener.accept().unwrap();
+        inc.accept(&sqp, &ConnParams::default()).unwrap();
+    });
+    cm::connect(
+        &client.ctx,
+        &client.qp,
+        ("127.0.0.1", port),
+        &ConnParams::default(),
+    )
+    .unwrap();
+    acceptor.join().unwrap();
+    // The accepted socket has the listener's port as its own, the
+    // client's as its peer's.
+    let (mut accepted, mut connecting) = (Vec::new(), Vec::new());
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
+        let Ok(fd) = entry.unwrap().file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Some(cc) = congestion_of(fd) else {
+            continue;
+        };
+        if port_of(fd, true) == Some(port) {
+            connecting.push(cc);
+        } else if port_of(fd, false) == Some(port) && port_of(fd, true).is_some() {
+            accepted.push(cc);
+        }
+    }
+    assert_eq!(
+        connecting,
+        std::slice::from_ref(&want),
+        "the client's connection"
+    );
+    assert_eq!(accepted, [want], "the server's connection");
+
+    let e = Context::with_config(softrdma_engine::config::Config {
+        tcp_congestion: Some("no_such_cc".into()),
+        ..Default::default()
+    })
+    .unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    assert!(
+        e.to_string().contains("SOFTRDMA_TCP_CONGESTION=no_such_cc"),
+        "{e}"
+    );
+}

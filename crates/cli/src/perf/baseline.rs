@@ -173,6 +173,8 @@ pub(crate) fn accept_within(l: &TcpListener, within: Duration) -> io::Result<Tcp
 
 fn prepare_tcp(s: &TcpStream, wait: WaitMode) -> io::Result<()> {
     s.set_nodelay(true)?;
+    // The run's congestion control, as the RC QPs get it (tcp_cc).
+    super::tcp_cc::apply(s)?;
     match wait {
         WaitMode::Poll => s.set_nonblocking(true),
         WaitMode::Event => {

@@ -614,7 +614,9 @@ fn report(
         "# softrdma perf loss\n\nGoodput in Gbit/s (octets delivered intact to the application \
          per second) between two network namespaces over veth (MTU 1500, GSO off), nftables \
          random drop in both directions. UD senders paced at the offered rate; RD and RC \
-         unpaced (reliable). `kept` = share of the same transport's lossless goodput.\n"
+         unpaced (reliable). `kept` = share of the same transport's lossless goodput. \
+         RC's connections (and raw TCP's): {}.\n",
+        super::tcp_cc::describe()
     );
     for &(size, rate) in rates {
         let _ = writeln!(

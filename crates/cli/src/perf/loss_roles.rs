@@ -376,6 +376,8 @@ fn recv(kv: &Kv) -> Result<(), String> {
             let port = listener.local_addr().map_err(|e| e.to_string())?.port();
             say(&format!("ready port={port} qpn=0 stag=0 base=0"));
             let (mut sock, _) = listener.accept().map_err(|e| e.to_string())?;
+            crate::perf::tcp_cc::apply(&sock)
+                .map_err(|e| format!("TCP congestion control: {e}"))?;
             sock.set_read_timeout(Some(Duration::from_millis(20)))
                 .map_err(|e| e.to_string())?;
             let mut buf = vec![0u8; 1 << 20];
@@ -623,6 +625,8 @@ fn send(kv: &Kv) -> Result<(), String> {
         }
         Kind::RawTcp => {
             let mut sock = TcpStream::connect((to, port)).map_err(|e| e.to_string())?;
+            crate::perf::tcp_cc::apply(&sock)
+                .map_err(|e| format!("TCP congestion control: {e}"))?;
             let data: Vec<u8> = (0..c.size).map(pattern).collect();
             let start = Instant::now();
             let give_up = Duration::from_secs_f64(c.warm + c.dur + 120.0);

@@ -27,6 +27,7 @@ pub(crate) mod report;
 pub mod scale;
 pub(crate) mod spawn;
 pub(crate) mod suite;
+pub(crate) mod tcp_cc;
 
 use std::io::Write;
 use std::net::TcpListener;
@@ -43,7 +44,7 @@ use report::PerfResult;
 const USAGE: &str = "usage: softrdma perf suite|loss|scale|baseline B|TEST [OPTIONS]
 
   softrdma perf suite [--quick] [--out DIR] [--json] [--peers] [--wait poll|event]
-                      [--budget S]
+                      [--budget S] [--tcp-cc NAME|system]
       the loopback matrix (test x transport x size) with raw-socket ratios,
       report.md and PNG plots in DIR (default perf-report/)
   softrdma perf TEST [OPTIONS]        one test, every size with its baseline
@@ -87,7 +88,11 @@ options:
   --versus TRANSPORT       the same test over TRANSPORT as the reference
                            instead of raw sockets, alternated the same way
                            (a head-to-head ratio, e.g. UD vs RC latency)
-  --peers                  also run fi_pingpong / ucx_perftest if installed";
+  --peers                  also run fi_pingpong / ucx_perftest if installed
+  --tcp-cc NAME|system     TCP congestion control of every connection of the
+                           run, raw and RC (default cubic if the kernel allows
+                           it: loopback streams under bbr are bimodal; system
+                           keeps the host's default; every sub-command)";
 
 /// Default control port (perftest's).
 pub(crate) const DEFAULT_PORT: u16 = 18515;
@@ -100,6 +105,16 @@ pub(crate) fn usage_error(what: &str) -> ExitCode {
 
 /// Entry point of `softrdma perf ARGS`.
 pub fn main(args: &[String]) -> ExitCode {
+    // Every sub-command's TCP connections, and its children's, run one
+    // congestion control algorithm (`tcp_cc` module docs).
+    let (args, cc) = match tcp_cc::take_option(args) {
+        Ok(x) => x,
+        Err(e) => return usage_error(&e),
+    };
+    if let Err(e) = tcp_cc::settle(cc.as_deref()) {
+        return usage_error(&e);
+    }
+    let args = &args[..];
     match args.first().map(String::as_str) {
         Some("loss") => loss::main(&args[1..]),
         Some("scale") => scale::main(&args[1..]),
@@ -466,6 +481,9 @@ fn test_main(test: &str, args: &[String]) -> ExitCode {
             None,
         );
         eprintln!("{found}");
+        if let Some(n) = tcp_cc::peers_note() {
+            eprintln!("note: {n}");
+        }
         for r in &prs {
             if o.json {
                 println!("{}", r.to_json());
@@ -474,14 +492,26 @@ fn test_main(test: &str, args: &[String]) -> ExitCode {
         rows.extend(prs);
     }
     if !o.json {
+        // The congestion control matters to runs with TCP in them.
+        let tcp = [Some(o.transport), o.versus]
+            .iter()
+            .flatten()
+            .any(|t| transport_by_name(t).is_some_and(|tr| tr.stream) || *t == "tcp")
+            || o.test.op == Op::Tcp
+            || (o.baseline && cell::reference_of(o.test).is_some_and(|b| b.op == Op::Tcp));
         println!(
-            "softrdma perf {}: wait mode {} on both ends, {}",
+            "softrdma perf {}: wait mode {} on both ends, {}{}",
             o.test.name,
             o.wait.name(),
             if o.connect.is_some() {
                 "two hosts/processes (--connect)"
             } else {
                 "loopback, two processes"
+            },
+            if tcp {
+                format!(", {}", tcp_cc::describe())
+            } else {
+                String::new()
             }
         );
         print!("{}", report::format_table(&rows));

@@ -470,6 +470,9 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             (o.wait == WaitMode::Poll).then_some(&mut yardstick as peers::Yardstick<'_>),
         );
         peers_found = found;
+        if let Some(n) = super::tcp_cc::peers_note() {
+            peers_found.push_str(&format!("\nnote: {n}"));
+        }
         eprintln!("{peers_found}");
         if o.json {
             for r in &pr {
@@ -488,8 +491,9 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     if !o.json {
         println!(
             "softrdma perf suite: loopback, two processes per cell, wait mode {} on both ends, \
-             {:.1} s, load average at start {load_start}, CPU steal during the run {}",
+             {}, {:.1} s, load average at start {load_start}, CPU steal during the run {}",
             o.wait.name(),
+            super::tcp_cc::describe(),
             wall,
             steal_text(steal)
         );
@@ -1187,6 +1191,17 @@ fn report_md(
         s,
         "| wait mode | {} on both ends, softrdma and baselines alike |",
         o.wait.name()
+    );
+    let _ = writeln!(
+        s,
+        "| TCP congestion control | {} on every connection of the run, raw sockets and RC alike{} |",
+        super::tcp_cc::current_name(),
+        match super::tcp_cc::system_default() {
+            Some(d) if d != super::tcp_cc::current_name() => format!(
+                " (the system default is {d}; the peers, which open their own sockets, run it)"
+            ),
+            _ => " (the system default)".to_string(),
+        }
     );
     let _ = writeln!(s, "| wall time | {wall:.1} s |");
     let _ = writeln!(

@@ -1,0 +1,175 @@
+//! The TCP congestion control algorithm of a `softrdma perf` run.
+//!
+//! Every TCP connection of a run — the raw-socket baselines' and the RC
+//! QPs' (through `SOFTRDMA_TCP_CONGESTION`, which the engine applies when a
+//! QP takes its connection) — runs one algorithm, so a ratio compares
+//! protocol work under the same congestion control. Which one:
+//!
+//! 1. `--tcp-cc NAME|system` on the command line;
+//! 2. else what the parent process settled (`SOFTRDMA_PERF_TCP_CC`, set
+//!    for the children it starts: servers, the suite's groups, the loss
+//!    and scale roles);
+//! 3. else `SOFTRDMA_TCP_CONGESTION` if the user set it;
+//! 4. else `cubic` when the kernel allows it to this process, otherwise
+//!    the system's default (`system`).
+//!
+//! Why not simply the system's default: on hosts whose default is `bbr`,
+//! loopback TCP streams are bimodal. Measured on this project's 2-core VM,
+//! eight raw `tcp_bw` runs of 4 066 messages of 64 KiB each: under cubic
+//! 44.7-47.2 Gbit/s every time; under bbr 17.9-21.3 in three of six and
+//! 43.2-45.2 in the others (pinning the two processes to separate CPUs
+//! did not change it); 1 MiB streams 69-72 under cubic against 34-39.
+//! Each side of a ratio lands in either mode, so under bbr a bandwidth
+//! ratio reads anywhere from 0.4 to 2.5. Latency is the same under both.
+//! `--tcp-cc system` keeps the host's default.
+//!
+//! The peers (`fi_pingpong`, `ucx_perftest`) open their own sockets and
+//! run the system's default whatever this says; [`peers_note`] says so
+//! when that differs.
+
+use std::io;
+use std::net::TcpStream;
+
+/// The engine's variable: the algorithm of every RC QP's connection.
+const ENGINE_VAR: &str = "SOFTRDMA_TCP_CONGESTION";
+
+/// The settled choice, handed to child processes: a name or `system`.
+const SETTLED_VAR: &str = "SOFTRDMA_PERF_TCP_CC";
+
+/// The algorithm chosen when nothing says otherwise and the kernel allows it.
+pub(crate) const DEFAULT: &str = "cubic";
+
+/// Reads `/proc/sys/net/ipv4/NAME`, trimmed (empty if unreadable).
+fn sysctl(name: &str) -> String {
+    std::fs::read_to_string(format!("/proc/sys/net/ipv4/{name}"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The system's default algorithm (`net.ipv4.tcp_congestion_control`), if
+/// readable.
+pub(crate) fn system_default() -> Option<String> {
+    Some(sysctl("tcp_congestion_control")).filter(|s| !s.is_empty())
+}
+
+/// Removes `--tcp-cc VALUE` (anywhere in `args`) and returns the rest and
+/// the value; `Err` if the option has no value or comes twice.
+pub(crate) fn take_option(args: &[String]) -> Result<(Vec<String>, Option<String>), String> {
+    let mut rest = Vec::with_capacity(args.len());
+    let mut value = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--tcp-cc" {
+            let v = it
+                .next()
+                .ok_or("--tcp-cc needs a value (an algorithm, or system)")?;
+            if value.replace(v.clone()).is_some() {
+                return Err("--tcp-cc given twice".into());
+            }
+        } else {
+            rest.push(a.clone());
+        }
+    }
+    Ok((rest, value))
+}
+
+/// Settles the run's algorithm (module docs) and puts it in this process's
+/// environment, for the engine's contexts and the children this process
+/// starts. Call before any thread exists. `Err`: the kernel refuses the
+/// algorithm asked for.
+pub(crate) fn settle(asked: Option<&str>) -> Result<(), String> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    // The choice and what asked for it (for an error message).
+    let (choice, source) = if let Some(a) = asked {
+        (a.to_string(), "--tcp-cc")
+    } else if let Some(c) = env(SETTLED_VAR) {
+        (c, SETTLED_VAR)
+    } else if let Some(c) = env(ENGINE_VAR) {
+        (c, ENGINE_VAR)
+    } else if softrdma_engine::check_tcp_congestion(DEFAULT).is_ok() {
+        (DEFAULT.to_string(), "the default")
+    } else {
+        ("system".to_string(), "the default")
+    };
+    if choice == "system" {
+        std::env::remove_var(ENGINE_VAR);
+    } else {
+        softrdma_engine::check_tcp_congestion(&choice).map_err(|e| {
+            // The engine's message names its variable; say what asked.
+            let e = e.to_string();
+            let why = e.split_once(": ").map_or(e.as_str(), |(_, why)| why);
+            format!("{source} {choice}: {why}")
+        })?;
+        std::env::set_var(ENGINE_VAR, &choice);
+    }
+    std::env::set_var(SETTLED_VAR, &choice);
+    Ok(())
+}
+
+/// The algorithm this run's connections use: the one settled, else the
+/// system's default (`unknown` if unreadable).
+pub(crate) fn current_name() -> String {
+    std::env::var(ENGINE_VAR)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .or_else(system_default)
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Gives a baseline's TCP connection the run's algorithm (nothing to do
+/// when the run keeps the system's default).
+pub(crate) fn apply(sock: &TcpStream) -> io::Result<()> {
+    match std::env::var(ENGINE_VAR) {
+        Ok(cc) if !cc.is_empty() => softrdma_engine::set_tcp_congestion(sock, &cc),
+        _ => Ok(()),
+    }
+}
+
+/// For a header line: `TCP congestion control cubic (system default
+/// bbr)`, or `… bbr (the system default)`.
+pub(crate) fn describe() -> String {
+    let cc = current_name();
+    match system_default() {
+        Some(sys) if sys != cc => format!("TCP congestion control {cc} (system default {sys})"),
+        _ => format!("TCP congestion control {cc} (the system default)"),
+    }
+}
+
+/// A note for peer results when the peers run another algorithm than the
+/// run's own connections (they keep the system's default); `None` when
+/// they are the same.
+pub(crate) fn peers_note() -> Option<String> {
+    let sys = system_default()?;
+    let cc = std::env::var(ENGINE_VAR).ok().filter(|v| !v.is_empty())?;
+    (cc != sys).then(|| {
+        format!(
+            "the peers ran the system's TCP congestion control ({sys}), softrdma and raw \
+             sockets {cc}; --tcp-cc system runs everything under {sys}"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_option_is_taken_out_wherever_it_is() {
+        let (rest, cc) = take_option(&v(&["suite", "--tcp-cc", "reno", "--quick"])).unwrap();
+        assert_eq!(rest, v(&["suite", "--quick"]));
+        assert_eq!(cc.as_deref(), Some("reno"));
+        let (rest, cc) = take_option(&v(&["write_bw", "--size", "1Mi"])).unwrap();
+        assert_eq!(rest, v(&["write_bw", "--size", "1Mi"]));
+        assert_eq!(cc, None);
+        assert!(take_option(&v(&["suite", "--tcp-cc"]))
+            .unwrap_err()
+            .contains("needs a value"));
+        assert!(take_option(&v(&["--tcp-cc", "a", "--tcp-cc", "b"]))
+            .unwrap_err()
+            .contains("twice"));
+    }
+}
