@@ -1136,4 +1136,34 @@ fn tcp_congestion_control_is_named_and_checked() {
     }
     let err = text(&run(&[&tcp_bw[..], &["--tcp-cc", "no_such_cc"]].concat(), None).stderr);
     assert!(err.contains("allowed to this process"), "{err}");
+
+    // JSON rows over TCP carry it; a datagram row has none.
+    let out = run(
+        &[
+            "perf", "write_bw", "--size", "4Ki", "--iters", "50", "--json", "--tcp-cc", "reno",
+        ],
+        None,
+    );
+    let rows: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
+    assert_eq!(rows.len(), 2, "tcp_bw and write_bw: {}", text(&out.stdout));
+    for r in &rows {
+        assert_eq!(s(r, "tcp_cc"), Some("reno"), "{r:?}");
+    }
+    let out = run(
+        &[
+            "perf",
+            "send_lat",
+            "--transport",
+            "ud",
+            "--iters",
+            "50",
+            "--json",
+        ],
+        None,
+    );
+    let rows: Vec<_> = text(&out.stdout).lines().filter_map(parse_obj).collect();
+    assert!(!rows.is_empty());
+    for r in &rows {
+        assert_eq!(r.get("tcp_cc"), Some(&J::Null), "{r:?}");
+    }
 }

@@ -165,6 +165,20 @@ impl PerfResult {
             "crc",
             self.crc.map(|b| b.to_string()).unwrap_or("null".into()),
         );
+        // The TCP congestion control of a row over TCP: the run's for
+        // softrdma and raw sockets, the system's for a peer (tcp_cc).
+        let tcp_cc = if self.test.starts_with("fi_") || self.test.starts_with("ucx_") {
+            self.transport
+                .contains("tcp")
+                .then(super::tcp_cc::system_default)
+                .flatten()
+        } else {
+            matches!(self.transport.as_str(), "rc" | "dc" | "tcp").then(super::tcp_cc::current_name)
+        };
+        field(
+            "tcp_cc",
+            tcp_cc.as_deref().map(json_str).unwrap_or("null".into()),
+        );
         field("verified", self.verified.to_string());
         field("lost", self.lost.to_string());
         field("note", json_str(&self.note));

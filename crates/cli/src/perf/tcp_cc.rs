@@ -131,7 +131,9 @@ pub(crate) fn describe() -> String {
     let cc = current_name();
     match system_default() {
         Some(sys) if sys != cc => format!("TCP congestion control {cc} (system default {sys})"),
-        _ => format!("TCP congestion control {cc} (the system default)"),
+        Some(_) => format!("TCP congestion control {cc} (the system default)"),
+        None if cc == "unknown" => "TCP congestion control: the system's (unreadable)".into(),
+        None => format!("TCP congestion control {cc} (system default unreadable)"),
     }
 }
 
