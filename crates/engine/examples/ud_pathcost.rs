@@ -5,13 +5,18 @@
 //! `valgrind --tool=callgrind` (the rc_pathcost of datagrams).
 //!
 //! ```sh
-//! cargo run --release -p softrdma-engine --example ud_pathcost -- [ITERS] [MSG] [udp,ud,wr,empty]
+//! cargo run --release -p softrdma-engine --example ud_pathcost -- [ITERS] [MSG] [udp,ud,wr,empty,lat]
 //! ```
 //!
 //! Prints ns per one-way message of raw UDP (`send_to` + `recv_from` on
 //! non-blocking sockets) and of UD Send (post_send, poll the peer's CQ
 //! until the receive completes, repost), the ratio, and the polls that
-//! found nothing; then (`wr`) 64 KiB Write-Records one at a time, each
+//! found nothing; `lat` (not run by default) the same in a ping-pong's
+//! shape — each receiver polls once in vain before its message comes, as
+//! a busy-polling ping-pong does between messages, so the batch sizer
+//! offers one buffer and a poll is a `recvfrom` (the plain loop finds a
+//! datagram at every poll and keeps full `recvmmsg` batches), raw UDP
+//! reading once in vain likewise; then (`wr`) 64 KiB Write-Records one at a time, each
 //! awaited at the target, in ns per message; `empty` (not run by
 //! default) times one busy poll that finds nothing, raw `recv_from`
 //! against the UD CQ's `poll` (its receive path first brought to the shape
@@ -163,6 +168,47 @@ fn main() {
         "UD Send {msg} B        {ud:8.1} ns/msg  {:5.2}x  (empty polls {polls_empty})",
         ud / udp
     );
+
+    // In a ping-pong's shape: the receiver polls once and finds nothing
+    // before each message arrives (so the batch sizer stays at one buffer
+    // and a poll is a `recvfrom`), raw UDP likewise reads once in vain.
+    if run("lat") {
+        let mut spare = [NONE; 16];
+        let mut scratch = vec![0u8; 2048];
+        let mut raw_empty = 0u64;
+        let t = Instant::now();
+        for _ in 0..iters {
+            assert!(b.recv_from(&mut scratch).is_err());
+            one(&a, &b, ba, &mut raw_empty);
+            assert!(a.recv_from(&mut scratch).is_err());
+            one(&b, &a, aa, &mut raw_empty);
+        }
+        let raw = t.elapsed().as_nanos() as f64 / (2 * iters) as f64;
+        let mut lat_empty = 0u64;
+        let t = Instant::now();
+        // Polls until one finds nothing (a poll that hands over a Send
+        // completion returns before it reads the socket), never a receive.
+        let vain = |e: usize, spare: &mut [Completion]| loop {
+            let n = ends[e].1.poll(spare);
+            assert!(spare[..n].iter().all(|c| c.wc.opcode != WcOpcode::Recv));
+            if n == 0 {
+                break;
+            }
+        };
+        for i in 0..iters {
+            vain(1, &mut spare);
+            send(0, 1, i % 16 == 0, &mut lat_empty);
+            vain(0, &mut spare);
+            send(1, 0, i % 16 == 0, &mut lat_empty);
+        }
+        let lat = t.elapsed().as_nanos() as f64 / (2 * iters) as f64;
+        println!(
+            "ping-pong shape: raw UDP {raw:8.1} ns/msg, UD Send {lat:8.1} ns/msg  {:5.2}x  \
+             (+{:.0} ns; empty polls {lat_empty})",
+            lat / raw,
+            lat - raw
+        );
+    }
 
     // Empty polls: what one busy-poll round costs when nothing has come
     // (half of it, on average, is added to every message's latency).
