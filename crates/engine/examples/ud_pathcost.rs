@@ -204,7 +204,7 @@ fn main() {
         let lat = t.elapsed().as_nanos() as f64 / (2 * iters) as f64;
         println!(
             "ping-pong shape: raw UDP {raw:8.1} ns/msg, UD Send {lat:8.1} ns/msg  {:5.2}x  \
-             (+{:.0} ns; empty polls {lat_empty})",
+             (+{:.0} ns; extra empty reads {raw_empty}, polls {lat_empty})",
             lat / raw,
             lat - raw
         );

@@ -305,15 +305,21 @@ pub(crate) fn connect_then(
 /// The longest pause between two connects to a peer that refuses.
 const REFUSED_PAUSE_MAX: Duration = Duration::from_millis(50);
 
-/// `TcpStream::connect_timeout`, tried again while the peer refuses the
-/// connection, for up to `retry` (`Config::connect_retry`): pauses of 1 ms
-/// doubling to [`REFUSED_PAUSE_MAX`]. Any other outcome is returned at
-/// once, and the last refusal when `retry` is spent.
-fn connect_tcp(addr: &SocketAddr, timeout: Duration, retry: Duration) -> io::Result<TcpStream> {
+/// `TcpStream::connect_timeout` (with congestion control `cc` set before
+/// the SYN), tried again while the peer refuses the connection, for up to
+/// `retry` (`Config::connect_retry`): pauses of 1 ms doubling to
+/// [`REFUSED_PAUSE_MAX`]. Any other outcome is returned at once, and the
+/// last refusal when `retry` is spent.
+fn connect_tcp(
+    addr: &SocketAddr,
+    timeout: Duration,
+    retry: Duration,
+    cc: Option<&str>,
+) -> io::Result<TcpStream> {
     let give_up = Instant::now() + retry;
     let mut pause = Duration::from_millis(1);
     loop {
-        match TcpStream::connect_timeout(addr, timeout) {
+        match crate::sys::connect_timeout(addr, timeout, cc) {
             Err(e)
                 if e.kind() == io::ErrorKind::ConnectionRefused
                     && Instant::now() + pause <= give_up =>
@@ -341,7 +347,12 @@ fn connect_inner<F: FnOnce()>(
         .to_socket_addrs()?
         .next()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address"))?;
-    let sock = connect_tcp(&addr, timeout, ctx.config().connect_retry);
+    let sock = connect_tcp(
+        &addr,
+        timeout,
+        ctx.config().connect_retry,
+        ctx.config().tcp_congestion.as_deref(),
+    );
     if let Some(f) = tcp_done.take() {
         f()
     }
@@ -372,7 +383,11 @@ fn connect_inner<F: FnOnce()>(
         }
         Some(Outcome::Rejected { private_data }) => Err(CmError::Rejected(private_data)),
         Some(Outcome::Failed(e)) => Err(CmError::Mpa(e)),
-        None => Err(CmError::Mpa(MpaError::Timeout)),
+        // A whole Reply frame that settles nothing is the peer's protocol
+        // error (not a timeout: that would read as an unreachable peer).
+        None => Err(CmError::Mpa(MpaError::InvalidFrame(
+            "the MPA Reply did not complete the negotiation",
+        ))),
     }
 }
 
@@ -384,10 +399,16 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Listens on `addr` (port 0 picks one).
+    /// Listens on `addr` (port 0 picks one). With
+    /// `SOFTRDMA_TCP_CONGESTION` the listening socket gets that algorithm,
+    /// which every connection it accepts inherits from its first packet.
     pub fn bind(ctx: &Context, addr: impl ToSocketAddrs) -> io::Result<Listener> {
+        let tcp = TcpListener::bind(addr)?;
+        if let Some(cc) = &ctx.config().tcp_congestion {
+            crate::sys::set_tcp_congestion(tcp.as_raw_fd(), cc)?;
+        }
         Ok(Listener {
-            tcp: TcpListener::bind(addr)?,
+            tcp,
             ctx: ctx.clone(),
         })
     }

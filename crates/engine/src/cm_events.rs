@@ -86,9 +86,10 @@
 //! server, waiting for a client that had died). After TCP connected: the
 //! peer answered the MPA Request with a reject → [`CmEvent::Rejected`],
 //! status `-ECONNREFUSED`, with its private data; the peer closed or reset
-//! the connection before its MPA Reply → [`CmEvent::Rejected`], status
-//! `-ECONNRESET`, no private data (siw reports a close while it awaits the
-//! Reply so); no MPA Reply within `Config::mpa_timeout` →
+//! the connection before its MPA Reply (or had closed it when the Request
+//! was written: EPIPE) → [`CmEvent::Rejected`], status `-ECONNRESET`, no
+//! private data (siw reports a close while it awaits the Reply so); no MPA
+//! Reply within `Config::mpa_timeout` →
 //! [`CmEvent::Unreachable`], status `-ETIMEDOUT` (siw's MPA timer);
 //! anything else (an MPA protocol error, a local socket error) →
 //! [`CmEvent::ConnectError`]. Every `status` is a negative errno, as in
@@ -403,7 +404,8 @@ impl CmEvent {
     }
 
     /// `rdma_cm_event.status`: 0, or a negative errno (`-ECONNREFUSED` for
-    /// a reject, as iWARP reports it).
+    /// a reject or a refused connection, `-ECONNRESET` for a peer that
+    /// closed before its MPA Reply, as iWARP reports them).
     pub fn status(&self) -> i32 {
         match self {
             CmEvent::Rejected { status, .. }
@@ -983,7 +985,9 @@ fn failure_event(id: CmId, e: CmError) -> CmEvent {
         },
         // As the kernel's `cma_iw_handler`: a refused connection, and one
         // the peer closed or reset before its MPA Reply, are rejections
-        // (status -ECONNREFUSED, -ECONNRESET), not unreachable peers.
+        // (status -ECONNREFUSED, -ECONNRESET), not unreachable peers. A
+        // write that found the connection already closed (EPIPE) is the
+        // same event seen from the sending side.
         CmError::Io(_) if matches!(-status, libc::ECONNREFUSED | libc::ECONNRESET) => {
             CmEvent::Rejected {
                 id,
@@ -991,6 +995,11 @@ fn failure_event(id: CmId, e: CmError) -> CmEvent {
                 private_data: Vec::new(),
             }
         }
+        CmError::Io(_) if -status == libc::EPIPE => CmEvent::Rejected {
+            id,
+            status: -libc::ECONNRESET,
+            private_data: Vec::new(),
+        },
         // No MPA Reply in time: siw's MPA timer reports -ETIMEDOUT, which
         // the kernel makes UNREACHABLE.
         CmError::Mpa(MpaError::Timeout) => CmEvent::Unreachable {

@@ -66,8 +66,10 @@ pub struct Config {
     /// `SOFTRDMA_TCP_CONGESTION=NAME` (default: unset, the system's
     /// `net.ipv4.tcp_congestion_control`): the TCP congestion control
     /// algorithm of every connection an RC QP runs on (`TCP_CONGESTION`,
-    /// set when the QP takes the connection, on both ends of a softrdma
-    /// pair). The name must be one the kernel allows this process
+    /// set on a connecting socket before its SYN and on listening sockets,
+    /// whose connections inherit it: a connection established under the
+    /// system's default has run that algorithm's initialisation, and bbr's
+    /// leaves the kernel's pacing on after a switch). The name must be one the kernel allows this process
     /// (`net.ipv4.tcp_allowed_congestion_control`, or any loaded one with
     /// `CAP_NET_ADMIN`): a context is not created otherwise.
     pub tcp_congestion: Option<String>,

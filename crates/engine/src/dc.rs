@@ -83,7 +83,7 @@ use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
@@ -1959,7 +1959,7 @@ impl Opening {
             out.extend_from_slice(b);
             ini.transmitted(n);
         }
-        let sock = nb_connect(addr)?;
+        let sock = crate::sys::nb_connect(addr, svc.shared.config.tcp_congestion.as_deref())?;
         sock.set_nodelay(true)?;
         let source = Arc::new(OpenSource {
             svc: svc.this.clone(),
@@ -2091,75 +2091,6 @@ impl Drop for Opening {
     fn drop(&mut self) {
         self.unwatch();
     }
-}
-
-/// A TCP socket connecting to `addr` without blocking (`EINPROGRESS`).
-fn nb_connect(addr: SocketAddr) -> io::Result<TcpStream> {
-    let domain = if addr.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    // SAFETY: socket(2) with constant arguments; the result is checked.
-    let fd = unsafe {
-        libc::socket(
-            domain,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // The stream closes the descriptor.
-    // SAFETY: `fd` is a fresh descriptor nothing else owns.
-    let sock = unsafe { TcpStream::from_raw_fd(fd) };
-    // SAFETY: all-zero octets are a valid sockaddr_storage.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: `ss` is our local sockaddr_storage, larger and aligned for sockaddr_in.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: as above, for sockaddr_in6.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
-    // SAFETY: `ss` holds a sockaddr of `len` octets of `fd`'s family.
-    let r = unsafe {
-        libc::connect(
-            fd,
-            (&ss as *const libc::sockaddr_storage).cast(),
-            len as libc::socklen_t,
-        )
-    };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINPROGRESS) {
-            return Err(e);
-        }
-    }
-    Ok(sock)
 }
 
 /// Connector threads kept at most (more connections being opened at once

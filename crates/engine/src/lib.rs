@@ -223,9 +223,21 @@ pub fn tcp_has_room(sock: &std::net::TcpStream) -> bool {
 /// (`softrdma perf`) sets its own connections the same way so both sides
 /// of a ratio run one algorithm. `ENOENT`: the kernel has no such
 /// algorithm; `EPERM`: this process may not choose it.
-pub fn set_tcp_congestion(sock: &std::net::TcpStream, name: &str) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
+pub fn set_tcp_congestion<S: std::os::fd::AsRawFd>(sock: &S, name: &str) -> io::Result<()> {
     sys::set_tcp_congestion(sock.as_raw_fd(), name)
+}
+
+/// `TcpStream::connect_timeout` with congestion control `cc` set on the
+/// socket before its SYN, as the engine's connects do. Set afterwards, a
+/// host default of bbr has already been initialised on the connection and
+/// leaves the kernel's pacing on; a listener given `cc`
+/// ([`set_tcp_congestion`]) hands it to what it accepts from the start.
+pub fn tcp_connect(
+    addr: &std::net::SocketAddr,
+    timeout: std::time::Duration,
+    cc: Option<&str>,
+) -> io::Result<std::net::TcpStream> {
+    sys::connect_timeout(addr, timeout, cc)
 }
 
 /// The TCP congestion control algorithm `sock` runs.

@@ -471,7 +471,10 @@ impl Qp {
     /// `hold_until`: transmit nothing before then. Receives posted so far
     /// move to the connection. The socket is made non-blocking, gets
     /// `TCP_NODELAY` and, if the context's configuration names one
-    /// (`SOFTRDMA_TCP_CONGESTION`), its congestion control algorithm.
+    /// (`SOFTRDMA_TCP_CONGESTION`), its congestion control algorithm —
+    /// nothing to do for the engine's own connections, which have it from
+    /// before their SYN (`cm::Listener::bind`, the connects), but a socket
+    /// made elsewhere gets it here.
     pub fn attach(
         &self,
         sock: TcpStream,

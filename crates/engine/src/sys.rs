@@ -1,9 +1,12 @@
 //! Thin safe wrappers over the few Linux calls std does not offer: eventfd,
-//! epoll, and TCP writes that never raise SIGPIPE ([`NoSigPipe`]). Every
-//! `unsafe` block here is a single FFI call on a file descriptor this
-//! module owns or borrows for the call.
+//! epoll, TCP writes that never raise SIGPIPE ([`NoSigPipe`]), and TCP
+//! connects with the congestion control chosen before the SYN
+//! ([`nb_connect`], [`connect_timeout`]). Every `unsafe` block here is a
+//! single FFI call on a file descriptor this module owns or borrows for
+//! the call (or fills a socket address for one).
 
 use std::io;
+use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// The writing side of a TCP stream that never raises SIGPIPE: `sendmsg`
@@ -184,6 +187,128 @@ pub(crate) fn probe_tcp_congestion(name: &str) -> io::Result<()> {
             ),
         )
     })
+}
+
+/// A TCP socket connecting to `addr` without blocking (`EINPROGRESS`),
+/// with congestion control `cc` set before its SYN (so the system's
+/// default is never initialised on it: bbr, once initialised, leaves the
+/// kernel's pacing on after a switch).
+pub(crate) fn nb_connect(addr: SocketAddr, cc: Option<&str>) -> io::Result<TcpStream> {
+    let domain = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: socket(2) with constant arguments; the result is checked.
+    let fd = unsafe {
+        libc::socket(
+            domain,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // The stream closes the descriptor.
+    // SAFETY: `fd` is a fresh descriptor nothing else owns.
+    let sock = unsafe { TcpStream::from_raw_fd(fd) };
+    if let Some(cc) = cc {
+        set_tcp_congestion(fd, cc)?;
+    }
+    // SAFETY: all-zero octets are a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: `ss` is our local sockaddr_storage, larger and aligned for sockaddr_in.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: as above, for sockaddr_in6.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    // SAFETY: `ss` holds a sockaddr of `len` octets of `fd`'s family.
+    let r = unsafe {
+        libc::connect(
+            fd,
+            (&ss as *const libc::sockaddr_storage).cast(),
+            len as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(e);
+        }
+    }
+    Ok(sock)
+}
+
+/// `TcpStream::connect_timeout` with congestion control `cc` set before
+/// the SYN ([`nb_connect`]); the stream is blocking, as std's is.
+pub(crate) fn connect_timeout(
+    addr: &SocketAddr,
+    timeout: std::time::Duration,
+    cc: Option<&str>,
+) -> io::Result<TcpStream> {
+    let Some(cc) = cc else {
+        return TcpStream::connect_timeout(addr, timeout);
+    };
+    let sock = nb_connect(*addr, Some(cc))?;
+    let end = std::time::Instant::now() + timeout;
+    loop {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "connection timed out",
+            ));
+        }
+        let mut p = libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: one live pollfd for the call.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if interrupted(&e) {
+                continue;
+            }
+            return Err(e);
+        }
+        if r == 0 {
+            continue;
+        }
+        // Connected, or failed: SO_ERROR says which.
+        if let Some(e) = sock.take_error()? {
+            return Err(e);
+        }
+        sock.set_nonblocking(false)?;
+        return Ok(sock);
+    }
 }
 
 /// `poll` for `POLLOUT` on `fd` without waiting: false only if the

@@ -295,36 +295,54 @@ fn connect_to_closed_port_is_rejected() {
 /// A peer that takes the TCP connection and the MPA Request, then closes
 /// without a Reply: `REJECTED`, status -ECONNRESET, no private data (siw
 /// reports a close while it awaits the Reply as -ECONNRESET, which the
-/// kernel's `cma_iw_handler` makes a rejection).
+/// kernel's `cma_iw_handler` makes a rejection). Both ways a peer goes: with
+/// part of the Request unread (the kernel answers with a reset) and after
+/// reading all of it (an orderly close, end of stream).
 #[test]
 fn peer_closing_before_the_mpa_reply_is_rejected_with_reset() {
     use std::io::Read;
-    let ctx = Context::new().unwrap();
-    let ch = EventChannel::new().unwrap();
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    let server = thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
-        // The MPA Request header (20 octets) and no more: then close.
-        let mut hdr = [0u8; 20];
-        s.read_exact(&mut hdr).unwrap();
-        hdr
-    });
-    let (q, _cq) = qp(&ctx, 1);
-    let id = ch.connect(&ctx, &q, addr, &ConnParams::default()).unwrap();
-    let hdr = server.join().unwrap();
-    assert_eq!(
-        &hdr[..16],
-        b"MPA ID Req Frame",
-        "the request reached the peer"
-    );
-    let ev = next(&ch, "rejected");
-    assert_eq!(ev.id(), &id);
-    assert_eq!(ev.kind(), CmEventKind::Rejected, "{ev:?}");
-    assert_eq!(ev.status(), -libc::ECONNRESET, "{ev:?}");
-    assert!(ev.private_data().is_empty(), "{ev:?}");
-    assert_eq!(q.link_state(), QpLinkState::Unconnected);
-    assert_eq!(id.state(), CmIdState::Idle);
+    for read_all in [false, true] {
+        let ctx = Context::new().unwrap();
+        let ch = EventChannel::new().unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            // The MPA Request header (20 octets), then maybe the rest.
+            let mut hdr = [0u8; 20];
+            s.read_exact(&mut hdr).unwrap();
+            if read_all {
+                s.set_read_timeout(Some(Duration::from_millis(200)))
+                    .unwrap();
+                let mut rest = [0u8; 512];
+                while matches!(s.read(&mut rest), Ok(n) if n > 0) {}
+            }
+            hdr
+        });
+        let (q, _cq) = qp(&ctx, 1);
+        let id = ch.connect(&ctx, &q, addr, &ConnParams::default()).unwrap();
+        let hdr = server.join().unwrap();
+        assert_eq!(
+            &hdr[..16],
+            b"MPA ID Req Frame",
+            "the request reached the peer"
+        );
+        let ev = next(&ch, "rejected");
+        assert_eq!(ev.id(), &id);
+        assert_eq!(
+            ev.kind(),
+            CmEventKind::Rejected,
+            "read_all {read_all}: {ev:?}"
+        );
+        assert_eq!(
+            ev.status(),
+            -libc::ECONNRESET,
+            "read_all {read_all}: {ev:?}"
+        );
+        assert!(ev.private_data().is_empty(), "{ev:?}");
+        assert_eq!(q.link_state(), QpLinkState::Unconnected);
+        assert_eq!(id.state(), CmIdState::Idle);
+    }
 }
 
 /// A peer that takes the TCP connection and never answers the MPA Request:

@@ -173,8 +173,6 @@ pub(crate) fn accept_within(l: &TcpListener, within: Duration) -> io::Result<Tcp
 
 fn prepare_tcp(s: &TcpStream, wait: WaitMode) -> io::Result<()> {
     s.set_nodelay(true)?;
-    // The run's congestion control, as the RC QPs get it (tcp_cc).
-    super::tcp_cc::apply(s)?;
     match wait {
         WaitMode::Poll => s.set_nonblocking(true),
         WaitMode::Event => {
@@ -216,6 +214,8 @@ pub(crate) fn serve(spec: &Spec, ctrl: &mut Ctrl) -> io::Result<()> {
 
 fn serve_tcp(spec: &Spec, ctrl: &mut Ctrl, ip: IpAddr) -> io::Result<()> {
     let l = TcpListener::bind((ip, 0))?;
+    // The run's congestion control, as the RC QPs get it (tcp_cc).
+    super::tcp_cc::listen(&l, super::tcp_cc::chosen().as_deref())?;
     ctrl.send(&Msg::new("READY").with("port", l.local_addr()?.port()))?;
     let mut s = accept_within(&l, HANG)?;
     prepare_tcp(&s, spec.wait)?;
@@ -467,7 +467,7 @@ pub(crate) fn run(spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> {
 }
 
 fn tcp_lat(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> {
-    let mut s = TcpStream::connect_timeout(&to, HANG)?;
+    let mut s = super::tcp_cc::connect(&to, HANG, super::tcp_cc::chosen().as_deref())?;
     prepare_tcp(&s, spec.wait)?;
     let mut w = Watch::new(HANG);
     let closed = || io::Error::other("TCP peer closed");
@@ -517,18 +517,20 @@ fn timed_rounds(
         round(s)?;
         h.record(a.elapsed().as_nanos() as u64 / 2);
     }
+    let tcp_cc = softrdma_engine::tcp_congestion(s).ok();
     s.shutdown(Shutdown::Write)?;
     ctrl.send(&Msg::new("END"))?;
     ctrl.expect("DONE")?;
     Ok(Measured {
         hist: Some(h),
         note: note.into(),
+        tcp_cc,
         ..Default::default()
     })
 }
 
 fn tcp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> {
-    let mut s = TcpStream::connect_timeout(&to, HANG)?;
+    let mut s = super::tcp_cc::connect(&to, HANG, super::tcp_cc::chosen().as_deref())?;
     prepare_tcp(&s, spec.wait)?;
     let mut w = Watch::new(HANG);
     let msg = vec![0xa5u8; spec.size];
@@ -577,6 +579,7 @@ fn tcp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
         octets,
         msgs: sent,
         secs,
+        tcp_cc: softrdma_engine::tcp_congestion(&s).ok(),
         note: match (&frames, crc) {
             (Some(f), _) => format!(
                 "RDMA Write FPDUs without CRC, {} per message, one readv per FPDU; timed to the receiver's ack",

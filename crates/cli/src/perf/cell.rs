@@ -507,6 +507,9 @@ pub(crate) struct Measured {
     pub note: String,
     /// MPA CRC in effect (RC).
     pub crc: Option<bool>,
+    /// The congestion control the measured TCP socket ran (raw TCP
+    /// baselines, read from the socket).
+    pub tcp_cc: Option<String>,
 }
 
 impl Measured {
@@ -525,6 +528,7 @@ impl Measured {
             self.note = o.note;
         }
         self.crc = self.crc.or(o.crc);
+        self.tcp_cc = self.tcp_cc.take().or(o.tcp_cc);
     }
 
     /// The cell's result.
@@ -541,6 +545,9 @@ impl Measured {
         r.lost = self.lost;
         r.note = self.note;
         r.crc = self.crc;
+        if self.tcp_cc.is_some() {
+            r.tcp_cc = self.tcp_cc;
+        }
         r
     }
 }

@@ -54,12 +54,16 @@ drop at each loss rate (percent, both directions). Needs root.
   --out DIR        write loss.md, loss.csv and PNG plots there (default perf-loss)
   --losses LIST    loss rates in percent, 0..100 in steps of 0.1
   --sizes LIST     message sizes in octets (k/m suffixes: 64k,1m; default 64k,1m)
-  --transports LIST  of ud_send, ud_write_record, rd_write, rc_write (default all)
+  --transports LIST  of ud_send, ud_write_record, rd_write, rc_write, raw_tcp
+                   (default all)
   --duration SECS  measuring window per point (the raw TCP baseline's is
                    longer, at most 5x, until it counted 8 messages: a TCP
                    retransmission stall can outlast a short window)
   --rate GBIT/S    offered rate of the UD senders (default: half the lossless
-                   Write-Record goodput, measured first)";
+                   Write-Record goodput, measured first)
+  --tcp-cc NAME|system  TCP congestion control of RC's and raw TCP's
+                   connections (default cubic if the kernel allows it;
+                   system keeps the host's default)";
 
 /// One transport of the table (table-driven: add a row to add one).
 struct Transport {

@@ -38,7 +38,7 @@
 //! it measures.
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 use softrdma_verbs::cm::{self, ConnParams};
@@ -373,11 +373,11 @@ fn recv(kv: &Kv) -> Result<(), String> {
         }
         Kind::RawTcp => {
             let listener = TcpListener::bind((c.ip, 0)).map_err(|e| e.to_string())?;
+            crate::perf::tcp_cc::listen(&listener, crate::perf::tcp_cc::chosen().as_deref())
+                .map_err(|e| format!("TCP congestion control: {e}"))?;
             let port = listener.local_addr().map_err(|e| e.to_string())?.port();
             say(&format!("ready port={port} qpn=0 stag=0 base=0"));
             let (mut sock, _) = listener.accept().map_err(|e| e.to_string())?;
-            crate::perf::tcp_cc::apply(&sock)
-                .map_err(|e| format!("TCP congestion control: {e}"))?;
             sock.set_read_timeout(Some(Duration::from_millis(20)))
                 .map_err(|e| e.to_string())?;
             let mut buf = vec![0u8; 1 << 20];
@@ -624,9 +624,12 @@ fn send(kv: &Kv) -> Result<(), String> {
             qp.disconnect();
         }
         Kind::RawTcp => {
-            let mut sock = TcpStream::connect((to, port)).map_err(|e| e.to_string())?;
-            crate::perf::tcp_cc::apply(&sock)
-                .map_err(|e| format!("TCP congestion control: {e}"))?;
+            let mut sock = crate::perf::tcp_cc::connect(
+                &SocketAddr::from((to, port)),
+                Duration::from_secs(10),
+                crate::perf::tcp_cc::chosen().as_deref(),
+            )
+            .map_err(|e| e.to_string())?;
             let data: Vec<u8> = (0..c.size).map(pattern).collect();
             let start = Instant::now();
             let give_up = Duration::from_secs_f64(c.warm + c.dur + 120.0);

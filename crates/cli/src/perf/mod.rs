@@ -105,6 +105,13 @@ pub(crate) fn usage_error(what: &str) -> ExitCode {
 
 /// Entry point of `softrdma perf ARGS`.
 pub fn main(args: &[String]) -> ExitCode {
+    if matches!(
+        args.first().map(String::as_str),
+        Some("-h") | Some("--help") | Some("help")
+    ) {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     // Every sub-command's TCP connections, and its children's, run one
     // congestion control algorithm (`tcp_cc` module docs).
     let (args, cc) = match tcp_cc::take_option(args) {
@@ -120,10 +127,6 @@ pub fn main(args: &[String]) -> ExitCode {
         Some("scale") => scale::main(&args[1..]),
         Some("suite") => suite::main(&args[1..]),
         Some("__server") => server_main(&args[1..]),
-        Some("-h") | Some("--help") | Some("help") => {
-            println!("{USAGE}");
-            ExitCode::SUCCESS
-        }
         None => usage_error("which test? (suite, baseline, send_lat, …)"),
         Some("baseline") => match args.get(1) {
             Some(b) if BASELINES.iter().any(|t| t.name == b) => {

@@ -45,6 +45,9 @@ pub(crate) struct PerfResult {
     pub wait: String,
     /// MPA CRC (RC only).
     pub crc: Option<bool>,
+    /// TCP congestion control of a row over TCP ([`PerfResult::new`]; a
+    /// raw TCP baseline's read from its socket); `None` for datagram rows.
+    pub tcp_cc: Option<String>,
     /// Every byte was checked (`--verify`).
     pub verified: bool,
     /// Messages lost (datagram transports and UDP) and retried or skipped.
@@ -57,12 +60,28 @@ pub(crate) struct PerfResult {
 
 impl PerfResult {
     /// A result for `test` over `transport` at `size` with nothing measured.
+    /// A result with nothing measured yet. A row over TCP starts with
+    /// the congestion control its connections were given: a peer's the
+    /// system's (it opens its own sockets), softrdma's and raw TCP's what
+    /// this end of the run set, else the system's (a raw TCP baseline
+    /// replaces it with what its socket reported).
     pub(crate) fn new(test: &str, transport: &str, size: u64, wait: &str) -> PerfResult {
+        let tcp_cc = if test.starts_with("fi_") || test.starts_with("ucx_") {
+            transport
+                .contains("tcp")
+                .then(super::tcp_cc::system_default)
+                .flatten()
+        } else if matches!(transport, "rc" | "dc" | "tcp") {
+            super::tcp_cc::chosen().or_else(super::tcp_cc::system_default)
+        } else {
+            None
+        };
         PerfResult {
             test: test.into(),
             transport: transport.into(),
             size,
             wait: wait.into(),
+            tcp_cc,
             ..Default::default()
         }
     }
@@ -165,19 +184,12 @@ impl PerfResult {
             "crc",
             self.crc.map(|b| b.to_string()).unwrap_or("null".into()),
         );
-        // The TCP congestion control of a row over TCP: the run's for
-        // softrdma and raw sockets, the system's for a peer (tcp_cc).
-        let tcp_cc = if self.test.starts_with("fi_") || self.test.starts_with("ucx_") {
-            self.transport
-                .contains("tcp")
-                .then(super::tcp_cc::system_default)
-                .flatten()
-        } else {
-            matches!(self.transport.as_str(), "rc" | "dc" | "tcp").then(super::tcp_cc::current_name)
-        };
         field(
             "tcp_cc",
-            tcp_cc.as_deref().map(json_str).unwrap_or("null".into()),
+            self.tcp_cc
+                .as_deref()
+                .map(json_str)
+                .unwrap_or("null".into()),
         );
         field("verified", self.verified.to_string());
         field("lost", self.lost.to_string());
@@ -220,6 +232,7 @@ impl PerfResult {
                 Some(Json::Bool(b)) => Some(*b),
                 _ => None,
             },
+            tcp_cc: s("tcp_cc"),
             verified: matches!(m.get("verified"), Some(Json::Bool(true))),
             lost: n("lost").unwrap_or(0.0) as u64,
             note: s("note").unwrap_or_default(),

@@ -58,7 +58,10 @@ Server memory (RSS, per idle peer) and setup time for N = 1, 10, 100,
   --json            print JSON lines instead of the table
   --transports LIST of rc, ud, rd, dc (default all)
   --idle-ms MS      RD idle expiry for the run (default 1000); the server is
-                    measured idle after 2 x MS + 500 ms";
+                    measured idle after 2 x MS + 500 ms
+  --tcp-cc NAME|system  TCP congestion control of RC's and DC's connections
+                    (default cubic if the kernel allows it; system keeps the
+                    host's default)";
 
 /// One transport of the experiment (table-driven: add a row to add one).
 struct Transport {

@@ -1194,13 +1194,12 @@ fn report_md(
     );
     let _ = writeln!(
         s,
-        "| TCP congestion control | {} on every connection of the run, raw sockets and RC alike{} |",
-        super::tcp_cc::current_name(),
-        match super::tcp_cc::system_default() {
-            Some(d) if d != super::tcp_cc::current_name() => format!(
-                " (the system default is {d}; the peers, which open their own sockets, run it)"
-            ),
-            _ => " (the system default)".to_string(),
+        "| TCP congestion control | {}, on every connection of the run, raw sockets and RC alike{} |",
+        super::tcp_cc::describe().trim_start_matches("TCP congestion control "),
+        if o.peers && super::tcp_cc::peers_note().is_some() {
+            "; the peers, which open their own sockets, run the system default"
+        } else {
+            ""
         }
     );
     let _ = writeln!(s, "| wall time | {wall:.1} s |");

@@ -1,9 +1,12 @@
 //! The TCP congestion control algorithm of a `softrdma perf` run.
 //!
 //! Every TCP connection of a run — the raw-socket baselines' and the RC
-//! QPs' (through `SOFTRDMA_TCP_CONGESTION`, which the engine applies when a
-//! QP takes its connection) — runs one algorithm, so a ratio compares
-//! protocol work under the same congestion control. Which one:
+//! QPs' (through `SOFTRDMA_TCP_CONGESTION`) — runs one algorithm, so a
+//! ratio compares protocol work under the same congestion control. Both
+//! set it before the connection exists ([`listen`], [`connect`], and the
+//! engine's listeners and connects alike): set on an established
+//! connection, a bbr default has already run its initialisation, which
+//! leaves the kernel's pacing on. Which one:
 //!
 //! 1. `--tcp-cc NAME|system` on the command line;
 //! 2. else what the parent process settled (`SOFTRDMA_PERF_TCP_CC`, set
@@ -28,7 +31,8 @@
 //! when that differs.
 
 use std::io;
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
 
 /// The engine's variable: the algorithm of every RC QP's connection.
 const ENGINE_VAR: &str = "SOFTRDMA_TCP_CONGESTION";
@@ -62,6 +66,7 @@ pub(crate) fn take_option(args: &[String]) -> Result<(Vec<String>, Option<String
         if a == "--tcp-cc" {
             let v = it
                 .next()
+                .filter(|v| !v.starts_with('-'))
                 .ok_or("--tcp-cc needs a value (an algorithm, or system)")?;
             if value.replace(v.clone()).is_some() {
                 return Err("--tcp-cc given twice".into());
@@ -116,13 +121,31 @@ pub(crate) fn current_name() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// Gives a baseline's TCP connection the run's algorithm (nothing to do
-/// when the run keeps the system's default).
-pub(crate) fn apply(sock: &TcpStream) -> io::Result<()> {
-    match std::env::var(ENGINE_VAR) {
-        Ok(cc) if !cc.is_empty() => softrdma_engine::set_tcp_congestion(sock, &cc),
-        _ => Ok(()),
+/// The algorithm this run sets on its sockets (`None`: it keeps the
+/// system's default).
+pub(crate) fn chosen() -> Option<String> {
+    std::env::var(ENGINE_VAR).ok().filter(|v| !v.is_empty())
+}
+
+/// Gives a baseline's listening socket algorithm `cc`, which every
+/// connection it accepts inherits from its first packet (as the engine's
+/// listeners do).
+pub(crate) fn listen(l: &TcpListener, cc: Option<&str>) -> io::Result<()> {
+    match cc {
+        Some(cc) => softrdma_engine::set_tcp_congestion(l, cc),
+        None => Ok(()),
     }
+}
+
+/// Connects a baseline's TCP socket with algorithm `cc` set before its SYN
+/// (as the engine's connects do: set afterwards, a bbr default would have
+/// been initialised on the connection and left the kernel's pacing on).
+pub(crate) fn connect(
+    to: &SocketAddr,
+    timeout: Duration,
+    cc: Option<&str>,
+) -> io::Result<TcpStream> {
+    softrdma_engine::tcp_connect(to, timeout, cc)
 }
 
 /// For a header line: `TCP congestion control cubic (system default
@@ -155,6 +178,45 @@ pub(crate) fn peers_note() -> Option<String> {
 mod tests {
     use super::*;
 
+    /// A baseline's pair of sockets both run the algorithm asked for: the
+    /// connecting one from before its SYN, the accepted one from its
+    /// listener (an allowed algorithm other than the system's default,
+    /// else reno, which every kernel allows).
+    #[test]
+    fn listen_and_connect_give_both_ends_the_algorithm() {
+        let default = system_default().unwrap_or_default();
+        let allowed = sysctl("tcp_allowed_congestion_control");
+        let want = allowed
+            .split_whitespace()
+            .find(|cc| *cc != default)
+            .unwrap_or("reno");
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        listen(&l, Some(want)).unwrap();
+        let c = connect(&l.local_addr().unwrap(), Duration::from_secs(5), Some(want)).unwrap();
+        let (a, _) = l.accept().unwrap();
+        assert_eq!(softrdma_engine::tcp_congestion(&c).unwrap(), want);
+        assert_eq!(softrdma_engine::tcp_congestion(&a).unwrap(), want);
+        // Without a choice both keep the system's default.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        listen(&l, None).unwrap();
+        let c = connect(&l.local_addr().unwrap(), Duration::from_secs(5), None).unwrap();
+        let (a, _) = l.accept().unwrap();
+        if !default.is_empty() {
+            assert_eq!(softrdma_engine::tcp_congestion(&c).unwrap(), default);
+            assert_eq!(softrdma_engine::tcp_congestion(&a).unwrap(), default);
+        }
+        // Refused: the error is the kernel's.
+        let port = l.local_addr().unwrap().port();
+        drop(l);
+        let e = connect(
+            &SocketAddr::from(([127, 0, 0, 1], port)),
+            Duration::from_secs(5),
+            Some(want),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
+    }
+
     fn v(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| s.to_string()).collect()
     }
@@ -168,6 +230,10 @@ mod tests {
         assert_eq!(rest, v(&["write_bw", "--size", "1Mi"]));
         assert_eq!(cc, None);
         assert!(take_option(&v(&["suite", "--tcp-cc"]))
+            .unwrap_err()
+            .contains("needs a value"));
+        // Another option is not a value.
+        assert!(take_option(&v(&["suite", "--tcp-cc", "--quick"]))
             .unwrap_err()
             .contains("needs a value"));
         assert!(take_option(&v(&["--tcp-cc", "a", "--tcp-cc", "b"]))
