@@ -1136,6 +1136,19 @@ fn tcp_congestion_control_is_named_and_checked() {
     }
     let err = text(&run(&[&tcp_bw[..], &["--tcp-cc", "no_such_cc"]].concat(), None).stderr);
     assert!(err.contains("allowed to this process"), "{err}");
+    // From the environment: named as the variable; usage still answers.
+    let out = run(&tcp_bw, Some("no_such_cc"));
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("SOFTRDMA_TCP_CONGESTION=no_such_cc"), "{err}");
+    for cmd in ["loss", "scale"] {
+        let out = run(&["perf", cmd, "--help"], Some("no_such_cc"));
+        assert!(out.status.success(), "{cmd} --help: {}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains("--tcp-cc"),
+            "{cmd} usage names --tcp-cc"
+        );
+    }
 
     // JSON rows over TCP carry it; a datagram row has none.
     let out = run(

@@ -118,8 +118,13 @@ pub fn main(args: &[String]) -> ExitCode {
         Ok(x) => x,
         Err(e) => return usage_error(&e),
     };
-    if let Err(e) = tcp_cc::settle(cc.as_deref()) {
-        return usage_error(&e);
+    // A sub-command asked for its usage runs nothing: no algorithm to
+    // check (a bad one would otherwise hide the usage).
+    let help = args.iter().any(|a| a == "-h" || a == "--help");
+    if !help {
+        if let Err(e) = tcp_cc::settle(cc.as_deref()) {
+            return usage_error(&e);
+        }
     }
     let args = &args[..];
     match args.first().map(String::as_str) {

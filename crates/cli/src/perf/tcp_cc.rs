@@ -103,7 +103,11 @@ pub(crate) fn settle(asked: Option<&str>) -> Result<(), String> {
             // The engine's message names its variable; say what asked.
             let e = e.to_string();
             let why = e.split_once(": ").map_or(e.as_str(), |(_, why)| why);
-            format!("{source} {choice}: {why}")
+            if source.starts_with("SOFTRDMA_") {
+                format!("{source}={choice}: {why}")
+            } else {
+                format!("{source} {choice}: {why}")
+            }
         })?;
         std::env::set_var(ENGINE_VAR, &choice);
     }
