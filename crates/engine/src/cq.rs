@@ -323,6 +323,11 @@ pub struct Cq {
     events: Arc<AsyncEvents>,
     /// QPs completing here, for inline progress from `poll`.
     qps: Mutex<Vec<Weak<dyn InlineProgress>>>,
+    /// Threads waiting to add a QP to `qps`: a busy poller leaves the list
+    /// alone while one is, or it would take the lock again at once, spin
+    /// after spin, and starve the waiter (with 1 000 connections on one
+    /// CQ each new one waited ~85 ms; `docs/datagram.md` §12.18).
+    attaching: AtomicUsize,
     inline_progress: AtomicBool,
     /// `entries.len()` as of the last change (written under `inner`'s
     /// lock): an empty poll reads it instead of taking the lock, twice per
@@ -354,6 +359,7 @@ impl Cq {
             channel,
             events,
             qps: Mutex::new(Vec::new()),
+            attaching: AtomicUsize::new(0),
             inline_progress: AtomicBool::new(inline_progress),
             queued: AtomicUsize::new(0),
             armed: AtomicBool::new(false),
@@ -379,9 +385,14 @@ impl Cq {
     }
 
     pub(crate) fn attach<Q: InlineProgress + 'static>(&self, qp: Weak<Q>) {
-        let mut v = self.qps.lock().unwrap_or_else(|p| p.into_inner());
-        v.retain(|w| w.strong_count() > 0);
-        v.push(qp as Weak<dyn InlineProgress>);
+        // Announced before the lock is asked for: pollers step aside.
+        self.attaching.fetch_add(1, Ordering::SeqCst);
+        {
+            let mut v = self.qps.lock().unwrap_or_else(|p| p.into_inner());
+            v.retain(|w| w.strong_count() > 0);
+            v.push(qp as Weak<dyn InlineProgress>);
+        }
+        self.attaching.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Adds completions (from a QP's progress).
@@ -429,6 +440,12 @@ impl Cq {
         let n = self.take(out);
         if n > 0 || out.is_empty() || !self.inline_progress.load(Ordering::Relaxed) {
             return n;
+        }
+        // A QP is being attached: this poll makes no progress of its own
+        // (the progress thread still does) and lets the attach have the
+        // list; the next poll walks it again.
+        if self.attaching.load(Ordering::Relaxed) > 0 {
+            return 0;
         }
         let mut direct = Direct {
             cq: self,
@@ -503,5 +520,64 @@ impl Cq {
     /// True if no completion is queued.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A QP stand-in with nothing to do.
+    struct Idle;
+    impl InlineProgress for Idle {
+        fn progress_inline(&self, _direct: &mut Direct<'_>) {}
+        fn progress_key(&self) -> usize {
+            self as *const Idle as usize
+        }
+    }
+
+    /// While a thread attaches a QP, a poll leaves the QP list alone (and
+    /// returns with nothing) instead of waiting for the list: a busy poller
+    /// that took the list again after every walk starved the attaching
+    /// thread (1 000 RC connections on one CQ took 85-91 s to set up, 0.57 s
+    /// with this; `docs/datagram.md` §12.18). Here the attach holds the
+    /// list; before the change the poll below waited for it.
+    #[test]
+    fn a_poll_leaves_the_list_to_a_waiting_attach() {
+        let events = Arc::new(AsyncEvents::new().unwrap());
+        let cq = Cq::new(1, 16, None, events, true);
+        let idle = Arc::new(Idle);
+        cq.attach(Arc::downgrade(&idle));
+        // An attach under way: announced, and holding the list.
+        cq.attaching.fetch_add(1, Ordering::SeqCst);
+        let list = cq.qps.lock().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let poller = {
+            let cq = cq.clone();
+            std::thread::spawn(move || {
+                let mut out = [Completion {
+                    wc: WorkCompletion::new(
+                        0,
+                        WcStatus::Success,
+                        softrdma_proto::wr::WcOpcode::Send,
+                        0,
+                    ),
+                    qp_num: 0,
+                }];
+                let _ = tx.send(cq.poll(&mut out));
+            })
+        };
+        let polled = rx.recv_timeout(Duration::from_secs(5));
+        drop(list);
+        cq.attaching.fetch_sub(1, Ordering::SeqCst);
+        poller.join().unwrap();
+        assert_eq!(polled, Ok(0), "the poll waited for the list an attach held");
+        // With no attach under way, a poll walks the list again.
+        let mut out = [Completion {
+            wc: WorkCompletion::new(0, WcStatus::Success, softrdma_proto::wr::WcOpcode::Send, 0),
+            qp_num: 0,
+        }];
+        assert_eq!(cq.poll(&mut out), 0);
+        assert_eq!(cq.qps.lock().unwrap().len(), 1);
     }
 }
