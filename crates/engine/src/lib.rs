@@ -241,8 +241,7 @@ pub fn tcp_connect(
 }
 
 /// The TCP congestion control algorithm `sock` runs.
-pub fn tcp_congestion(sock: &std::net::TcpStream) -> io::Result<String> {
-    use std::os::fd::AsRawFd;
+pub fn tcp_congestion<S: std::os::fd::AsRawFd>(sock: &S) -> io::Result<String> {
     sys::tcp_congestion(sock.as_raw_fd())
 }
 

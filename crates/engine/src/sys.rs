@@ -122,8 +122,7 @@ impl NoSigPipe<'_> {
 /// (`TCP_CONGESTION`). `ENOENT`: the kernel has no such algorithm;
 /// `EPERM`: this process may not choose it.
 pub(crate) fn set_tcp_congestion(fd: RawFd, name: &str) -> io::Result<()> {
-    // SAFETY: `name` is live for the call and its length is passed with
-    // it; the kernel only reads that many octets.
+    // SAFETY: `name` is live for the call, its length passed with it.
     let r = unsafe {
         libc::setsockopt(
             fd,
@@ -145,8 +144,7 @@ pub(crate) fn set_tcp_congestion(fd: RawFd, name: &str) -> io::Result<()> {
 pub(crate) fn tcp_congestion(fd: RawFd) -> io::Result<String> {
     let mut name = [0u8; 16];
     let mut len = name.len() as libc::socklen_t;
-    // SAFETY: `name` and `len` are live for the call and `len` states
-    // `name`'s size; the kernel writes at most that many octets.
+    // SAFETY: `name` and `len` are live; `len` states `name`'s size.
     let r = unsafe {
         libc::getsockopt(
             fd,
@@ -164,17 +162,28 @@ pub(crate) fn tcp_congestion(fd: RawFd) -> io::Result<String> {
     Ok(String::from_utf8_lossy(&name[..end]).into_owned())
 }
 
-/// Checks that the kernel lets this process give its TCP sockets
-/// congestion control `name`, on a socket made for the purpose; the error
-/// says what is allowed.
-pub(crate) fn probe_tcp_congestion(name: &str) -> io::Result<()> {
-    // SAFETY: plain socket creation; the descriptor is owned at once.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+/// A new, unconnected, non-blocking TCP socket of address family `domain`.
+fn tcp_socket(domain: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: socket(2) with constant arguments; the result is checked.
+    let fd = unsafe {
+        libc::socket(
+            domain,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: `fd` was just created and is owned by nothing else.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Checks that the kernel lets this process give its TCP sockets
+/// congestion control `name`, on a socket made for the purpose; the error
+/// says what is allowed.
+pub(crate) fn probe_tcp_congestion(name: &str) -> io::Result<()> {
+    let sock = tcp_socket(libc::AF_INET)?;
     set_tcp_congestion(sock.as_raw_fd(), name).map_err(|e| {
         let allowed = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
             .map(|s| s.trim().to_string())
@@ -199,20 +208,8 @@ pub(crate) fn nb_connect(addr: SocketAddr, cc: Option<&str>) -> io::Result<TcpSt
     } else {
         libc::AF_INET6
     };
-    // SAFETY: socket(2) with constant arguments; the result is checked.
-    let fd = unsafe {
-        libc::socket(
-            domain,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // The stream closes the descriptor.
-    // SAFETY: `fd` is a fresh descriptor nothing else owns.
-    let sock = unsafe { TcpStream::from_raw_fd(fd) };
+    let sock = TcpStream::from(tcp_socket(domain)?);
+    let fd = sock.as_raw_fd();
     if let Some(cc) = cc {
         set_tcp_congestion(fd, cc)?;
     }

@@ -355,26 +355,6 @@ fn placement_exchange(crc: bool, crc_direct: bool) -> (RxStats, RxStats) {
     stats
 }
 
-/// The congestion control algorithm of TCP socket `fd`, if it is one.
-fn congestion_of(fd: i32) -> Option<String> {
-    let mut name = [0u8; 16];
-    let mut len = name.len() as libc::socklen_t;
-    // SAFETY: `name` and `len` are live and `len` states `name`'s size.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            name.as_mut_ptr() as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    (r == 0).then(|| {
-        let n = name.iter().position(|&b| b == 0).unwrap_or(len as usize);
-        String::from_utf8_lossy(&name[..n]).into_owned()
-    })
-}
-
 /// The TCP port of `fd`'s local (`peer` false) or peer address.
 fn port_of(fd: i32, peer: bool) -> Option<u16> {
     // SAFETY: `sockaddr_in` is plain data; all zeros is a valid value.
@@ -436,7 +416,10 @@ fn tcp_congestion_is_set_on_both_ends() {
         let Ok(fd) = entry.unwrap().file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
-        let Some(cc) = congestion_of(fd) else {
+        // SAFETY: `fd` is open in this process for the call (read from
+        // /proc/self/fd); the borrow ends with it.
+        let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let Ok(cc) = softrdma_engine::tcp_congestion(&sock) else {
             continue;
         };
         if port_of(fd, true) == Some(port) {

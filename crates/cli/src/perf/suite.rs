@@ -1195,7 +1195,7 @@ fn report_md(
     let _ = writeln!(
         s,
         "| TCP congestion control | {}, on every connection of the run, raw sockets and RC alike{} |",
-        super::tcp_cc::describe().trim_start_matches("TCP congestion control "),
+        super::tcp_cc::summary(),
         if o.peers && super::tcp_cc::peers_note().is_some() {
             "; the peers, which open their own sockets, run the system default"
         } else {

@@ -118,9 +118,7 @@ pub(crate) fn settle(asked: Option<&str>) -> Result<(), String> {
 /// The algorithm this run's connections use: the one settled, else the
 /// system's default (`unknown` if unreadable).
 pub(crate) fn current_name() -> String {
-    std::env::var(ENGINE_VAR)
-        .ok()
-        .filter(|v| !v.is_empty())
+    chosen()
         .or_else(system_default)
         .unwrap_or_else(|| "unknown".into())
 }
@@ -152,16 +150,29 @@ pub(crate) fn connect(
     softrdma_engine::tcp_connect(to, timeout, cc)
 }
 
-/// For a header line: `TCP congestion control cubic (system default
-/// bbr)`, or `… bbr (the system default)`.
-pub(crate) fn describe() -> String {
+/// What the run's connections use and how it relates to the system's
+/// default: `cubic (system default bbr)`, `bbr (the system default)`,
+/// `the system's (unreadable)`.
+pub(crate) fn summary() -> String {
     let cc = current_name();
     match system_default() {
-        Some(sys) if sys != cc => format!("TCP congestion control {cc} (system default {sys})"),
-        Some(_) => format!("TCP congestion control {cc} (the system default)"),
-        None if cc == "unknown" => "TCP congestion control: the system's (unreadable)".into(),
-        None => format!("TCP congestion control {cc} (system default unreadable)"),
+        Some(sys) if sys != cc => format!("{cc} (system default {sys})"),
+        Some(_) => format!("{cc} (the system default)"),
+        None if cc == "unknown" => "the system's (unreadable)".into(),
+        None => format!("{cc} (system default unreadable)"),
     }
+}
+
+/// For a header line: `TCP congestion control cubic (system default
+/// bbr)` ([`summary`]).
+pub(crate) fn describe() -> String {
+    let s = summary();
+    let sep = if s.starts_with("the system's") {
+        ": "
+    } else {
+        " "
+    };
+    format!("TCP congestion control{sep}{s}")
 }
 
 /// A note for peer results when the peers run another algorithm than the
@@ -169,7 +180,7 @@ pub(crate) fn describe() -> String {
 /// they are the same.
 pub(crate) fn peers_note() -> Option<String> {
     let sys = system_default()?;
-    let cc = std::env::var(ENGINE_VAR).ok().filter(|v| !v.is_empty())?;
+    let cc = chosen()?;
     (cc != sys).then(|| {
         format!(
             "the peers ran the system's TCP congestion control ({sys}), softrdma and raw \
