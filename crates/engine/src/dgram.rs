@@ -80,17 +80,31 @@
 //! A busy poller runs due timers itself: inline progress
 //! ([`crate::Cq::poll`]) compares the QP's armed deadline (an atomic
 //! mirror, no lock) with the clock and, when it has passed, runs
-//! `handle_timeout` under a try-locked QP lock. While a QP's timers are
-//! looked at inline (within the last `PARK_RECHECK`), the progress
-//! thread does not take its lock when the timer fires but looks again a
-//! re-check period later; arming a CQ of the QP (`req_notify`) hands
-//! the timers back at once. So an RD retransmission or delayed ACK of a
-//! busy-polled QP is not rounded up to the thread's millisecond sleep,
-//! and the thread never holds the QP lock the poller needs (with RD's
+//! `handle_timeout` under a try-locked QP lock. Once a poller has run a
+//! QP's timers, the QP is *watched*: the progress thread holds only a
+//! look-again deadline for it, and the deadlines the QP re-arms (every
+//! RD message re-arms its retransmission timer or the deferred-ACK
+//! fallback) are left to the poller instead of being armed with the
+//! thread, whose every wake-up (an eventfd write when the new deadline
+//! is earlier than its sleep) takes a core from a poller on a small
+//! machine. When the look-again fires and the poller looked at the
+//! timers within the last `PARK_RECHECK`, the thread does not take the
+//! QP lock but looks again twice as late, up to `PARK_RECHECK_MAX`;
+//! otherwise it takes the timers back (drains the socket, runs them,
+//! arms every deadline with itself again). Arming a CQ of the QP
+//! (`req_notify`) hands the timers back at once. So a poller that stops
+//! without arming a CQ leaves its timers up to about two look-again
+//! periods late (16 ms after a long spin; an RD peer may re-send once
+//! meanwhile). An RD retransmission or delayed ACK of a busy-polled QP
+//! is thus not rounded up to the thread's millisecond sleep, and the
+//! thread neither holds the QP lock the poller needs (with RD's
 //! retransmission timer re-armed by every message it did every few
 //! milliseconds: in a 64 B RD ping-pong of 5000 round trips, 113
-//! `futex` calls before, 2 after). [`DgramQpStats::timers_inline`] and
-//! [`DgramQpStats::timers_thread`] count who ran them.
+//! `futex` calls before, 2 after) nor wakes for each message (a 64 B RD
+//! `send_lat` p99 of 15-20 µs before, 5 µs after).
+//! [`DgramQpStats::timers_inline`] and [`DgramQpStats::timers_thread`]
+//! count who ran them; [`DgramQpStats::thread_arms`] and
+//! [`DgramQpStats::thread_look_agains`] how often the thread was armed.
 //!
 //! # Multicast
 //!
@@ -174,7 +188,7 @@ use softrdma_proto::wr::{DgramAddr, RecvWr, SendWr, WorkCompletion};
 use softrdma_wire::rd::Framing;
 
 use crate::cq::{AsyncEvent, Completion, Cq, Direct, InlineProgress};
-use crate::progress::{Parking, Source, PARK_RECHECK};
+use crate::progress::{Parking, Source, PARK_RECHECK, PARK_RECHECK_MAX};
 use crate::sys;
 use crate::udp::{self, RxRing};
 use crate::{Context, QpCaps, QpError, Shared};
@@ -496,6 +510,14 @@ pub struct DgramQpStats {
     pub timers_inline: u64,
     /// Times they ran on the progress thread.
     pub timers_thread: u64,
+    /// Times the QP armed the progress thread's timer for a protocol
+    /// deadline (each may wake the thread). While a busy poller runs the
+    /// timers inline, the thread only looks again now and then and the QP
+    /// arms nothing.
+    pub thread_arms: u64,
+    /// Times the progress thread found a busy poller running the timers
+    /// and only set itself to look again later.
+    pub thread_look_agains: u64,
 }
 
 /// Counters of one UDP socket (shared by its QPs), or of the context's
@@ -1167,6 +1189,20 @@ pub(crate) struct DgramQpShared {
     /// Timer runs from inline progress and from the progress thread.
     timers_inline: AtomicU64,
     timers_thread: AtomicU64,
+    /// [`DgramQpStats::thread_arms`], [`DgramQpStats::thread_look_agains`].
+    thread_arms: AtomicU64,
+    thread_look_agains: AtomicU64,
+    /// The progress thread holds a look-again deadline for this QP
+    /// because a busy poller runs its timers inline: new deadlines are
+    /// left to the poller (and to that look-again), not armed with the
+    /// thread, whose every extra wake-up takes a core from a poller.
+    /// Cleared when the thread takes the timers back (the poller went
+    /// quiet) or a CQ is armed ([`InlineProgress::notify_armed`]).
+    watched: AtomicBool,
+    /// The look-again period while [`DgramQpShared::watched`]: doubles
+    /// from [`PARK_RECHECK`] at every look that finds the poller still
+    /// there, up to [`PARK_RECHECK_MAX`] (nanoseconds).
+    watch_every_ns: AtomicU64,
     /// When inline progress last looked at this QP's timers (a
     /// [`deadline_ns`] stamp, 0: never).
     inline_ns: AtomicU64,
@@ -1303,7 +1339,13 @@ impl DgramQpShared {
         if c.timer.is_none_or(|armed| next < armed) {
             c.timer = Some(next);
             self.due_ns.store(deadline_ns(next), Ordering::Relaxed);
+            if self.watched.load(Ordering::Relaxed) {
+                // A busy poller runs the timers (it reads `due_ns`), and
+                // the thread's look-again takes them back if it stops.
+                return;
+            }
             if let Ok(p) = self.shared.progress() {
+                bump(&self.thread_arms, 1);
                 p.set_timer(self.token, next);
             }
         }
@@ -1426,12 +1468,25 @@ impl Source for DgramQpShared {
             // taking the QP lock here would only contend with it (and, on
             // a loaded machine, stall it behind this thread being
             // preempted with the lock held). Look again when it may have
-            // stopped.
+            // stopped, later each time it is still there; meanwhile the
+            // QP's new deadlines are the poller's alone (`arm_at`), so
+            // the thread is not woken for each of them.
+            let every = if self.watched.swap(true, Ordering::Relaxed) {
+                let every = self.watch_every_ns.load(Ordering::Relaxed) * 2;
+                every.min(PARK_RECHECK_MAX.as_nanos() as u64)
+            } else {
+                PARK_RECHECK.as_nanos() as u64
+            };
+            self.watch_every_ns.store(every, Ordering::Relaxed);
+            bump(&self.thread_look_agains, 1);
             if let Ok(p) = self.shared.progress() {
-                p.set_timer(self.token, now + PARK_RECHECK);
+                p.set_timer(self.token, now + Duration::from_nanos(every));
             }
             return;
         }
+        // The poller has gone quiet (or never ran): the thread owns the
+        // timers again, and every deadline is armed with it.
+        self.watched.store(false, Ordering::Relaxed);
         // What has arrived is taken in before any deadline is judged: a
         // poller that stopped polling (descheduled, or gone to sleep) may
         // have left the rest of a message in the socket, and a timer that
@@ -1528,8 +1583,21 @@ impl InlineProgress for DgramQpShared {
                 Err(TryLockError::Poisoned(p)) => p.into_inner(),
                 Err(TryLockError::WouldBlock) => return,
             };
-            if c.timer.is_some_and(|t| t <= Instant::now()) {
-                self.run_timers(c, Instant::now());
+            let now = Instant::now();
+            if c.timer.is_some_and(|t| t <= now) {
+                // From now on the thread only looks again now and then
+                // (see `watched`): the deadlines these timers re-arm are
+                // this poller's, and arming each with the thread would
+                // wake it (an eventfd write, then a core taken from a
+                // poller) for nothing.
+                if !self.watched.swap(true, Ordering::Relaxed) {
+                    self.watch_every_ns
+                        .store(PARK_RECHECK.as_nanos() as u64, Ordering::Relaxed);
+                    if let Ok(p) = self.shared.progress() {
+                        p.set_timer(self.token, now + PARK_RECHECK);
+                    }
+                }
+                self.run_timers(c, now);
                 bump(&self.timers_inline, 1);
             }
         }
@@ -1541,6 +1609,15 @@ impl InlineProgress for DgramQpShared {
         // progress thread runs the timers again from its next tick on.
         self.send_deferred(None);
         self.inline_ns.store(0, Ordering::Relaxed);
+        if self.watched.swap(false, Ordering::Relaxed) {
+            // The thread held only a look-again, possibly milliseconds
+            // away: hand it the QP's own next deadline now.
+            let c = self.lock();
+            if let (Some(at), Ok(p)) = (c.timer, self.shared.progress()) {
+                bump(&self.thread_arms, 1);
+                p.set_timer(self.token, at);
+            }
+        }
         self.socket.notify_armed();
         if self.in_groups.load(Ordering::Relaxed) {
             if let Some(m) = self.shared.dgram.mcast_if_open() {
@@ -1704,6 +1781,8 @@ impl DgramQpHandle {
             events_dropped: self.inner.events_dropped.load(Ordering::Relaxed),
             timers_inline: self.inner.timers_inline.load(Ordering::Relaxed),
             timers_thread: self.inner.timers_thread.load(Ordering::Relaxed),
+            thread_arms: self.inner.thread_arms.load(Ordering::Relaxed),
+            thread_look_agains: self.inner.thread_look_agains.load(Ordering::Relaxed),
         }
     }
 
@@ -1942,6 +2021,10 @@ impl Context {
             bound: AtomicBool::new(false),
             timers_inline: AtomicU64::new(0),
             timers_thread: AtomicU64::new(0),
+            thread_arms: AtomicU64::new(0),
+            thread_look_agains: AtomicU64::new(0),
+            watched: AtomicBool::new(false),
+            watch_every_ns: AtomicU64::new(PARK_RECHECK.as_nanos() as u64),
             inline_ns: AtomicU64::new(0),
             inline_polls: AtomicU32::new(0),
             inline_sparse: AtomicBool::new(true),
