@@ -14,6 +14,21 @@
 //! (whose progress drains the UDP socket they share; a socket is drained
 //! once per poll however many of its QPs complete here).
 //!
+//! With [`READY_SET_MIN`] sources or more, a poll first asks the kernel
+//! which of their sockets are readable: the CQ keeps its own epoll set
+//! (level-triggered, read interest; made by the first poll that sees that
+//! many sources, each socket registered by the first poll that finds it
+//! watched by the progress thread, and read by that poll), one
+//! `epoll_wait` with no timeout per poll, and a source whose socket is not
+//! reported is still driven but reads nothing
+//! ([`InlineProgress::progress_inline_ready`]): it transmits, sends what a
+//! receive deferred and runs due timers as before. A close or error is
+//! reported as readable. Data that arrives after the `epoll_wait` is read
+//! by the next poll, as if it had come a moment later. An empty poll of
+//! 1 000 RC connections on one CQ: 340 µs before, 34 µs with the set (12
+//! connections: 4.0 → 0.57 µs); what is left is the walk itself, some 30
+//! ns per source.
+//!
 //! A completion that inline progress produces for the very CQ being
 //! polled skips the CQ's queue when it can (a [`Direct`] hand-off): while
 //! the queue is empty and the CQ is not armed, it is written straight into
@@ -37,7 +52,7 @@ use softrdma_proto::wr::{DgramAddr, WcStatus, WorkCompletion};
 use softrdma_wire::rdmap::Opcode;
 
 use crate::qp::QpShared;
-use crate::sys::EventFd;
+use crate::sys::{Epoll, EventFd, Interest};
 
 /// A completion with the number of the QP it came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -300,6 +315,19 @@ pub(crate) trait InlineProgress: Send + Sync {
     /// The CQ was armed ([`Cq::req_notify`]): its poller may block next,
     /// so a source parked for a busy poller must be watched again now.
     fn notify_armed(&self) {}
+    /// The descriptor `progress_inline` reads, if any: a CQ with many
+    /// sources registers it in its readiness set ([`Cq::poll`]).
+    fn progress_fd(&self) -> Option<RawFd> {
+        None
+    }
+    /// [`InlineProgress::progress_inline`], told whether
+    /// [`InlineProgress::progress_fd`] is readable: when it is not, the
+    /// source skips reading it (a system call that would find nothing)
+    /// but does the rest (transmit, what a receive deferred, due timers).
+    fn progress_inline_ready(&self, direct: &mut Direct<'_>, readable: bool) {
+        let _ = readable;
+        self.progress_inline(direct)
+    }
 }
 
 impl InlineProgress for QpShared {
@@ -312,6 +340,49 @@ impl InlineProgress for QpShared {
     fn notify_armed(&self) {
         QpShared::notify_armed(self)
     }
+    fn progress_fd(&self) -> Option<RawFd> {
+        QpShared::progress_fd(self)
+    }
+    fn progress_inline_ready(&self, direct: &mut Direct<'_>, readable: bool) {
+        QpShared::progress_inline_ready(self, direct, readable)
+    }
+}
+
+/// From this many sources on, a CQ's inline poll asks the kernel which of
+/// their descriptors are readable (one `epoll_wait`) instead of reading
+/// every one (a `recv` each, ~0.3 µs even when it finds nothing: 0.3 ms
+/// per empty poll with 1 000 connections on one CQ). Below it, reading
+/// each is cheaper than asking, and a socket with an epoll waiter costs
+/// every arriving segment a wake-up walk (`progress.rs`, `Parking`).
+pub(crate) const READY_SET_MIN: usize = 5;
+
+/// Ready descriptors one poll takes from the readiness set; a poll that
+/// finds this many reads every source.
+const READY_KEYS: usize = 64;
+
+/// The sources a CQ's inline poll drives ([`InlineProgress`]).
+#[derive(Default)]
+struct Sources {
+    list: Vec<Source>,
+    /// Their descriptors, level-triggered, read interest, keyed by
+    /// [`InlineProgress::progress_key`]; made at the first poll that sees
+    /// [`READY_SET_MIN`] sources.
+    ready: Option<Epoll>,
+}
+
+struct Source {
+    q: Weak<dyn InlineProgress>,
+    /// The descriptor registered in [`Sources::ready`] for it.
+    fd: Option<RawFd>,
+}
+
+impl std::fmt::Debug for Sources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sources")
+            .field("sources", &self.list.len())
+            .field("ready_set", &self.ready.is_some())
+            .finish()
+    }
 }
 
 /// A completion queue.
@@ -322,7 +393,7 @@ pub struct Cq {
     channel: Option<Arc<CompChannel>>,
     events: Arc<AsyncEvents>,
     /// QPs completing here, for inline progress from `poll`.
-    qps: Mutex<Vec<Weak<dyn InlineProgress>>>,
+    qps: Mutex<Sources>,
     /// Threads waiting to add a QP to `qps`: a busy poller leaves the list
     /// alone while one is, or it would take the lock again at once, spin
     /// after spin, and starve the waiter (with 1 000 connections on one
@@ -358,7 +429,7 @@ impl Cq {
             }),
             channel,
             events,
-            qps: Mutex::new(Vec::new()),
+            qps: Mutex::new(Sources::default()),
             attaching: AtomicUsize::new(0),
             inline_progress: AtomicBool::new(inline_progress),
             queued: AtomicUsize::new(0),
@@ -389,8 +460,11 @@ impl Cq {
         self.attaching.fetch_add(1, Ordering::SeqCst);
         {
             let mut v = self.qps.lock().unwrap_or_else(|p| p.into_inner());
-            v.retain(|w| w.strong_count() > 0);
-            v.push(qp as Weak<dyn InlineProgress>);
+            v.list.retain(|s| s.q.strong_count() > 0);
+            v.list.push(Source {
+                q: qp as Weak<dyn InlineProgress>,
+                fd: None,
+            });
         }
         self.attaching.fetch_sub(1, Ordering::SeqCst);
     }
@@ -456,12 +530,37 @@ impl Cq {
         // path. Progress locks only the QP and the CQs' entry queues, never
         // a QP list, so this cannot deadlock.
         {
-            let v = self.qps.lock().unwrap_or_else(|p| p.into_inner());
+            let mut v = self.qps.lock().unwrap_or_else(|p| p.into_inner());
+            let Sources { list, ready } = &mut *v;
+            // With many sources, which descriptors are readable: one
+            // system call instead of a read of each. `None`: read all (a
+            // small CQ, no epoll instance, or more ready than counted).
+            let mut keys = [0u64; READY_KEYS];
+            let readable = if list.len() >= READY_SET_MIN {
+                if ready.is_none() {
+                    *ready = Epoll::new().ok();
+                }
+                ready.as_ref().and_then(|ep| {
+                    let mut evs = [(0u64, false, false, false); READY_KEYS];
+                    match ep.wait(&mut evs, 0) {
+                        Ok(n) if n < READY_KEYS => {
+                            for (k, e) in keys.iter_mut().zip(&evs[..n]) {
+                                *k = e.0;
+                            }
+                            Some((ep, n))
+                        }
+                        _ => None,
+                    }
+                })
+            } else {
+                None
+            };
             // Keys progressed in this poll (QPs sharing a datagram socket
             // drain it once); past the array's size, repeats are allowed.
             let mut seen = [0usize; 8];
             let mut ns = 0;
-            for q in v.iter().filter_map(|w| w.upgrade()) {
+            for src in list.iter_mut() {
+                let Some(q) = src.q.upgrade() else { continue };
                 let key = q.progress_key();
                 if seen[..ns].contains(&key) {
                     continue;
@@ -470,7 +569,34 @@ impl Cq {
                     seen[ns] = key;
                     ns += 1;
                 }
-                q.progress_inline(&mut direct);
+                let can_read = match readable {
+                    None => true,
+                    Some((ep, n)) => match q.progress_fd() {
+                        Some(fd) if src.fd == Some(fd) => keys[..n].contains(&(key as u64)),
+                        // Registered now: read this time (whatever came
+                        // before the registration is not in `keys`).
+                        Some(fd) => {
+                            let read = Interest {
+                                read: true,
+                                write: false,
+                            };
+                            match ep.add(fd, key as u64, read) {
+                                Ok(()) => src.fd = Some(fd),
+                                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                                    // Same descriptor, possibly under a
+                                    // key of a source now gone: this one's.
+                                    if ep.modify(fd, key as u64, read).is_ok() {
+                                        src.fd = Some(fd);
+                                    }
+                                }
+                                Err(_) => {}
+                            }
+                            true
+                        }
+                        None => true,
+                    },
+                };
+                q.progress_inline_ready(&mut direct, can_read);
             }
         }
         // Handed over first: anything queued meanwhile is of other QPs, or
@@ -503,7 +629,7 @@ impl Cq {
         // The progress thread must take over sockets parked for a busy
         // poller before this CQ's user blocks (progress module docs).
         let v = self.qps.lock().unwrap_or_else(|p| p.into_inner());
-        for q in v.iter().filter_map(|w| w.upgrade()) {
+        for q in v.list.iter().filter_map(|s| s.q.upgrade()) {
             q.notify_armed();
         }
     }
@@ -534,6 +660,110 @@ mod tests {
         fn progress_key(&self) -> usize {
             self as *const Idle as usize
         }
+    }
+
+    /// A stand-in with a UDP socket as its descriptor: records how each
+    /// poll drove it, and reads what is there when told it is readable.
+    struct Sock {
+        sock: std::net::UdpSocket,
+        calls: std::sync::Mutex<Vec<bool>>,
+        got: AtomicUsize,
+    }
+    impl InlineProgress for Sock {
+        fn progress_inline(&self, direct: &mut Direct<'_>) {
+            self.progress_inline_ready(direct, true)
+        }
+        fn progress_key(&self) -> usize {
+            self as *const Sock as usize
+        }
+        fn progress_fd(&self) -> Option<RawFd> {
+            Some(self.sock.as_raw_fd())
+        }
+        fn progress_inline_ready(&self, _direct: &mut Direct<'_>, readable: bool) {
+            self.calls.lock().unwrap().push(readable);
+            if readable {
+                let mut b = [0u8; 16];
+                while self.sock.recv(&mut b).is_ok() {
+                    self.got.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    fn blank() -> Completion {
+        Completion {
+            wc: WorkCompletion::new(0, WcStatus::Success, softrdma_proto::wr::WcOpcode::Send, 0),
+            qp_num: 0,
+        }
+    }
+
+    /// With [`READY_SET_MIN`] sources or more, a poll asks the kernel which
+    /// descriptors are readable and reads only those (the others are still
+    /// driven, told there is nothing to read); below it, every source
+    /// reads. A source is read at the poll that registers it, so nothing
+    /// that came before is missed.
+    #[test]
+    fn a_poll_of_many_sources_reads_only_the_readable_ones() {
+        let make = |n: usize| {
+            let events = Arc::new(AsyncEvents::new().unwrap());
+            let cq = Cq::new(1, 16, None, events, true);
+            let srcs: Vec<Arc<Sock>> = (0..n)
+                .map(|_| {
+                    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+                    sock.set_nonblocking(true).unwrap();
+                    Arc::new(Sock {
+                        sock,
+                        calls: Default::default(),
+                        got: AtomicUsize::new(0),
+                    })
+                })
+                .collect();
+            for s in &srcs {
+                cq.attach(Arc::downgrade(s));
+            }
+            (cq, srcs)
+        };
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let last = |s: &Sock| *s.calls.lock().unwrap().last().unwrap();
+        let mut out = [blank()];
+
+        let (cq, srcs) = make(READY_SET_MIN + 3);
+        // Sent before the first poll: read by the registering poll.
+        tx.send_to(b"early", srcs[2].sock.local_addr().unwrap())
+            .unwrap();
+        assert_eq!(cq.poll(&mut out), 0);
+        assert!(srcs.iter().all(|s| last(s)), "the first poll reads all");
+        assert_eq!(srcs[2].got.load(Ordering::Relaxed), 1);
+        // Nothing arrived: every source driven, none read.
+        assert_eq!(cq.poll(&mut out), 0);
+        assert!(srcs.iter().all(|s| !last(s)), "an empty poll read a socket");
+        // One datagram for source 5: it alone reads, and gets it.
+        tx.send_to(b"x", srcs[5].sock.local_addr().unwrap())
+            .unwrap();
+        assert_eq!(cq.poll(&mut out), 0);
+        for (i, s) in srcs.iter().enumerate() {
+            assert_eq!(last(s), i == 5, "source {i}");
+            assert_eq!(s.calls.lock().unwrap().len(), 3, "source {i}");
+        }
+        assert_eq!(srcs[5].got.load(Ordering::Relaxed), 1);
+        // A source gone: the rest go on as before.
+        let mut srcs = srcs;
+        drop(srcs.remove(0));
+        tx.send_to(b"y", srcs[0].sock.local_addr().unwrap())
+            .unwrap();
+        assert_eq!(cq.poll(&mut out), 0);
+        assert!(last(&srcs[0]) && srcs[1..].iter().all(|s| !last(s)));
+        assert_eq!(srcs[0].got.load(Ordering::Relaxed), 1);
+
+        // Below the threshold every poll reads every source.
+        let (cq, srcs) = make(READY_SET_MIN - 1);
+        for _ in 0..3 {
+            assert_eq!(cq.poll(&mut out), 0);
+        }
+        for s in &srcs {
+            assert_eq!(*s.calls.lock().unwrap(), vec![true; 3]);
+        }
+        assert!(cq.qps.lock().unwrap().ready.is_none());
     }
 
     /// While a thread attaches a QP, a poll leaves the QP list alone (and
@@ -578,6 +808,6 @@ mod tests {
             qp_num: 0,
         }];
         assert_eq!(cq.poll(&mut out), 0);
-        assert_eq!(cq.qps.lock().unwrap().len(), 1);
+        assert_eq!(cq.qps.lock().unwrap().list.len(), 1);
     }
 }

@@ -172,7 +172,7 @@
 use std::io::{self, IoSlice};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::ops::Range;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::time::{Duration, Instant};
@@ -1534,11 +1534,23 @@ impl DgramQpShared {
 
 impl InlineProgress for DgramQpShared {
     fn progress_inline(&self, direct: &mut Direct<'_>) {
+        self.progress_inline_ready(direct, true)
+    }
+
+    fn progress_fd(&self) -> Option<RawFd> {
+        self.socket.park.fd()
+    }
+
+    fn progress_inline_ready(&self, direct: &mut Direct<'_>, readable: bool) {
         self.socket.park.busy.polled();
         // What the previous inline receive left to send (see
         // `DgramQpShared::receive`), before reading more.
         self.send_deferred(Some(&mut *direct));
-        let read = self.socket.drain(false, Some(self), Some(direct));
+        let read = if readable {
+            self.socket.drain(false, Some(self), Some(direct))
+        } else {
+            0
+        };
         if self.in_groups.load(Ordering::Relaxed) {
             if let Some(m) = self.shared.dgram.mcast_if_open() {
                 m.park.busy.polled();

@@ -47,7 +47,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -177,6 +177,19 @@ pub(crate) struct Parking {
     /// Inline pollers' activity.
     pub(crate) busy: BusyPoll,
     st: Mutex<ParkState>,
+    /// The registered descriptor (`-1`: none), readable without the lock
+    /// ([`Parking::fd`]).
+    fd: FdHint,
+}
+
+/// A descriptor number readable without a lock; `-1` when none.
+#[derive(Debug)]
+struct FdHint(AtomicI32);
+
+impl Default for FdHint {
+    fn default() -> Self {
+        FdHint(AtomicI32::new(-1))
+    }
 }
 
 impl Parking {
@@ -230,13 +243,23 @@ impl Parking {
         p.register(fd, token, src)?;
         st.fd = Some((fd, token));
         st.in_set = true;
+        self.fd.0.store(fd, Ordering::Release);
         Ok(())
+    }
+
+    /// The descriptor this source's progress reads, while registered (a
+    /// CQ with many sources asks the kernel which of them are readable
+    /// instead of reading each: [`crate::Cq::poll`]).
+    pub(crate) fn fd(&self) -> Option<RawFd> {
+        let fd = self.fd.0.load(Ordering::Acquire);
+        (fd >= 0).then_some(fd)
     }
 
     /// Stops watching (the descriptor is about to be shut down).
     pub(crate) fn unregister(&self, p: &Progress) {
         let mut st = self.state();
         if let Some((fd, token)) = st.fd.take() {
+            self.fd.0.store(-1, Ordering::Release);
             // Out of the set already or not, the token is forgotten.
             p.unregister(fd, token);
             st.in_set = false;

@@ -971,6 +971,27 @@ impl QpShared {
         self.progress_inline_with(direct, INLINE_RX_BUDGET)
     }
 
+    /// The connection's socket while the progress thread watches it.
+    pub(crate) fn progress_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.park.fd()
+    }
+
+    /// Inline progress of a CQ that knows whether the socket is readable
+    /// (`Cq::poll` with many QPs): when it is not, no read is tried.
+    pub(crate) fn progress_inline_ready(&self, direct: &mut Direct<'_>, readable: bool) {
+        if readable {
+            return self.progress_inline_with(Some(direct), INLINE_RX_BUDGET);
+        }
+        self.park.busy.polled();
+        let Ok(mut c) = self.core.try_lock() else {
+            return;
+        };
+        if c.link.as_ref().is_some_and(|l| l.rc.wants_transmit()) {
+            self.transmit(&mut c);
+        }
+        self.flush_to(c, Some(direct));
+    }
+
     fn progress_inline_with(&self, direct: Option<&mut Direct<'_>>, budget: usize) {
         self.park.busy.polled();
         let Ok(mut c) = self.core.try_lock() else {

@@ -319,3 +319,142 @@ fn armed_cq_fires_even_when_its_poller_receives_inline() {
         assert_eq!(ch.try_get_event(), None, "once");
     }
 }
+
+/// Many connections completing into one CQ (past the CQ's readiness-set
+/// threshold, `cq::READY_SET_MIN`): a busy poll reads only the sockets the
+/// kernel reports readable, and still gets every message of every QP, in
+/// order per QP, and notices a peer that closes (its QP's receives flushed).
+#[test]
+fn many_connections_on_one_busy_polled_cq() {
+    const QPS: u32 = 12;
+    const ROUNDS: u32 = 600;
+    let (actx, bctx) = (Context::new().unwrap(), Context::new().unwrap());
+    let (apd, bpd) = (actx.alloc_pd(), bctx.alloc_pd());
+    let (acq, bcq) = (actx.create_cq(4096, None), bctx.create_cq(4096, None));
+    let len = 64 * 8 * QPS as usize;
+    let (mut abuf, mut bbuf) = (vec![0u8; len], vec![0u8; len]);
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    // SAFETY: both buffers outlive the contexts' use of them (the QPs are
+    // disconnected and the contexts dropped before the buffers).
+    let (astag, bstag) = unsafe {
+        (
+            actx.registry()
+                .register(abuf.as_mut_ptr(), len, abuf.as_ptr() as u64, access, apd)
+                .unwrap(),
+            bctx.registry()
+                .register(bbuf.as_mut_ptr(), len, bbuf.as_ptr() as u64, access, bpd)
+                .unwrap(),
+        )
+    };
+    let aqps: Vec<Qp> = (0..QPS)
+        .map(|i| actx.create_qp(100 + i, apd, QpCaps::default(), acq.clone(), acq.clone()))
+        .collect();
+    let bqps: Vec<Qp> = (0..QPS)
+        .map(|i| bctx.create_qp(200 + i, bpd, QpCaps::default(), bcq.clone(), bcq.clone()))
+        .collect();
+    // Receive k of QP i: slot i * 8 + k of A's buffer.
+    let slot = |i: usize, k: u64| (i * 8 + k as usize) * 64;
+    let post = |i: usize, k: u64| {
+        aqps[i]
+            .post_recv(RecvWr {
+                wr_id: k,
+                sgl: SgList::single(abuf.as_ptr() as u64 + slot(i, k) as u64, 64, astag),
+            })
+            .unwrap();
+    };
+    for i in 0..QPS as usize {
+        for k in 0..8 {
+            post(i, k);
+        }
+    }
+    let lis = Listener::bind(&actx, "127.0.0.1:0").unwrap();
+    let addr = lis.local_addr().unwrap();
+    for (a, b) in aqps.iter().zip(&bqps) {
+        let (ctx, qp) = (bctx.clone(), b.clone());
+        let h = thread::spawn(move || {
+            cm::connect(&ctx, &qp, addr, &ConnParams::default()).unwrap();
+        });
+        lis.accept()
+            .unwrap()
+            .accept(a, &ConnParams::default())
+            .unwrap();
+        h.join().unwrap();
+    }
+    let qp_index = |qpn: u32| aqps.iter().position(|q| q.qpn() == qpn).unwrap();
+    let mut next = vec![0u32; QPS as usize];
+    let mut out = [NONE; 16];
+    let mut bout = [NONE; 16];
+    for r in 0..ROUNDS {
+        // Round r: QP r mod QPS of B sends 64 octets of r's low octet.
+        let i = (r % QPS) as usize;
+        let at = 64 * i;
+        let v = (r % 251) as u8;
+        bbuf[at..at + 64].fill(v);
+        bqps[i]
+            .post_send(SendWr {
+                wr_id: u64::from(r),
+                op: SendOp::Send {
+                    imm: None,
+                    invalidate: None,
+                },
+                payload: Payload::Sgl(SgList::single(bbuf.as_ptr() as u64 + at as u64, 64, bstag)),
+                flags: SendFlags {
+                    signaled: true,
+                    ..SendFlags::default()
+                },
+            })
+            .unwrap();
+        let end = Instant::now() + LIMIT;
+        let c = loop {
+            let n = acq.poll(&mut out[..1]);
+            if n == 1 {
+                break out[0];
+            }
+            bcq.poll(&mut bout);
+            assert!(
+                Instant::now() < end,
+                "round {r}: QP {i}'s message never came"
+            );
+        };
+        assert_eq!(c.wc.status, WcStatus::Success, "{c:?}");
+        assert_eq!(c.wc.opcode, WcOpcode::Recv);
+        let got = qp_index(c.qp_num);
+        assert_eq!(got, i, "round {r}: a completion of QP {got}");
+        assert_eq!(c.wc.wr_id, u64::from(next[i] % 8), "QP {i} out of order");
+        next[i] += 1;
+        let k = c.wc.wr_id;
+        assert!(
+            abuf[slot(i, k)..slot(i, k) + 64].iter().all(|&b| b == v),
+            "round {r}: QP {i} receive {k}"
+        );
+        post(i, k);
+        // Wait for the send's completion at B (the slot is reused).
+        let end = Instant::now() + LIMIT;
+        loop {
+            let n = bcq.poll(&mut bout[..1]);
+            if n == 1 {
+                assert_eq!(bout[0].wc.status, WcStatus::Success);
+                break;
+            }
+            assert!(Instant::now() < end, "round {r}: B's Send never completed");
+        }
+    }
+    // B's QP 5 closes its connection: A's QP 5 is noticed by the busy poll
+    // alone (the socket reports the close as readable) and its receives
+    // are flushed; the other QPs are untouched.
+    bqps[5].disconnect();
+    let end = Instant::now() + LIMIT;
+    let mut flushed = 0;
+    while flushed < 8 {
+        let n = acq.poll(&mut out);
+        for c in &out[..n] {
+            assert_eq!(qp_index(c.qp_num), 5, "{c:?}");
+            assert_eq!(c.wc.status, WcStatus::WrFlushErr, "{c:?}");
+            flushed += 1;
+        }
+        assert!(Instant::now() < end, "{flushed} of QP 5's receives flushed");
+    }
+    for q in aqps.iter().chain(&bqps) {
+        q.disconnect();
+    }
+}
