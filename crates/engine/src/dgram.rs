@@ -80,8 +80,9 @@
 //! A busy poller runs due timers itself: inline progress
 //! ([`crate::Cq::poll`]) compares the QP's armed deadline (an atomic
 //! mirror, no lock) with the clock and, when it has passed, runs
-//! `handle_timeout` under a try-locked QP lock. Once a poller has run a
-//! QP's timers, the QP is *watched*: the progress thread holds only a
+//! `handle_timeout` under a try-locked QP lock. Once a spinning poller
+//! has run a QP's timers, the QP is *watched* (set under the QP lock, by
+//! the poller only): the progress thread holds only a
 //! look-again deadline for it, and the deadlines the QP re-arms (every
 //! RD message re-arms its retransmission timer or the deferred-ACK
 //! fallback) are left to the poller instead of being armed with the
@@ -1461,7 +1462,7 @@ impl Source for DgramQpShared {
     fn on_ready(&self, _readable: bool, _writable: bool) {}
 
     fn on_timer(&self, now: Instant) {
-        let polled = self.inline_ns.load(Ordering::Relaxed);
+        let polled = self.inline_ns.load(Ordering::SeqCst);
         if polled != 0 && deadline_ns(now).saturating_sub(polled) < PARK_RECHECK.as_nanos() as u64 {
             // A busy poller runs this QP's due timers inline
             // (`progress_inline`, which stamped `inline_ns` just now):
@@ -1470,8 +1471,9 @@ impl Source for DgramQpShared {
             // preempted with the lock held). Look again when it may have
             // stopped, later each time it is still there; meanwhile the
             // QP's new deadlines are the poller's alone (`arm_at`), so
-            // the thread is not woken for each of them.
-            let every = if self.watched.swap(true, Ordering::Relaxed) {
+            // the thread is not woken for each of them. Only the poller
+            // (under the QP lock) makes the QP watched; this only keeps it.
+            let every = if self.watched.load(Ordering::Relaxed) {
                 let every = self.watch_every_ns.load(Ordering::Relaxed) * 2;
                 every.min(PARK_RECHECK_MAX.as_nanos() as u64)
             } else {
@@ -1482,7 +1484,12 @@ impl Source for DgramQpShared {
             if let Ok(p) = self.shared.progress() {
                 p.set_timer(self.token, now + Duration::from_nanos(every));
             }
-            return;
+            // A CQ armed meanwhile (`notify_armed` zeroes the stamp, then
+            // hands the QP's own deadline to this thread) may just have had
+            // that deadline replaced by the look-again: take over now.
+            if self.inline_ns.load(Ordering::SeqCst) != 0 {
+                return;
+            }
         }
         // The poller has gone quiet (or never ran): the thread owns the
         // timers again, and every deadline is armed with it.
@@ -1601,8 +1608,10 @@ impl InlineProgress for DgramQpShared {
                 // (see `watched`): the deadlines these timers re-arm are
                 // this poller's, and arming each with the thread would
                 // wake it (an eventfd write, then a core taken from a
-                // poller) for nothing.
-                if !self.watched.swap(true, Ordering::Relaxed) {
+                // poller) for nothing. Not for a poll right after the CQ
+                // was armed (the last look before blocking): only a poller
+                // that is spinning keeps the timers.
+                if self.socket.park.busy.spinning() && !self.watched.swap(true, Ordering::Relaxed) {
                     self.watch_every_ns
                         .store(PARK_RECHECK.as_nanos() as u64, Ordering::Relaxed);
                     if let Ok(p) = self.shared.progress() {
@@ -1620,14 +1629,18 @@ impl InlineProgress for DgramQpShared {
         // to send goes now, not when the fallback timer fires; the
         // progress thread runs the timers again from its next tick on.
         self.send_deferred(None);
-        self.inline_ns.store(0, Ordering::Relaxed);
-        if self.watched.swap(false, Ordering::Relaxed) {
+        self.inline_ns.store(0, Ordering::SeqCst);
+        if self.watched.load(Ordering::Relaxed) {
             // The thread held only a look-again, possibly milliseconds
-            // away: hand it the QP's own next deadline now.
+            // away: hand it the QP's own next deadline now (under the QP
+            // lock, against a poller on another thread making the QP
+            // watched again in between).
             let c = self.lock();
-            if let (Some(at), Ok(p)) = (c.timer, self.shared.progress()) {
-                bump(&self.thread_arms, 1);
-                p.set_timer(self.token, at);
+            if self.watched.swap(false, Ordering::Relaxed) {
+                if let (Some(at), Ok(p)) = (c.timer, self.shared.progress()) {
+                    bump(&self.thread_arms, 1);
+                    p.set_timer(self.token, at);
+                }
             }
         }
         self.socket.notify_armed();
