@@ -89,6 +89,11 @@ fn scale_small_run_reports_every_point() {
             );
         }
         assert!(num(l, "setup_s") > 0.0, "{l}");
+        // An empty poll of the server's CQ: well under a millisecond even
+        // with every peer's connection on it (a poll read every RC
+        // socket once: ~0.3 ms at N = 1 000).
+        let poll = num(l, "idle_poll_ns");
+        assert!(poll > 0.0 && poll < 1e6, "idle poll {poll} ns: {l}");
         // Live heap per idle peer (mallinfo2): present on glibc; UD and an
         // expired RD peer keep no state, so nothing near a peer's worth of
         // buffers (an RC QP's is ~16 KiB) stays behind per peer at N = 100.

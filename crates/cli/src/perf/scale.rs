@@ -17,7 +17,11 @@
 //!   pages and the allocator may keep freed memory, so small N are noisy;
 //! * **state**: open descriptors of the server; for RD the peer entries
 //!   still alive after the idle period (the expiry must have removed
-//!   them); for RC the connections held.
+//!   them); for RC the connections held;
+//! * **idle poll**: one empty poll of the server's CQ after the idle
+//!   period (mean of 200), every peer still open: what a busy-polling
+//!   server pays per spin with N peers on one CQ (the RC server has all N
+//!   connections on it).
 //!
 //! RC needs a descriptor per connection: the processes are started with
 //! `ulimit -n` raised to N + 1 024; when the system does not allow that,
@@ -240,6 +244,8 @@ struct Point {
     live_peers: u64,
     expired: u64,
     resent: u64,
+    /// One empty poll of the server's CQ after the idle period, ns.
+    idle_poll_ns: u64,
 }
 
 impl Point {
@@ -395,6 +401,7 @@ fn point(a: &Args, t: &Transport, n: usize, start: Instant) -> Result<Point, Str
         live_peers: res.get("live_peers")?,
         expired: res.get("expired")?,
         resent,
+        idle_poll_ns: res.get("poll_ns")?,
     })
 }
 
@@ -420,12 +427,14 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
     let _ = writeln!(
         md,
         "| transport | N | setup s | setup µs/peer | RSS before KiB | RSS setup KiB | RSS idle KiB \
-         | B/peer setup | B/peer idle | heap B/peer idle | server fds | live peer state | notes |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|"
+         | B/peer setup | B/peer idle | heap B/peer idle | server fds | live peer state \
+         | idle poll µs | notes |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     let mut csv = String::from(
         "transport,n,setup_s,rss_before,rss_setup,rss_idle,per_peer_setup_bytes,\
-         per_peer_idle_bytes,per_peer_heap_idle_bytes,fds_before,fds_idle,live_peers,expired,resent,error\n",
+         per_peer_idle_bytes,per_peer_heap_idle_bytes,fds_before,fds_idle,live_peers,expired,resent,\
+         idle_poll_ns,error\n",
     );
     let mut jsonl = String::new();
     for r in rows {
@@ -443,7 +452,7 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
                 };
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {:.3} | {:.1} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {} → {} | {state} | {} |",
+                    "| {} | {} | {:.3} | {:.1} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {} → {} | {state} | {:.2} | {} |",
                     t.label,
                     r.n,
                     p.setup_s,
@@ -456,6 +465,7 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
                     p.per_peer_heap_idle(r.n),
                     p.fds0,
                     p.fds_idle,
+                    p.idle_poll_ns as f64 / 1e3,
                     if p.resent > 0 {
                         format!("{} UD requests re-sent", p.resent)
                     } else {
@@ -464,7 +474,7 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
                 );
                 let _ = writeln!(
                     csv,
-                    "{},{},{:.6},{},{},{},{:.1},{:.1},{:.1},{},{},{},{},{},",
+                    "{},{},{:.6},{},{},{},{:.1},{:.1},{:.1},{},{},{},{},{},{},",
                     t.kind.key(),
                     r.n,
                     p.setup_s,
@@ -478,14 +488,16 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
                     p.fds_idle,
                     p.live_peers,
                     p.expired,
-                    p.resent
+                    p.resent,
+                    p.idle_poll_ns
                 );
                 let _ = writeln!(
                     jsonl,
                     "{{\"test\":\"scale\",\"transport\":\"{}\",\"n\":{},\"setup_s\":{:.6},\
                      \"rss_before\":{},\"rss_setup\":{},\"rss_idle\":{},\
                      \"per_peer_setup_bytes\":{:.1},\"per_peer_idle_bytes\":{:.1},\"per_peer_heap_idle_bytes\":{:.1},\
-                     \"fds_before\":{},\"fds_idle\":{},\"live_peers\":{},\"expired\":{},\"resent\":{}}}",
+                     \"fds_before\":{},\"fds_idle\":{},\"live_peers\":{},\"expired\":{},\"resent\":{},\
+                     \"idle_poll_ns\":{}}}",
                     t.kind.key(),
                     r.n,
                     p.setup_s,
@@ -499,20 +511,21 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
                     p.fds_idle,
                     p.live_peers,
                     p.expired,
-                    p.resent
+                    p.resent,
+                    p.idle_poll_ns
                 );
             }
             Err(e) => {
                 let _ = writeln!(
                     md,
-                    "| {} | {} | - | - | - | - | - | - | - | - | - | - | FAILED: {} |",
+                    "| {} | {} | - | - | - | - | - | - | - | - | - | - | - | FAILED: {} |",
                     t.label,
                     r.n,
                     e.replace('|', "/")
                 );
                 let _ = writeln!(
                     csv,
-                    "{},{},,,,,,,,,,,,,{}",
+                    "{},{},,,,,,,,,,,,,,{}",
                     t.kind.key(),
                     r.n,
                     e.replace([',', '\n'], ";")

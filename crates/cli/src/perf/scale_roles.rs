@@ -272,6 +272,9 @@ fn socket_brief(sock: &SocketStats) -> String {
     )
 }
 
+/// Empty polls of the server's CQ timed after the idle period.
+const IDLE_POLLS: u128 = 200;
+
 fn server(kv: &Kv) -> Result<(), String> {
     let kind = kind_of(kv)?;
     let n: usize = kv.get("n")?;
@@ -570,8 +573,15 @@ fn server(kv: &Kv) -> Result<(), String> {
             )
         }
     };
+    // What one busy poll of the server's CQ costs with every peer idle
+    // (the RC server has all N connections on it).
+    let t0 = Instant::now();
+    for _ in 0..IDLE_POLLS {
+        cq.poll(&mut buf);
+    }
+    let poll_ns = t0.elapsed().as_nanos() / IDLE_POLLS;
     say(&format!(
-        "result rss={} heap={} fds={} live_peers={live} expired={expired} errors={errors}",
+        "result rss={} heap={} fds={} live_peers={live} expired={expired} errors={errors} poll_ns={poll_ns}",
         rss(),
         heap(),
         open_fds()
