@@ -90,7 +90,9 @@
 //! is earlier than its sleep) takes a core from a poller on a small
 //! machine. When the look-again fires and the poller looked at the
 //! timers within the last `PARK_RECHECK`, the thread does not take the
-//! QP lock but looks again twice as late, up to `PARK_RECHECK_MAX`;
+//! QP lock but looks again twice as late, up to `PARK_RECHECK_MAX` (the
+//! first look-again is `WATCH_FIRST`, 4 ms, away; a QP that arms a
+//! deadline while a poller spins on its socket becomes watched too);
 //! otherwise it takes the timers back (drains the socket, runs them,
 //! arms every deadline with itself again). Arming a CQ of the QP
 //! (`req_notify`) hands the timers back at once. So a poller that stops
@@ -189,7 +191,17 @@ use softrdma_proto::wr::{DgramAddr, RecvWr, SendWr, WorkCompletion};
 use softrdma_wire::rd::Framing;
 
 use crate::cq::{AsyncEvent, Completion, Cq, Direct, InlineProgress};
-use crate::progress::{Parking, Source, PARK_RECHECK, PARK_RECHECK_MAX};
+use crate::progress::{Parking, Progress, Source, PARK_RECHECK, PARK_RECHECK_MAX};
+
+/// The first look-again of a watched QP's timers (module docs); it doubles
+/// up to [`PARK_RECHECK_MAX`] while the poller is still there. Half the
+/// longest period rather than the socket parking's 1 ms: a look-again is
+/// a wake-up that takes a core from a poller, and the first milliseconds
+/// of a ping-pong had four of them per process (1, 3, 7, 15 ms) beside
+/// the socket's own re-checks — the p99 of a 2 000-message RD cell. A
+/// poller that stops without arming its CQ still hands its timers over
+/// within two periods (16 ms at most, as before).
+const WATCH_FIRST: Duration = Duration::from_millis(4);
 use crate::sys;
 use crate::udp::{self, RxRing};
 use crate::{Context, QpCaps, QpError, Shared};
@@ -1345,11 +1357,30 @@ impl DgramQpShared {
                 // the thread's look-again takes them back if it stops.
                 return;
             }
-            if let Ok(p) = self.shared.progress() {
-                bump(&self.thread_arms, 1);
-                p.set_timer(self.token, next);
+            let Ok(p) = self.shared.progress() else {
+                return;
+            };
+            if self.socket.park.busy.spinning() {
+                // A poller spins on the socket: it will run this deadline
+                // (and the ones after it); the thread only looks again.
+                // Without this, every message of a ping-pong's first
+                // milliseconds (until the poller first ran a timer) armed
+                // and woke the thread.
+                self.start_watch(p, Instant::now());
+                return;
             }
+            bump(&self.thread_arms, 1);
+            p.set_timer(self.token, next);
         }
+    }
+
+    /// Makes the QP watched (the caller holds the QP lock): the thread
+    /// gets only a look-again, [`WATCH_FIRST`] away.
+    fn start_watch(&self, p: &Progress, now: Instant) {
+        self.watched.store(true, Ordering::Relaxed);
+        self.watch_every_ns
+            .store(WATCH_FIRST.as_nanos() as u64, Ordering::Relaxed);
+        p.set_timer(self.token, now + WATCH_FIRST);
     }
 
     /// After any engine call: transmit what it produced, arm its timer,
@@ -1611,11 +1642,9 @@ impl InlineProgress for DgramQpShared {
                 // poller) for nothing. Not for a poll right after the CQ
                 // was armed (the last look before blocking): only a poller
                 // that is spinning keeps the timers.
-                if self.socket.park.busy.spinning() && !self.watched.swap(true, Ordering::Relaxed) {
-                    self.watch_every_ns
-                        .store(PARK_RECHECK.as_nanos() as u64, Ordering::Relaxed);
+                if !self.watched.load(Ordering::Relaxed) && self.socket.park.busy.spinning() {
                     if let Ok(p) = self.shared.progress() {
-                        p.set_timer(self.token, now + PARK_RECHECK);
+                        self.start_watch(p, now);
                     }
                 }
                 self.run_timers(c, now);
@@ -2049,7 +2078,7 @@ impl Context {
             thread_arms: AtomicU64::new(0),
             thread_look_agains: AtomicU64::new(0),
             watched: AtomicBool::new(false),
-            watch_every_ns: AtomicU64::new(PARK_RECHECK.as_nanos() as u64),
+            watch_every_ns: AtomicU64::new(WATCH_FIRST.as_nanos() as u64),
             inline_ns: AtomicU64::new(0),
             inline_polls: AtomicU32::new(0),
             inline_sparse: AtomicBool::new(true),

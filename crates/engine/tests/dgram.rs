@@ -1310,7 +1310,7 @@ fn rd_ping_pong_answers_carry_the_acks() {
 /// A busy-polled RD ping-pong leaves its timers to the pollers and does not
 /// wake the progress thread for each deadline it re-arms: once a poller has
 /// run a QP's timers inline, the thread only looks again now and then
-/// (1 ms, doubling to 8 ms) and the QP arms nothing with it. Each message
+/// (4 ms, doubling to 8 ms) and the QP arms nothing with it. Each message
 /// re-arms the retransmission timer or the deferred-ACK fallback, and an
 /// arm earlier than the thread's sleep wakes it (an eventfd write); on two
 /// cores each such wake took a core from a poller for a few microseconds,
