@@ -366,13 +366,101 @@ const READY_KEYS: usize = 64;
 #[derive(Default)]
 struct Sources {
     list: Vec<Source>,
-    /// Their descriptors, level-triggered, read interest, keyed by
-    /// [`InlineProgress::progress_key`]; made at the first poll that sees
+    /// Their descriptors' readiness; made at the first poll that sees
     /// [`READY_SET_MIN`] sources.
-    ready: Option<Epoll>,
+    ready: Option<ReadySet>,
     /// The epoll instance could not be made (descriptors exhausted): not
     /// tried again; every poll reads every source.
     ready_failed: bool,
+}
+
+/// One readiness event as [`Epoll::wait`] reports it.
+type ReadyEvent = (u64, bool, bool, bool);
+
+/// A CQ's readiness set: its sources' descriptors, level-triggered, read
+/// interest, keyed by [`InlineProgress::progress_key`], and the buffer a
+/// poll's `epoll_wait` fills (kept, so that a poll neither allocates nor
+/// clears one).
+struct ReadySet {
+    ep: Epoll,
+    events: Vec<ReadyEvent>,
+}
+
+impl ReadySet {
+    /// The readiness set in `slot` and what it reports now, for a CQ with
+    /// `sources` sources, at least [`READY_SET_MIN`] (made on first use;
+    /// `failed` once it could not be); `None`: every source reads (fewer
+    /// sources, no epoll instance, or [`READY_KEYS`] or more ready).
+    fn poll<'a>(
+        slot: &'a mut Option<ReadySet>,
+        failed: &mut bool,
+        sources: usize,
+    ) -> Option<(&'a Epoll, &'a [ReadyEvent])> {
+        if sources < READY_SET_MIN || *failed {
+            return None;
+        }
+        if slot.is_none() {
+            *slot = Epoll::new().ok().map(|ep| ReadySet {
+                ep,
+                events: vec![(0, false, false, false); READY_KEYS],
+            });
+            *failed = slot.is_none();
+        }
+        let set = slot.as_mut()?;
+        match set.ep.wait(&mut set.events, 0) {
+            Ok(n) if n < READY_KEYS => Some((&set.ep, &set.events[..n])),
+            _ => None,
+        }
+    }
+}
+
+impl Source {
+    /// Whether this source, `q` under `key`, reads in a poll whose
+    /// readiness set `ep` reported `ready`; registers its descriptor the
+    /// first time (and reads then: what came before is not in `ready`),
+    /// and takes out one the progress thread no longer watches.
+    fn can_read(
+        &mut self,
+        ep: &Epoll,
+        ready: &[ReadyEvent],
+        q: &dyn InlineProgress,
+        key: usize,
+    ) -> bool {
+        if self.unwatchable {
+            return true;
+        }
+        match q.progress_fd() {
+            Some(fd) if self.fd == Some(fd) => ready.iter().any(|e| e.0 == key as u64),
+            Some(fd) => {
+                let read = Interest {
+                    read: true,
+                    write: false,
+                };
+                match ep.add(fd, key as u64, read) {
+                    Ok(()) => self.fd = Some(fd),
+                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                        // Same descriptor, possibly under a key of a
+                        // source now gone: this one's.
+                        if ep.modify(fd, key as u64, read).is_ok() {
+                            self.fd = Some(fd);
+                        }
+                    }
+                    Err(_) => self.unwatchable = true,
+                }
+                true
+            }
+            None => {
+                // No longer watched by the progress thread (a closed
+                // connection, its socket still open until the QP goes):
+                // out of the set, or its hang-up would be reported at
+                // every poll.
+                if let Some(fd) = self.fd.take() {
+                    ep.delete(fd);
+                }
+                true
+            }
+        }
+    }
 }
 
 struct Source {
@@ -557,30 +645,11 @@ impl Cq {
                 ready_failed,
             } = &mut *v;
             // With many sources, which descriptors are readable: one
-            // system call instead of a read of each. `None`: read all (a
-            // small CQ, no epoll instance, or more ready than counted).
-            let mut keys = [0u64; READY_KEYS];
-            let readable = if list.len() >= READY_SET_MIN && !*ready_failed {
-                if ready.is_none() {
-                    *ready = Epoll::new().ok();
-                    *ready_failed = ready.is_none();
-                }
-                ready.as_ref().and_then(|ep| {
-                    let mut evs = [(0u64, false, false, false); READY_KEYS];
-                    match ep.wait(&mut evs, 0) {
-                        Ok(n) if n < READY_KEYS => {
-                            for (k, e) in keys.iter_mut().zip(&evs[..n]) {
-                                *k = e.0;
-                            }
-                            self.ready_polls.fetch_add(1, Ordering::Relaxed);
-                            Some((ep, n))
-                        }
-                        _ => None,
-                    }
-                })
-            } else {
-                None
-            };
+            // system call instead of a read of each.
+            let readable = ReadySet::poll(ready, ready_failed, list.len());
+            if readable.is_some() {
+                self.ready_polls.fetch_add(1, Ordering::Relaxed);
+            }
             // Keys progressed in this poll (QPs sharing a datagram socket
             // drain it once); past the array's size, repeats are allowed.
             let mut seen = [0usize; 8];
@@ -595,43 +664,7 @@ impl Cq {
                     seen[ns] = key;
                     ns += 1;
                 }
-                let can_read = match readable {
-                    None => true,
-                    Some(_) if src.unwatchable => true,
-                    Some((ep, n)) => match q.progress_fd() {
-                        Some(fd) if src.fd == Some(fd) => keys[..n].contains(&(key as u64)),
-                        // Registered now: read this time (whatever came
-                        // before the registration is not in `keys`).
-                        Some(fd) => {
-                            let read = Interest {
-                                read: true,
-                                write: false,
-                            };
-                            match ep.add(fd, key as u64, read) {
-                                Ok(()) => src.fd = Some(fd),
-                                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                                    // Same descriptor, possibly under a
-                                    // key of a source now gone: this one's.
-                                    if ep.modify(fd, key as u64, read).is_ok() {
-                                        src.fd = Some(fd);
-                                    }
-                                }
-                                Err(_) => src.unwatchable = true,
-                            }
-                            true
-                        }
-                        None => {
-                            // No longer watched by the progress thread (a
-                            // closed connection, its socket still open
-                            // until the QP goes): out of the set, or its
-                            // hang-up would be reported at every poll.
-                            if let Some(fd) = src.fd.take() {
-                                ep.delete(fd);
-                            }
-                            true
-                        }
-                    },
-                };
+                let can_read = readable.is_none_or(|(ep, ready)| src.can_read(ep, ready, &*q, key));
                 q.progress_inline_ready(&mut direct, can_read);
             }
         }

@@ -979,25 +979,17 @@ impl QpShared {
     /// Inline progress of a CQ that knows whether the socket is readable
     /// (`Cq::poll` with many QPs): when it is not, no read is tried.
     pub(crate) fn progress_inline_ready(&self, direct: &mut Direct<'_>, readable: bool) {
-        if readable {
-            return self.progress_inline_with(Some(direct), INLINE_RX_BUDGET);
-        }
-        self.park.busy.polled();
-        let Ok(mut c) = self.core.try_lock() else {
-            return;
-        };
-        if c.link.as_ref().is_some_and(|l| l.rc.wants_transmit()) {
-            self.transmit(&mut c);
-        }
-        self.flush_to(c, Some(direct));
+        let budget = if readable { INLINE_RX_BUDGET } else { 0 };
+        self.progress_inline_with(Some(direct), budget)
     }
 
+    /// Inline progress reading up to `budget` octets (0: no read at all).
     fn progress_inline_with(&self, direct: Option<&mut Direct<'_>>, budget: usize) {
         self.park.busy.polled();
         let Ok(mut c) = self.core.try_lock() else {
             return;
         };
-        if self.receive(&mut c, budget) >= INLINE_RX_BUDGET {
+        if budget > 0 && self.receive(&mut c, budget) >= INLINE_RX_BUDGET {
             // A poll that placed this much took long enough for the
             // schedule of `polled` stamps to fall behind: stamp now, or
             // the progress thread would take the socket from the poller.

@@ -1169,6 +1169,71 @@ fn one_mib_at_mtu_9000_is_staged_and_arrives_whole() {
     assert!(rx.bytes() == tx.bytes(), "every octet in place");
 }
 
+/// One end of an RD ping-pong: a context whose CQ polls make progress
+/// inline, one CQ for both queues, an RD QP on loopback with `proto`.
+fn rd_ping_end(proto: RdQpConfig) -> End {
+    let ctx = ctx(ProgressMode::Both);
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(1024, None);
+    let qp = ctx
+        .create_rd_qp(
+            pd,
+            QpCaps::default(),
+            cq.clone(),
+            cq.clone(),
+            RdOptions {
+                bind: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+                proto,
+                ..RdOptions::default()
+            },
+        )
+        .unwrap();
+    End { ctx, pd, cq, qp }
+}
+
+/// Posts a ping-pong end's receives 0..8: 64 octets each at `buf` offset
+/// 1024 + 64 k.
+fn post_ping_recvs(e: &End, buf: &Buf) {
+    for k in 0..8 {
+        e.qp.post_recv(RecvWr {
+            wr_id: k,
+            sgl: buf.sgl(1024 + 64 * k as usize, 64),
+        })
+        .unwrap();
+    }
+}
+
+/// Polls `e` until a receive completes (reposting it, as
+/// [`post_ping_recvs`] placed it), for at most `patience`; every
+/// completion must succeed, and Send completions are counted in `sends`.
+fn wait_ping_recv(e: &End, buf: &Buf, out: &mut [Completion], sends: &mut u64, patience: Duration) {
+    let deadline = Instant::now() + patience;
+    loop {
+        let n = e.cq.poll(out);
+        let mut got = false;
+        for c in &out[..n] {
+            assert_eq!(c.wc.status, WcStatus::Success, "{:?}", c.wc);
+            match c.wc.opcode {
+                WcOpcode::Recv => {
+                    let k = c.wc.wr_id;
+                    e.qp.post_recv(RecvWr {
+                        wr_id: k,
+                        sgl: buf.sgl(1024 + 64 * k as usize, 64),
+                    })
+                    .unwrap();
+                    got = true;
+                }
+                WcOpcode::Send => *sends += 1,
+                _ => {}
+            }
+        }
+        if got {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no answer");
+    }
+}
+
 /// A busy-polled RD ping-pong sends one datagram per message: the P flag
 /// of each message asks for an ACK, and the receive by inline progress
 /// leaves it to the answer the application posts next, which carries it
@@ -1178,33 +1243,17 @@ fn one_mib_at_mtu_9000_is_staged_and_arrives_whole() {
 #[test]
 fn rd_ping_pong_answers_carry_the_acks() {
     const ROUNDS: u64 = 300;
+    // A retransmission no sooner than 300 ms: within that, only the
+    // receiver's timer can acknowledge (below).
     let rd_end = || {
-        let ctx = ctx(ProgressMode::Both);
-        let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq(1024, None);
-        let qp = ctx
-            .create_rd_qp(
-                pd,
-                QpCaps::default(),
-                cq.clone(),
-                cq.clone(),
-                RdOptions {
-                    bind: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-                    // A retransmission no sooner than 300 ms: within that,
-                    // only the receiver's timer can acknowledge (below).
-                    proto: RdQpConfig {
-                        rd: RdConfig {
-                            rto_min: Duration::from_millis(300),
-                            rto_initial: Duration::from_millis(300),
-                            ..RdConfig::default()
-                        },
-                        ..RdQpConfig::default()
-                    },
-                    ..RdOptions::default()
-                },
-            )
-            .unwrap();
-        End { ctx, pd, cq, qp }
+        rd_ping_end(RdQpConfig {
+            rd: RdConfig {
+                rto_min: Duration::from_millis(300),
+                rto_initial: Duration::from_millis(300),
+                ..RdConfig::default()
+            },
+            ..RdQpConfig::default()
+        })
     };
     let rd_control = |qp: &DgramQpHandle| match qp.stats().proto {
         ProtoStats::Rd(s) => s.rd.control_sent,
@@ -1219,46 +1268,11 @@ fn rd_ping_pong_answers_carry_the_acks() {
     let abuf = Buf::new(&a.ctx, a.pd, 4096, RW);
     let bbuf = Buf::new(&b.ctx, b.pd, 4096, RW);
     let (ad, bd) = (a.qp.local_addr(), b.qp.local_addr());
-    for k in 0..8 {
-        a.qp.post_recv(RecvWr {
-            wr_id: k,
-            sgl: abuf.sgl(1024 + 64 * k as usize, 64),
-        })
-        .unwrap();
-        b.qp.post_recv(RecvWr {
-            wr_id: k,
-            sgl: bbuf.sgl(1024 + 64 * k as usize, 64),
-        })
-        .unwrap();
-    }
+    post_ping_recvs(&a, &abuf);
+    post_ping_recvs(&b, &bbuf);
     let mut out = [blank(); 16];
-    // Polls `e` until a receive completes (reposting it); counts Sends.
     let wait_recv = |e: &End, buf: &Buf, out: &mut [Completion], sends: &mut u64| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let n = e.cq.poll(out);
-            let mut got = false;
-            for c in &out[..n] {
-                assert_eq!(c.wc.status, WcStatus::Success, "{:?}", c.wc);
-                match c.wc.opcode {
-                    WcOpcode::Recv => {
-                        let k = c.wc.wr_id;
-                        e.qp.post_recv(RecvWr {
-                            wr_id: k,
-                            sgl: buf.sgl(1024 + 64 * k as usize, 64),
-                        })
-                        .unwrap();
-                        got = true;
-                    }
-                    WcOpcode::Send => *sends += 1,
-                    _ => {}
-                }
-            }
-            if got {
-                return;
-            }
-            assert!(Instant::now() < deadline, "no answer");
-        }
+        wait_ping_recv(e, buf, out, sends, Duration::from_secs(10))
     };
     let (mut a_sends, mut b_sends) = (0u64, 0u64);
     for i in 0..ROUNDS {
@@ -1318,61 +1332,19 @@ fn rd_ping_pong_answers_carry_the_acks() {
 #[test]
 fn busy_polled_rd_ping_pong_leaves_the_progress_thread_asleep() {
     const ROUNDS: u64 = 4000;
-    let rd_end = || {
-        let ctx = ctx(ProgressMode::Both);
-        let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq(1024, None);
-        let qp = ctx
-            .create_rd_qp(
-                pd,
-                QpCaps::default(),
-                cq.clone(),
-                cq.clone(),
-                RdOptions {
-                    bind: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-                    ..RdOptions::default()
-                },
-            )
-            .unwrap();
-        End { ctx, pd, cq, qp }
-    };
-    let (a, b) = (rd_end(), rd_end());
+    let (a, b) = (
+        rd_ping_end(RdQpConfig::default()),
+        rd_ping_end(RdQpConfig::default()),
+    );
     let abuf = Buf::new(&a.ctx, a.pd, 4096, RW);
     let bbuf = Buf::new(&b.ctx, b.pd, 4096, RW);
     let (ad, bd) = (a.qp.local_addr(), b.qp.local_addr());
-    for k in 0..8 {
-        for (e, buf) in [(&a, &abuf), (&b, &bbuf)] {
-            e.qp.post_recv(RecvWr {
-                wr_id: k,
-                sgl: buf.sgl(1024 + 64 * k as usize, 64),
-            })
-            .unwrap();
-        }
-    }
+    post_ping_recvs(&a, &abuf);
+    post_ping_recvs(&b, &bbuf);
     let mut out = [blank(); 16];
-    // Polls `e` until a receive completes (reposting it).
-    let wait_recv = |e: &End, buf: &Buf, out: &mut [Completion]| {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let n = e.cq.poll(out);
-            let mut got = false;
-            for c in &out[..n] {
-                assert_eq!(c.wc.status, WcStatus::Success, "{:?}", c.wc);
-                if c.wc.opcode == WcOpcode::Recv {
-                    let k = c.wc.wr_id;
-                    e.qp.post_recv(RecvWr {
-                        wr_id: k,
-                        sgl: buf.sgl(1024 + 64 * k as usize, 64),
-                    })
-                    .unwrap();
-                    got = true;
-                }
-            }
-            if got {
-                return;
-            }
-            assert!(Instant::now() < deadline, "no answer");
-        }
+    let mut sends = 0u64;
+    let mut wait_recv = |e: &End, buf: &Buf, out: &mut [Completion]| {
+        wait_ping_recv(e, buf, out, &mut sends, Duration::from_secs(20))
     };
     let started = Instant::now();
     for i in 0..ROUNDS {
