@@ -415,8 +415,9 @@ fn dgram_latency_floor() {
     assert!(all.contains("(one datagram)"), "{all}");
 }
 
-/// `tcp_crc_bw` and `udp_crc_bw` (the CRC ceilings) and `tcp_mpa_bw` (the
-/// floor of RC Write bandwidth without CRC) run alone as baselines, and as
+/// `tcp_crc_bw` and `udp_crc_bw` (the CRC ceilings), `tcp_mpa_bw` and
+/// `tcp_mpa_crc_bw` (the floors of RC Write bandwidth without and with CRC)
+/// run alone as baselines, and as
 /// tests they are measured against `tcp_bw`/`udp_bw` of the same run.
 #[test]
 fn crc_ceiling_baselines() {
@@ -424,6 +425,7 @@ fn crc_ceiling_baselines() {
         ("tcp_crc_bw", "tcp_bw", "crc32c"),
         ("udp_crc_bw", "udp_bw", "crc32c"),
         ("tcp_mpa_bw", "tcp_bw", "RDMA Write FPDUs without CRC"),
+        ("tcp_mpa_crc_bw", "tcp_bw", "RDMA Write FPDUs with CRC32C"),
     ] {
         crc_ceiling(b, raw, note);
     }
@@ -880,6 +882,7 @@ fn quick_suite_writes_report_and_pngs() {
         ("tcp_mpa_lat", "tcp_lat", "RC latency floor"),
         ("udp_dgram_lat", "udp_lat", "UD latency floor"),
         ("tcp_mpa_bw", "tcp_bw", "RC no-CRC bandwidth floor"),
+        ("tcp_mpa_crc_bw", "tcp_bw", "RC CRC bandwidth floor"),
         ("udp_lat", "tcp_lat", "UD/RC latency floor"),
     ] {
         assert!(
@@ -891,6 +894,10 @@ fn quick_suite_writes_report_and_pngs() {
     }
     assert!(
         stdout.contains("floor: raw TCP stream as RC Writes, no CRC"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("floor: raw TCP stream as RC Writes with CRC"),
         "{stdout}"
     );
     assert!(

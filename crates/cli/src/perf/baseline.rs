@@ -31,6 +31,13 @@
 //! * `tcp_mpa_bw`: `tcp_bw` whose stream is RDMA Write FPDUs without CRC,
 //!   each payload read into place by its own `readv` (the floor of RC
 //!   Write bandwidth without CRC; module [`super::mpa_bw`]).
+//! * `tcp_mpa_crc_bw`: `tcp_mpa_bw` with the MPA CRC: each FPDU's CRC32C
+//!   computed by the sender right before it is written (in batches of
+//!   256 KiB, as the RC engine does) and checked by the receiver over the
+//!   payload where it was placed. Framing, per-FPDU reads and CRC
+//!   together: the floor of RC Write bandwidth with CRC, which
+//!   `tcp_crc_bw` (CRC over a plain stream read 256 KiB at a time) is
+//!   not.
 //! * `tcp_crc_bw`: `tcp_bw` with CRC32C (the MPA CRC, same code) over
 //!   every octet at both ends: the sender over each message before
 //!   writing it, the receiver over each read. Kernel sockets give no way
@@ -236,7 +243,7 @@ fn serve_tcp(spec: &Spec, ctrl: &mut Ctrl, ip: IpAddr) -> io::Result<()> {
         }
     } else if is_mpa_bw(spec) {
         let mut region = vec![0u8; spec.size.max(1)];
-        octets = super::mpa_bw::receive(&mut s, &mut region, &mut w)?;
+        octets = super::mpa_bw::receive(&mut s, &mut region, &mut w, is_mpa_crc_bw(spec))?;
         std::hint::black_box(&region);
         write_full(&mut s, &[1], &mut w)?;
     } else {
@@ -537,10 +544,15 @@ fn tcp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
     let crc = with_crc(spec);
     // tcp_mpa_bw: every message framed as RC would frame a Write of it on
     // this connection (SOFTRDMA_MAX_FPDU applies as it does to RC).
-    let frames = if is_mpa_bw(spec) {
+    let mut frames = if is_mpa_bw(spec) {
         let cfg = softrdma_engine::config::Config::from_env().map_err(io::Error::other)?;
         let ulpdu = softrdma_engine::cm::max_ulpdu(&cfg, &s, false);
-        Some(super::mpa_bw::WriteFrames::new(spec.size, 0, ulpdu)?)
+        Some(super::mpa_bw::WriteFrames::new(
+            spec.size,
+            0,
+            ulpdu,
+            is_mpa_crc_bw(spec),
+        )?)
     } else {
         None
     };
@@ -551,8 +563,8 @@ fn tcp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
         if crc {
             sum ^= softrdma_wire::crc::crc32c(std::hint::black_box(&msg));
         }
-        match &frames {
-            Some(f) => f.write(&mut s, &msg, &mut w)?,
+        match &mut frames {
+            Some(f) => f.write(&mut s, std::hint::black_box(&msg), &mut w)?,
             None => write_full(&mut s, &msg, &mut w)?,
         }
         sent += 1;
@@ -581,6 +593,10 @@ fn tcp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
         secs,
         tcp_cc: softrdma_engine::tcp_congestion(&s).ok(),
         note: match (&frames, crc) {
+            (Some(f), _) if is_mpa_crc_bw(spec) => format!(
+                "RDMA Write FPDUs with CRC32C both ends, {} per message, one readv per FPDU; timed to the receiver's ack",
+                f.count()
+            ),
             (Some(f), _) => format!(
                 "RDMA Write FPDUs without CRC, {} per message, one readv per FPDU; timed to the receiver's ack",
                 f.count()
@@ -597,9 +613,15 @@ fn with_crc(spec: &Spec) -> bool {
     matches!(spec.test.name, "tcp_crc_bw" | "udp_crc_bw")
 }
 
-/// True for `tcp_mpa_bw` (`tcp_bw` framed as RC Writes without CRC).
+/// True for `tcp_mpa_bw` and `tcp_mpa_crc_bw` (`tcp_bw` framed as RC
+/// Writes, without and with CRC).
 fn is_mpa_bw(spec: &Spec) -> bool {
-    spec.test.name == "tcp_mpa_bw"
+    matches!(spec.test.name, "tcp_mpa_bw" | "tcp_mpa_crc_bw")
+}
+
+/// True for `tcp_mpa_crc_bw` (`tcp_bw` framed as RC Writes with CRC).
+fn is_mpa_crc_bw(spec: &Spec) -> bool {
+    spec.test.name == "tcp_mpa_crc_bw"
 }
 
 /// True for `tcp_mpa_lat` (`tcp_lat` framed as RC Sends).

@@ -105,6 +105,9 @@ pub(crate) const BASELINES: &[TestDef] = &[
     // `tcp_bw` framed as RC Writes without CRC, each FPDU's payload read
     // into place by its own readv: the floor of no-CRC RC Write bandwidth.
     t("tcp_mpa_bw", Op::Tcp, Kind::Bw),
+    // The same with the MPA CRC at both ends (batched as RC batches it):
+    // the floor of RC Write bandwidth with CRC.
+    t("tcp_mpa_crc_bw", Op::Tcp, Kind::Bw),
     // `tcp_bw` plus CRC32C over every octet at both ends: the ceiling of
     // an MPA stream with CRC over kernel sockets (see baseline.rs).
     t("tcp_crc_bw", Op::Tcp, Kind::Bw),
@@ -123,7 +126,7 @@ pub(crate) fn reference_of(test: &TestDef) -> Option<&'static TestDef> {
         "udp_lat" => test_by_name("tcp_lat"),
         "tcp_mpa_lat" => test_by_name("tcp_lat"),
         "udp_dgram_lat" => test_by_name("udp_lat"),
-        "tcp_mpa_bw" => test_by_name("tcp_bw"),
+        "tcp_mpa_bw" | "tcp_mpa_crc_bw" => test_by_name("tcp_bw"),
         "udp_crc_bw" => test_by_name("udp_bw"),
         _ => None,
     }

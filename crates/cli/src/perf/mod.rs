@@ -60,12 +60,13 @@ B:    tcp_lat tcp_bw udp_lat udp_bw
       are RC Send FPDUs framed and checked by the wire code alone, the
       floor of RC latency), tcp_mpa_bw (tcp_bw whose stream is RC Write
       FPDUs without CRC, each payload read into place by its own readv,
-      the floor of RC Write bandwidth without CRC), udp_dgram_lat
-      (udp_lat whose datagrams are UD Sends framed and checked by the
-      wire code alone, the floor of UD latency); `softrdma perf
-      tcp_crc_bw|udp_crc_bw|tcp_mpa_lat|tcp_mpa_bw|udp_dgram_lat|udp_lat`
-      gives the ratio to tcp_bw|udp_bw|tcp_lat|tcp_bw|udp_lat|tcp_lat of
-      the same run (udp_lat against tcp_lat: the floor of UD latency
+      the floor of RC Write bandwidth without CRC), tcp_mpa_crc_bw
+      (tcp_mpa_bw with the MPA CRC32C at both ends, the floor of RC Write
+      bandwidth with CRC), udp_dgram_lat (udp_lat whose datagrams are UD
+      Sends framed and checked by the wire code alone, the floor of UD
+      latency); `softrdma perf tcp_crc_bw|udp_crc_bw|tcp_mpa_lat|
+      tcp_mpa_bw|tcp_mpa_crc_bw|udp_dgram_lat|udp_lat` gives the ratio to
+      tcp_bw|udp_bw|tcp_lat|tcp_bw|tcp_bw|udp_lat|tcp_lat of the same run (udp_lat against tcp_lat: the floor of UD latency
       below RC's)
 
 options:
@@ -141,10 +142,10 @@ pub fn main(args: &[String]) -> ExitCode {
                 test_main(b, &rest)
             }
             Some(b) => usage_error(&format!(
-                "unknown baseline {b:?} (tcp_lat, tcp_bw, udp_lat, udp_bw, tcp_crc_bw, udp_crc_bw, tcp_mpa_lat, tcp_mpa_bw, udp_dgram_lat)"
+                "unknown baseline {b:?} (tcp_lat, tcp_bw, udp_lat, udp_bw, tcp_crc_bw, udp_crc_bw, tcp_mpa_lat, tcp_mpa_bw, tcp_mpa_crc_bw, udp_dgram_lat)"
             )),
             None => usage_error(
-                "baseline: which one? (tcp_lat, tcp_bw, udp_lat, udp_bw, tcp_crc_bw, udp_crc_bw, tcp_mpa_lat, tcp_mpa_bw, udp_dgram_lat)",
+                "baseline: which one? (tcp_lat, tcp_bw, udp_lat, udp_bw, tcp_crc_bw, udp_crc_bw, tcp_mpa_lat, tcp_mpa_bw, tcp_mpa_crc_bw, udp_dgram_lat)",
             ),
         },
         Some(t) if test_by_name(t).is_some() => test_main(t, &args[1..]),

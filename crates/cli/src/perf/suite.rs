@@ -154,11 +154,12 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
         no_crc: false,
         target: false,
     });
-    // The ceiling of the CRC target (a raw TCP stream that checksums what
-    // it moves) and the floor of the no-CRC one (a raw TCP stream framed
-    // as RC Writes without CRC, each FPDU's payload read into place by its
-    // own readv), each against the raw stream.
-    for test in ["tcp_crc_bw", "tcp_mpa_bw"] {
+    // The bounds of the CRC target — a raw TCP stream that checksums what
+    // it moves, and one framed as RC Writes with CRC, each FPDU's payload
+    // read into place by its own readv and checksummed there — and the
+    // floor of the no-CRC one (the same stream without CRC), each against
+    // the raw stream.
+    for test in ["tcp_mpa_crc_bw", "tcp_crc_bw", "tcp_mpa_bw"] {
         g.push(Group {
             test,
             transport: "tcp",
@@ -190,19 +191,27 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
         target: false,
     });
     // The cells of the issue-5 targets first, so that a slow machine
-    // spends its budget on them; the table is sorted back afterwards.
+    // spends its budget on them; the table is sorted back afterwards. A
+    // bandwidth target's bounds run right behind it: the raw TCP stream
+    // moves between states minutes apart, and a bound measured in another
+    // state than its target says little about it.
     let first = [
         ("send_lat", "rc"),
         ("write_lat", "rc"),
         ("send_lat", "ud"),
         ("write_bw", "rc"),
+        ("tcp_mpa_crc_bw", "tcp"),
+        ("tcp_crc_bw", "tcp"),
         ("write_record_bw", "ud"),
+        ("udp_crc_bw", "udp"),
     ];
     g.sort_by_key(|x| {
         first
             .iter()
             .position(|&(t, tr)| x.test == t && x.transport == tr && !x.no_crc)
-            .unwrap_or(if x.no_crc {
+            // The no-CRC Write group, then its floor (in that order in
+            // `g`; the sort is stable).
+            .unwrap_or(if x.no_crc || x.test == "tcp_mpa_bw" {
                 first.len()
             } else {
                 first.len() + 1
@@ -687,9 +696,10 @@ const TARGET_LAT: [(&str, &str); 6] = [
 
 /// The bandwidth cells (test, transport, size, without CRC) the issue-5
 /// targets and their floors and ceilings are read from.
-const TARGET_BW: [(&str, &str, usize, bool); 6] = [
+const TARGET_BW: [(&str, &str, usize, bool); 7] = [
     ("write_bw", "rc", 1 << 20, false),
     ("write_bw", "rc", 1 << 20, true),
+    ("tcp_mpa_crc_bw", "tcp", 1 << 20, false),
     ("tcp_crc_bw", "tcp", 1 << 20, false),
     ("tcp_mpa_bw", "tcp", 1 << 20, false),
     ("write_record_bw", "ud", 64 << 10, false),
@@ -775,6 +785,25 @@ fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> Str
         "-",
     );
     line(
+        "  floor: raw TCP stream as RC Writes with CRC / raw",
+        ratio("tcp_mpa_crc_bw", "tcp", 1 << 20, None),
+        "-",
+    );
+    // The engine's share: RC against the protocol's own floor, each
+    // against the raw stream of its own moment.
+    let over = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    line(
+        "  RC / that floor, each against raw of its moment",
+        over(
+            ratio("write_bw", "rc", 1 << 20, Some(true)),
+            ratio("tcp_mpa_crc_bw", "tcp", 1 << 20, None),
+        ),
+        "-",
+    );
+    line(
         "RC write_bw 1 MiB, CRC off / raw TCP stream",
         ratio("write_bw", "rc", 1 << 20, Some(false)),
         ">= 0.95",
@@ -782,6 +811,14 @@ fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> Str
     line(
         "  floor: raw TCP stream as RC Writes, no CRC / raw",
         ratio("tcp_mpa_bw", "tcp", 1 << 20, None),
+        "-",
+    );
+    line(
+        "  RC / that floor, each against raw of its moment",
+        over(
+            ratio("write_bw", "rc", 1 << 20, Some(false)),
+            ratio("tcp_mpa_bw", "tcp", 1 << 20, None),
+        ),
         "-",
     );
     line(
@@ -1261,7 +1298,10 @@ trailer + placement copy) are the ceilings of CRC'd RC and datagram bandwidth; \
 alone) is the floor of RC latency: what the protocol costs without the engine, \
 and `udp_dgram_lat` (raw ping-pong of UD Send datagrams, likewise) that of UD latency; \
 `tcp_mpa_bw` (raw stream of RC Write FPDUs without CRC, each payload read into place \
-by its own `readv` after its header) is the floor of RC Write bandwidth without CRC; \
+by its own `readv` after its header) is the floor of RC Write bandwidth without CRC, \
+and `tcp_mpa_crc_bw` (the same stream with the MPA CRC32C computed by the sender and \
+checked by the receiver over the placed payload) the floor of RC Write bandwidth with \
+CRC; \"RC / that floor\" is the engine's share of a bandwidth target; \
 `udp_lat` against `tcp_lat` (the raw UDP ping-pong alternated with the raw TCP one) \
 is the floor of the UD/RC latency target: how far below TCP raw UDP itself is.\n\
 * `ERROR:` rows are cells that failed, with the reason; the suite's exit code is then 1.\n"
@@ -1361,6 +1401,25 @@ mod tests {
                 && TARGET_BW.contains(&(g.test, g.transport, g.sizes[0], g.no_crc));
             assert_eq!(g.target, lat || bw, "{} {}", g.test, g.transport);
         }
+        // A bandwidth target's bounds run right behind it (the raw stream
+        // changes state between minutes).
+        let at = |test: &str, transport: &str, size: usize, no_crc: bool| {
+            gs.iter()
+                .position(|g| {
+                    (g.test, g.transport, g.no_crc) == (test, transport, no_crc)
+                        && g.sizes.contains(&size)
+                })
+                .unwrap_or_else(|| panic!("no group for {test} {transport} {size}"))
+        };
+        let rc_crc = at("write_bw", "rc", 1 << 20, false);
+        assert_eq!(at("tcp_mpa_crc_bw", "tcp", 1 << 20, false), rc_crc + 1);
+        assert_eq!(at("tcp_crc_bw", "tcp", 1 << 20, false), rc_crc + 2);
+        let wr = at("write_record_bw", "ud", 64 << 10, false);
+        assert_eq!(at("udp_crc_bw", "udp", 64 << 10, false), wr + 1);
+        assert_eq!(
+            at("tcp_mpa_bw", "tcp", 1 << 20, false),
+            at("write_bw", "rc", 1 << 20, true) + 1
+        );
         // --quick splits nothing: the same cells as its groups had.
         let quick = parse(&["--quick".to_string()]).unwrap();
         let qs = groups(&quick);
