@@ -1154,6 +1154,10 @@ fn tcp_congestion_control_is_named_and_checked() {
     }
     let err = text(&run(&[&tcp_bw[..], &["--tcp-cc", "no_such_cc"]].concat(), None).stderr);
     assert!(err.contains("allowed to this process"), "{err}");
+    assert!(
+        err.contains("loaded (any of them with CAP_NET_ADMIN)"),
+        "{err}"
+    );
     // From the environment: named as the variable; usage still answers.
     let out = run(&tcp_bw, Some("no_such_cc"));
     assert_eq!(out.status.code(), Some(2));

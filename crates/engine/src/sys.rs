@@ -185,14 +185,20 @@ fn tcp_socket(domain: libc::c_int) -> io::Result<OwnedFd> {
 pub(crate) fn probe_tcp_congestion(name: &str) -> io::Result<()> {
     let sock = tcp_socket(libc::AF_INET)?;
     set_tcp_congestion(sock.as_raw_fd(), name).map_err(|e| {
-        let allowed = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_else(|_| "unknown".into());
+        let list = |what: &str| {
+            std::fs::read_to_string(format!("/proc/sys/net/ipv4/tcp_{what}_congestion_control"))
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "unknown".into())
+        };
+        // The allowed list is what an unprivileged process may set; with
+        // CAP_NET_ADMIN any loaded algorithm is allowed, so both are named.
         io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
                 "SOFTRDMA_TCP_CONGESTION={name}: the kernel refuses it ({e}); \
-                 allowed to this process: {allowed}"
+                 allowed to this process: {}; loaded (any of them with CAP_NET_ADMIN): {}",
+                list("allowed"),
+                list("available")
             ),
         )
     })
