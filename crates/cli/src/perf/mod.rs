@@ -66,8 +66,8 @@ B:    tcp_lat tcp_bw udp_lat udp_bw
       Sends framed and checked by the wire code alone, the floor of UD
       latency); `softrdma perf tcp_crc_bw|udp_crc_bw|tcp_mpa_lat|
       tcp_mpa_bw|tcp_mpa_crc_bw|udp_dgram_lat|udp_lat` gives the ratio to
-      tcp_bw|udp_bw|tcp_lat|tcp_bw|tcp_bw|udp_lat|tcp_lat of the same run (udp_lat against tcp_lat: the floor of UD latency
-      below RC's)
+      tcp_bw|udp_bw|tcp_lat|tcp_bw|tcp_bw|udp_lat|tcp_lat of the same run
+      (udp_lat against tcp_lat: the floor of UD latency below RC's)
 
 options:
   --transport rc|ud|rd|dc  (default rc; write_record_* default ud; dc also

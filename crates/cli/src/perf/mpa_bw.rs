@@ -37,9 +37,8 @@
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::TcpStream;
 
-use softrdma_wire::crc::Crc32c;
 use softrdma_wire::ddp::{DdpHeader, Mode};
-use softrdma_wire::fpdu::{self, Deframer, Event, CRC_LEN, LEN_FIELD};
+use softrdma_wire::fpdu::{self, Chunk, Deframer, Event, Framer, CRC_LEN, LEN_FIELD};
 use softrdma_wire::rdmap::{Opcode, SegmentRepr};
 
 use super::cell::Watch;
@@ -51,7 +50,7 @@ const TAGGED_HDR: usize = 14;
 /// With CRC, the octets of FPDUs checksummed before they are written: a
 /// batch ends once it holds this many (the RC engine's bound, which keeps
 /// what the CRC just read in the L2 cache for the kernel's copy).
-pub(crate) const CRC_BATCH_BYTES: usize = 1 << 18;
+const CRC_BATCH_BYTES: usize = 1 << 18;
 
 /// The FPDUs of one message: per segment its MPA length field plus
 /// header, the payload's place in the message and the trailer length.
@@ -112,6 +111,10 @@ impl WriteFrames {
     /// each batch's CRCs computed right before it is written.
     pub(crate) fn write(&mut self, s: &mut TcpStream, msg: &[u8], w: &mut Watch) -> io::Result<()> {
         let n = self.spans.len();
+        // The wire code's framer computes each trailer (pad and CRC); the
+        // octets it hands back borrowed are the header and payload the
+        // io-vectors already point at.
+        let mut framer = Framer::new(true, false);
         let mut first = 0;
         while first < n {
             let mut end = first;
@@ -119,12 +122,18 @@ impl WriteFrames {
             while end < n && (!self.crc || bytes < CRC_BATCH_BYTES) {
                 let (at, len, trailer) = self.spans[end];
                 if self.crc {
-                    let pad = trailer - CRC_LEN;
-                    let mut c = Crc32c::new();
-                    c.update(&self.headers[end]);
-                    c.update(&msg[at..at + len]);
-                    c.update(&[0u8; 3][..pad]);
-                    self.trailers[end][pad..trailer].copy_from_slice(&c.wire_bytes());
+                    let slot = &mut self.trailers[end];
+                    let mut filled = 0;
+                    framer
+                        .frame(&self.headers[end], &[&msg[at..at + len]], |c| {
+                            if let Chunk::Inline(t) = c {
+                                let t = t.as_slice();
+                                slot[filled..filled + t.len()].copy_from_slice(t);
+                                filled += t.len();
+                            }
+                        })
+                        .map_err(|e| io::Error::other(format!("tcp_mpa_crc_bw: {e:?}")))?;
+                    debug_assert_eq!(filled, trailer, "pad and CRC field");
                 }
                 bytes += self.headers[end].len() + len + trailer;
                 end += 1;

@@ -195,27 +195,24 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
     // bandwidth target's bounds run right behind it: the raw TCP stream
     // moves between states minutes apart, and a bound measured in another
     // state than its target says little about it.
+    // (test, transport, without CRC)
     let first = [
-        ("send_lat", "rc"),
-        ("write_lat", "rc"),
-        ("send_lat", "ud"),
-        ("write_bw", "rc"),
-        ("tcp_mpa_crc_bw", "tcp"),
-        ("tcp_crc_bw", "tcp"),
-        ("write_record_bw", "ud"),
-        ("udp_crc_bw", "udp"),
+        ("send_lat", "rc", false),
+        ("write_lat", "rc", false),
+        ("send_lat", "ud", false),
+        ("write_bw", "rc", false),
+        ("tcp_mpa_crc_bw", "tcp", false),
+        ("tcp_crc_bw", "tcp", false),
+        ("write_record_bw", "ud", false),
+        ("udp_crc_bw", "udp", false),
+        ("write_bw", "rc", true),
+        ("tcp_mpa_bw", "tcp", false),
     ];
     g.sort_by_key(|x| {
         first
             .iter()
-            .position(|&(t, tr)| x.test == t && x.transport == tr && !x.no_crc)
-            // The no-CRC Write group, then its floor (in that order in
-            // `g`; the sort is stable).
-            .unwrap_or(if x.no_crc || x.test == "tcp_mpa_bw" {
-                first.len()
-            } else {
-                first.len() + 1
-            })
+            .position(|&k| (x.test, x.transport, x.no_crc) == k)
+            .unwrap_or(first.len())
     });
     // The target cells, and their floors and ceilings, run longer (see
     // `Group::target`): latency groups whole; a bandwidth target's size
@@ -789,18 +786,18 @@ fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> Str
         ratio("tcp_mpa_crc_bw", "tcp", 1 << 20, None),
         "-",
     );
-    // The engine's share: RC against the protocol's own floor, each
-    // against the raw stream of its own moment.
-    let over = |a: Option<f64>, b: Option<f64>| match (a, b) {
+    // The engine's share: RC 1 MiB Writes (with CRC or not) against the
+    // protocol's own floor, each against the raw stream of its own moment.
+    let rc_over_floor = |crc: bool, floor: &str| match (
+        ratio("write_bw", "rc", 1 << 20, Some(crc)),
+        ratio(floor, "tcp", 1 << 20, None),
+    ) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
         _ => None,
     };
     line(
         "  RC / that floor, each against raw of its moment",
-        over(
-            ratio("write_bw", "rc", 1 << 20, Some(true)),
-            ratio("tcp_mpa_crc_bw", "tcp", 1 << 20, None),
-        ),
+        rc_over_floor(true, "tcp_mpa_crc_bw"),
         "-",
     );
     line(
@@ -815,10 +812,7 @@ fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> Str
     );
     line(
         "  RC / that floor, each against raw of its moment",
-        over(
-            ratio("write_bw", "rc", 1 << 20, Some(false)),
-            ratio("tcp_mpa_bw", "tcp", 1 << 20, None),
-        ),
+        rc_over_floor(false, "tcp_mpa_bw"),
         "-",
     );
     line(
