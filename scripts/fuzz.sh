@@ -4,8 +4,7 @@
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET]      (default 30)
 #
-# Seeds come from the golden vectors in ../shared/testdata/iwarp/golden.txt
-# (next to this repository), written fresh into target/fuzz-seeds/ each run.
+# Seeds come from the golden vectors in testdata/iwarp/golden.txt, written fresh into target/fuzz-seeds/ each run.
 # A crash leaves its input in fuzz/artifacts/<target>/ and stops the script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +22,7 @@ else
     fuzz=(cargo fuzz)
 fi
 
-golden=../shared/testdata/iwarp/golden.txt
+golden=testdata/iwarp/golden.txt
 seeds=target/fuzz-seeds
 rm -rf "$seeds"
 python3 scripts/fuzz-seeds.py "$golden" "$seeds"

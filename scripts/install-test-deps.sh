@@ -13,7 +13,7 @@
 set -euo pipefail
 
 APT_PACKAGES=(
-    tshark # softrdma-sim: decodes MPA/DDP/RDMAP captures (shared/docs/wire.md §12)
+    tshark # softrdma-sim: decodes MPA/DDP/RDMAP captures, the outside check of the wire code
     iproute2 # softrdma-sim netns: two-host tests in network namespaces joined by veth
     nftables # softrdma-sim netns: kernel packet loss (numgen random drop rules)
     iputils-ping # softrdma-sim netns: checks the veth link

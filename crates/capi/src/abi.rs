@@ -1,8 +1,7 @@
 //! The C structures of rdma-core 44 (`infiniband/verbs.h`, x86_64), as
 //! Rust `#[repr(C)]` types.
 //!
-//! Transcribed field by field from Debian 12's `libibverbs-dev` headers
-//! (the same headers `shared/docs/abi-data/layout.txt` was printed from).
+//! Transcribed field by field from Debian 12's `libibverbs-dev` headers.
 //! `tests/layout.rs` compiles a C program against the installed headers that
 //! prints `sizeof` and every field's `offsetof`/size of each structure here
 //! and compares them with [`layout_table`]: a field moved, resized or

@@ -4,9 +4,11 @@
 //!   valid IPv4/TCP/UDP checksums, synthesizes whole TCP connections
 //!   ([`pcap::TcpSession`]) and UDP flows ([`pcap::UdpFlow`]), and reads pcap
 //!   files back ([`pcap::PcapFile`], [`pcap::decode_frame`]).
-//! * [`tshark`]: drives the system `tshark` with the options from
-//!   `shared/docs/wire.md` §12.3 and extracts what the tests check (fields,
-//!   MPA CRC verdicts, expert errors, malformed frames).
+//! * [`tshark`]: drives the system `tshark` with the options that make its
+//!   iWARP dissector decode MPA/DDP/RDMAP reliably and extracts what the
+//!   tests check (fields, MPA CRC verdicts, expert errors, malformed frames).
+//! * [`iwarp_testdata`]: the golden vectors and captures in the
+//!   repository's `testdata/iwarp/` (not produced by softrdma).
 //!
 //! This crate deliberately does not depend on `softrdma-wire`: it is the
 //! independent side of the check.
@@ -19,22 +21,14 @@ pub mod tshark;
 
 use std::path::PathBuf;
 
-/// The project's `shared/` folder, which sits beside the repository root.
-///
-/// Located relative to this crate's manifest directory
-/// (`<repo>/crates/sim/../../../shared`), so it works in any checkout that
-/// has `shared/` next to the repository.
-pub fn shared_dir() -> PathBuf {
+/// The golden iWARP captures and vectors: `testdata/iwarp/` at the
+/// repository root, located from this crate's manifest directory.
+pub fn iwarp_testdata_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .join("..")
-        .join("..")
-        .join("shared")
-}
-
-/// The golden iWARP captures and vectors: `shared/testdata/iwarp/`.
-pub fn iwarp_testdata_dir() -> PathBuf {
-    shared_dir().join("testdata").join("iwarp")
+        .join("testdata")
+        .join("iwarp")
 }
 
 /// Path of one file in [`iwarp_testdata_dir`].
@@ -47,7 +41,7 @@ pub fn iwarp_testdata(name: &str) -> PathBuf {
     let path = iwarp_testdata_dir().join(name);
     assert!(
         path.is_file(),
-        "golden test file {} is missing (expected shared/ beside the repository root)",
+        "golden test file {} is missing (it belongs in testdata/iwarp/ of the repository)",
         path.display()
     );
     path

@@ -1,8 +1,11 @@
 //! Driver for the system `tshark` (Wireshark's command-line dissector).
 //!
-//! Every run uses the base options of `shared/docs/wire.md` §12.3:
-//! `-n -o tcp.try_heuristic_first:TRUE --disable-heuristic rpcrdma_iwarp`,
-//! followed by any [`with_option`](Tshark::with_option) preferences and
+//! Every run uses the base options
+//! `-n -o tcp.try_heuristic_first:TRUE --disable-heuristic rpcrdma_iwarp`:
+//! MPA is found only by heuristic (it has no port of its own), so the
+//! heuristic must run before any dissector registered on the port, and the
+//! RPC-over-RDMA heuristic would otherwise claim Send payloads and mark them
+//! malformed. They are followed by any [`with_option`](Tshark::with_option) preferences and
 //! [`with_lua`](Tshark::with_lua) scripts, then the capture and the
 //! helper's own arguments.
 //!
@@ -23,7 +26,7 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 
-/// The options every run starts with (wire.md §12.3).
+/// The options every run starts with (see the module docs).
 pub const BASE_ARGS: [&str; 5] = [
     "-n",
     "-o",
@@ -498,7 +501,7 @@ impl Tshark {
     /// Every MPA CRC verdict (`iwarp_mpa.crc_check`), read from PDML.
     ///
     /// The verdict exists only in the label text ("Good CRC32" / "Bad
-    /// CRC32", wire.md §12.5). CRCs of connections that negotiated no CRC
+    /// CRC32"). CRCs of connections that negotiated no CRC
     /// appear as `iwarp_mpa.crc` instead and are not listed.
     pub fn crc_checks<'a>(&self, capture: impl Into<Capture<'a>>) -> Result<Vec<CrcCheck>, Error> {
         let pdml = self.pdml(capture)?;

@@ -1,5 +1,5 @@
 //! The tshark driver against the shared golden captures
-//! (shared/testdata/iwarp/, located relative to this crate).
+//! (testdata/iwarp/ of the repository).
 
 mod common;
 
@@ -17,7 +17,7 @@ fn handmade_ok_has_12_good_crcs() {
     assert_eq!(ts.malformed_count(&pcap).unwrap(), 0);
     assert_eq!(ts.expert_errors(&pcap).unwrap(), 0);
 
-    // The PDML-based verdicts agree with the text of `-V` (wire.md §12.5).
+    // The PDML-based verdicts agree with the text of `-V`.
     let verbose = ts.verbose(&pcap).unwrap();
     assert_eq!(verbose.matches("Good CRC32").count(), 12);
     assert_eq!(verbose.matches("Bad CRC32").count(), 0);
@@ -26,7 +26,7 @@ fn handmade_ok_has_12_good_crcs() {
     let bytes = std::fs::read(&pcap).unwrap();
     assert_eq!(ts.count_good_crc(&bytes).unwrap(), 12);
 
-    // Two FPDUs in frame 13 (wire.md §12.4).
+    // Two FPDUs in frame 13: one TCP segment can carry several.
     let rows = ts
         .fields(
             &pcap,
@@ -58,7 +58,7 @@ fn handmade_bad_crc_has_exactly_one_bad_crc() {
     );
     assert_eq!(ts.count_bad_crc(&pcap).unwrap(), 1);
     assert_eq!(ts.count_good_crc(&pcap).unwrap(), 11);
-    // A bad MPA CRC raises no expert item (wire.md §12.5).
+    // A bad MPA CRC raises no expert item: the verdict is in the CRC field.
     assert_eq!(ts.expert_errors(&pcap).unwrap(), 0);
 }
 

@@ -400,7 +400,7 @@ impl<T: AsRef<[u8]>> DdpSegment<T> {
 mod tests {
     use super::*;
 
-    // ULPDUs of the golden Write and Send FPDUs (shared/testdata/iwarp/golden.txt).
+    // ULPDUs of the golden Write and Send FPDUs (testdata/iwarp/golden.txt).
     const WRITE: [u8; 27] = [
         0xc1, 0x40, 0x00, 0x00, 0x33, 0x03, 0x00, 0x00, 0x56, 0x00, 0x12, 0x34, 0x00, 0x00, b'R',
         b'D', b'M', b'A', b'-', b'W', b'R', b'I', b'T', b'E', b'-', b'1', b'3',

@@ -760,7 +760,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// Golden FPDUs from `shared/testdata/iwarp/golden.txt` (CRC on, no
+    /// Golden FPDUs from `testdata/iwarp/golden.txt` (CRC on, no
     /// markers) as (FPDU octets, ULPDU header length).
     fn golden() -> Vec<(Vec<u8>, usize)> {
         let hex = |s: &str| -> Vec<u8> {

@@ -1,4 +1,4 @@
-//! Every golden vector of `shared/testdata/iwarp/golden.txt` and every FPDU
+//! Every golden vector of `testdata/iwarp/golden.txt` and every FPDU
 //! Linux siw sent in the two captured rping sessions parses and re-emits
 //! byte for byte through this crate.
 

@@ -39,7 +39,7 @@ pub fn hex(dump: &str) -> Vec<u8> {
     out
 }
 
-// The golden vectors, copied from shared/testdata/iwarp/golden.txt
+// The golden vectors, copied from testdata/iwarp/golden.txt
 // (hand-built from the RFC layouts; each decoded as Good CRC32 by tshark).
 
 /// MPA Request rev2, C=1, enh, IRD=ORD=16, PD='ulp-hello' (33 octets).

@@ -15,7 +15,7 @@ pub struct Vector {
     pub bytes: Vec<u8>,
 }
 
-/// Reads every vector of `shared/testdata/iwarp/golden.txt`.
+/// Reads every vector of `testdata/iwarp/golden.txt`.
 pub fn golden_vectors() -> Vec<Vector> {
     let path = softrdma_sim::iwarp_testdata("golden.txt");
     let text = std::fs::read_to_string(&path).expect("read golden.txt");
