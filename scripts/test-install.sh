@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The install step, checked as a user would use it: install into a
+# temporary prefix that already holds files of its own, build C programs
+# against the installed headers with pkg-config's flags, run them through the
+# installed `softrdma run`, uninstall, and compare the prefix with what it was.
+#
+#   scripts/test-install.sh        (after cargo build --release; scripts/test.sh runs it)
+#
+# Prints one line per check and closes with "install: N passed, M failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/softrdma-install-test.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+prefix=$work/prefix
+pass=0
+fail=0
+check() { # check NAME CMD...: runs CMD, output in $work/NAME.log
+    local name=$1 log=$work/${1// /-}.log
+    shift
+    if "$@" >"$log" 2>&1; then
+        pass=$((pass + 1))
+        printf 'install %-52s ok\n' "$name"
+    else
+        fail=$((fail + 1))
+        printf 'install %-52s FAILED\n' "$name"
+        tail -n 30 "$log"
+    fi
+}
+snapshot() { # every path under the prefix with its type, mode and content hash
+    (cd "$prefix" && find . -printf '%y %m %p\n' | sort && find . -type f -exec sha256sum {} + | sort -k 2)
+}
+
+# A prefix that is not empty: what is already there must survive both steps.
+mkdir -p "$prefix/bin" "$prefix/lib/pkgconfig" "$prefix/include"
+echo '#!/bin/sh' >"$prefix/bin/someone-elses-tool"
+echo 'Name: other' >"$prefix/lib/pkgconfig/other.pc"
+snapshot >"$work/before.txt"
+
+check "install into a temporary prefix" scripts/install.sh --no-build --prefix "$prefix"
+export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
+
+installed_layout() {
+    local f
+    for f in bin/softrdma lib/softrdma/libibverbs.so.1 lib/softrdma/librdmacm.so.1 \
+        lib/softrdma/libibverbs.so lib/softrdma/librdmacm.so include/softrdma/verbs.h \
+        lib/pkgconfig/softrdma-verbs.pc lib/pkgconfig/softrdma-rdmacm.pc; do
+        [ -e "$prefix/$f" ] || { echo "missing: $f"; return 1; }
+    done
+    # The drop-in libraries stay out of the prefix's own lib directory.
+    [ ! -e "$prefix/lib/libibverbs.so.1" ] || { echo "lib/libibverbs.so.1 would shadow rdma-core"; return 1; }
+    readelf -d "$prefix/lib/softrdma/libibverbs.so.1" | grep -q 'SONAME.*\[libibverbs.so.1\]'
+}
+check "layout: binary, private lib dir, headers, .pc files" installed_layout
+
+pkgconfig_flags() {
+    pkg-config --cflags --libs softrdma-verbs | tee /dev/stderr | grep -q -- "-L$prefix/lib/softrdma" &&
+        pkg-config --cflags softrdma-verbs | grep -q -- "-I$prefix/include" &&
+        pkg-config --libs softrdma-rdmacm | grep -q -- '-lrdmacm'
+}
+check "pkg-config names the installed paths" pkgconfig_flags
+
+# The header's own example, built the way a user builds against an install.
+build_and_run_example() {
+    # shellcheck disable=SC2046 # pkg-config's output is a list of flags
+    cc -Wall -Werror -o "$work/write_record" crates/capi/examples/c/write_record.c \
+        $(pkg-config --cflags --libs softrdma-verbs) &&
+        (cd "$work" && "$prefix/bin/softrdma" run -- ./write_record) | tee "$work/write_record.out" &&
+        grep -q 'write_record: OK' "$work/write_record.out"
+}
+check "C program via pkg-config runs under softrdma run" build_and_run_example
+
+rdmacm_program() {
+    cat >"$work/cm.c" <<'EOF'
+#include <stdio.h>
+#include <rdma/rdma_cma.h>
+int main(void)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	if (!ch) { perror("rdma_create_event_channel"); return 1; }
+	struct rdma_cm_id *id;
+	if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP)) { perror("rdma_create_id"); return 1; }
+	rdma_destroy_id(id);
+	rdma_destroy_event_channel(ch);
+	puts("cm: OK");
+	return 0;
+}
+EOF
+    # shellcheck disable=SC2046
+    cc -Wall -Werror -o "$work/cm" "$work/cm.c" $(pkg-config --cflags --libs softrdma-rdmacm) &&
+        "$prefix/bin/softrdma" run -- "$work/cm" | grep -q 'cm: OK' &&
+        # It ran on softrdma's librdmacm, not the system's.
+        "$prefix/bin/softrdma" run -- sh -c "ldd '$work/cm'" | grep -q "$prefix/lib/softrdma/.*librdmacm.so.1"
+}
+check "rdma_cm program via pkg-config, softrdma's librdmacm" rdmacm_program
+
+help_text() {
+    "$prefix/bin/softrdma" --help | grep -qi 'usage' &&
+        "$prefix/bin/softrdma" run --help | grep -qi 'usage' &&
+        "$prefix/bin/softrdma" --version | grep -q '^softrdma '
+}
+check "installed softrdma answers --help and --version" help_text
+
+check "uninstall" scripts/install.sh --uninstall --prefix "$prefix"
+prefix_as_before() {
+    snapshot >"$work/after.txt"
+    diff -u "$work/before.txt" "$work/after.txt"
+}
+check "uninstall leaves the prefix as it was" prefix_as_before
+
+echo "install: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
