@@ -461,7 +461,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
 /// MRs are the one exception to rdma-core's rule: a PD that still has
 /// MRs is deallocated. Debian's perftest (4.5) leaks an MR on every
 /// iWARP device in `ib_send_bw` and would fail its teardown otherwise
-/// (perftest issue #52). This is memory-safe: PD numbers are never
+/// (reported to perftest upstream as its bug 52). This is memory-safe: PD numbers are never
 /// reused, so an orphaned MR is reachable from no QP, and
 /// `ibv_dereg_mr` does not touch the PD.
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
