@@ -91,7 +91,7 @@ srdma.prefs.builtin = Pref.bool("Also show Wireshark's iWARP DDP/RDMAP decode",
 -- -------------------------------------------------------------------------
 -- CRC32C (Castagnoli, reflected polynomial 0x82F63B78), table driven.
 -- crc = 0xFFFFFFFF; per octet b: crc = (crc >> 8) ^ T[(crc ^ b) & 0xFF];
--- result crc ^ 0xFFFFFFFF (wire.md §6). Check value: "123456789" -> 0xE3069283.
+-- result crc ^ 0xFFFFFFFF (RFC 3720). Check value: "123456789" -> 0xE3069283.
 -- -------------------------------------------------------------------------
 
 local CRC_TABLE = {}
@@ -188,7 +188,8 @@ local ETYPE_NAMES = {
     [2] = { [0] = "MPA / LLP error" },
 }
 
--- (layer, etype, code) -> description; the tables of wire.md §8.5.
+-- (layer, etype, code) -> description; the Terminate code tables of
+-- RFC 5040 §7, RFC 5041 §7 and RFC 5044 §8.
 local TERM_CODES = {
     [0] = {
         [0] = { [0x00] = "local catastrophic error" },

@@ -1,4 +1,4 @@
-//! The device model (design.md §3): one device per IPv4 interface that is
+//! The device model: one device per IPv4 interface that is
 //! up, named `softrdma_<ifname>` (stable across runs), listed
 //! non-loopback first in interface order, then loopback.
 //!

@@ -14,7 +14,7 @@
 //! * [`device`]: one device per IPv4 interface, iWARP, Ethernet, port
 //!   ACTIVE, IPv4-mapped GID.
 //! * [`objects`]: how C objects map to engine objects; the internal API
-//!   rdma_cm builds on (`ARCHITECTURE.md`).
+//!   rdma_cm builds on (`docs/capi.md`).
 //! * [`verbs_api`]: the exported control path; [`datapath`]: the
 //!   `ibv_context_ops` data path; [`qp_ex`]: `ibv_wr_*` and
 //!   `ibv_cq_ex` polling.

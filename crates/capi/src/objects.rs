@@ -1,6 +1,6 @@
 //! How the C objects map to softrdma objects, and the crate-internal API
 //! the verbs calls, [`crate::rdmacm`] and [`crate::rsocket`] share
-//! (documented for the rdmacm side in `ARCHITECTURE.md`).
+//! (documented for the rdmacm side in `docs/capi.md`).
 //!
 //! Every C object is a heap allocation of a `#[repr(C)]` Rust struct whose
 //! **first field is the C struct** the application sees (`ibv_pd`,
@@ -340,7 +340,7 @@ pub struct SrqObj {
 /// What a QP runs on.
 pub enum QpKind {
     /// RC over TCP (also UC, which softrdma runs as RC; see
-    /// `ARCHITECTURE.md`).
+    /// `docs/capi.md`).
     Rc(engine::Qp),
     /// UD or (softrdma extension) RD over UDP.
     Dgram(engine::DgramQpHandle),
@@ -550,7 +550,7 @@ pub unsafe fn create_ah_to(pd: *mut ibv_pd, dest: DgramAddr) -> Result<*mut ibv_
     unsafe { create_ah(pd, dest.ip, Some(dest.port)) }
 }
 
-/// The GID of an IP address: IPv4-mapped for IPv4 (design.md §3).
+/// The GID of an IP address: IPv4-mapped for IPv4.
 pub fn gid_of(ip: IpAddr) -> ibv_gid {
     ibv_gid {
         raw: engine::ibconn::gid_of(ip),

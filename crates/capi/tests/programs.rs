@@ -165,7 +165,7 @@ fn ibv_rc_pingpong_ts_cq_ex_is_refused_cleanly() {
 
 #[test]
 fn ibv_uc_pingpong() {
-    // UC runs as RC on softrdma (ARCHITECTURE.md).
+    // UC runs as RC on softrdma (docs/capi.md).
     pingpong("ibv_uc_pingpong", &[]);
 }
 

@@ -1,5 +1,5 @@
 //! dc_bench: SoftDC against RC in the same run, over loopback
-//! (`docs/dc.md` §Measurements).
+//! (`docs/dc.md` §7).
 //!
 //! ```sh
 //! cargo run --release -p softrdma-engine --example dc_bench -- [ITERS] [PEERS] [PARTS]

@@ -1,7 +1,7 @@
 //! rc_quickbench: a quick loopback benchmark of the RC transport against raw
 //! TCP, both measured in the same run and both waiting the same way: every
 //! end busy-polls (non-blocking sockets for TCP, `Cq::poll` for softrdma;
-//! design.md §2 "Waiting decides latency here").
+//! how an end waits decides latency here, `docs/engine.md`).
 //!
 //! ```sh
 //! cargo run --release -p softrdma-engine --example rc_quickbench [-- OPTIONS]

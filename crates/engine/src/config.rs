@@ -48,7 +48,8 @@ pub struct Config {
     pub connect_retry: Duration,
     /// `SOFTRDMA_RTR_HOLDOFF_US=N` (default 5000): after an MPA Reply from
     /// a peer that is not softrdma, wait this long before the first FPDU
-    /// (wire.md §9 item 11).
+    /// (siw switches its socket to the QP only after sending the Reply, so an
+    /// FPDU sent at once can reach siw's connection manager instead).
     pub rtr_holdoff: Duration,
     /// `SOFTRDMA_DGRAM_MTU=N` (default 1500): the path MTU datagram QPs
     /// size their segments for (IP + UDP + header + payload + CRC ≤ N;

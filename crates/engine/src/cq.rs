@@ -493,7 +493,8 @@ pub struct Cq {
     /// Threads waiting to add a QP to `qps`: a busy poller leaves the list
     /// alone while one is, or it would take the lock again at once, spin
     /// after spin, and starve the waiter (with 1 000 connections on one
-    /// CQ each new one waited ~85 ms; `docs/datagram.md` §12.18).
+    /// CQ each new one waited ~85 ms; `docs/engine.md`, "Inline progress from CQ
+    /// polling").
     attaching: AtomicUsize,
     inline_progress: AtomicBool,
     /// `entries.len()` as of the last change (written under `inner`'s
@@ -853,8 +854,8 @@ mod tests {
     /// returns with nothing) instead of waiting for the list: a busy poller
     /// that took the list again after every walk starved the attaching
     /// thread (1 000 RC connections on one CQ took 85-91 s to set up, 0.57 s
-    /// with this; `docs/datagram.md` §12.18). Here the attach holds the
-    /// list; before the change the poll below waited for it.
+    /// with this). Here the attach holds the list; a poll that waited for
+    /// the list would block below.
     #[test]
     fn a_poll_leaves_the_list_to_a_waiting_attach() {
         let events = Arc::new(AsyncEvents::new().unwrap());

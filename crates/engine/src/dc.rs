@@ -473,7 +473,7 @@ impl DcService {
                 .map_err(|_| DcError::Register)?;
         }
         let mut opts = opts;
-        // Benchmark switch (docs/dc.md §7): the environment can turn
+        // Benchmark switch (`docs/dc.md` §7): the environment can turn
         // reverse use off for a whole run (both processes of `perf`).
         if std::env::var_os(REVERSE_ENV).is_some_and(|v| v == "0" || v == "off") {
             opts.table.reverse = false;

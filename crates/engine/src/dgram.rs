@@ -9,8 +9,8 @@
 //!
 //! A context opens UDP sockets on demand, each bound to `(addr, port)`
 //! ([`UdOptions::bind`]; port 0 lets the kernel pick) and shared by up to
-//! 256 QPs. A QP's number is `(port << 8) | slot` (design brief §3, the
-//! convention of [`crate::ibconn`]), so `(IP, QPN)` alone tells a peer
+//! 256 QPs. A QP's number is `(port << 8) | slot` (the convention of
+//! [`crate::ibconn`]), so `(IP, QPN)` alone tells a peer
 //! where to send: the UDP port is `qpn >> 8`. A QP created with port 0
 //! takes a free slot of any socket of this context bound to the same IP,
 //! or opens a new socket. QPN `0xFFFFFF` ([`MCAST_QPN`], port 65535 slot

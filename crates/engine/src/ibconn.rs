@@ -1,4 +1,4 @@
-//! IB-style connection without a daemon (design brief §3): a QP is reached
+//! IB-style connection without a daemon: a QP is reached
 //! by its number alone, the way `ibv_rc_pingpong` connects QPs with
 //! `ibv_modify_qp(RTR)` given the peer's GID and QPN.
 //!

@@ -1,6 +1,6 @@
 //! The softrdma runtime: sockets, the progress thread, completion queues
 //! and memory registration. Besides the C ABI crates, the only place with
-//! syscalls and `unsafe` (design.md §2); each `unsafe` block says why it is
+//! syscalls and `unsafe` (wire and proto have neither); each `unsafe` block says why it is
 //! sound in a `// SAFETY:` line.
 //!
 //! * [`Context`]: one per process and device; owns the registration table,
@@ -211,7 +211,7 @@ pub fn tune_udp_socket(sock: &std::net::UdpSocket) -> io::Result<()> {
 /// write: the kernel answers it without the socket's lock and says yes
 /// once about a third of the send buffer is free, while a write retried on
 /// every spin takes the lock each time and holds up the acknowledgements
-/// that free the room (`docs/datagram.md` §12.13). An error or hang-up
+/// that free the room (`docs/performance.md`, "The bulk path"). An error or hang-up
 /// counts as room: the write that follows reports it.
 pub fn tcp_has_room(sock: &std::net::TcpStream) -> bool {
     use std::os::fd::AsRawFd;

@@ -114,7 +114,8 @@ struct Link {
     sock: TcpStream,
     /// Watching for writability (the socket pushed back).
     want_write: bool,
-    /// No transmit before this instant (siw reply race, wire.md §9.11).
+    /// No transmit before this instant (siw takes over its socket only after
+    /// sending its MPA Reply; see `Config::rtr_holdoff`).
     hold_until: Option<Instant>,
     closed: bool,
 }
@@ -532,7 +533,7 @@ impl Qp {
             });
         }
         // Toward a peer that is not softrdma, after our first FPDUs: one
-        // probe if the peer stays silent (RcQp::send_probe; wire.md §9.11).
+        // probe if the peer stays silent (RcQp::send_probe: the siw Reply race).
         if !cfg.softrdma_ext {
             if let Some(t) = hold_until {
                 let weak = Arc::downgrade(&self.inner);

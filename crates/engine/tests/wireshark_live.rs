@@ -1,6 +1,6 @@
 //! Wireshark as the outside judge of the engine on a real TCP connection: a
 //! live `tshark -i lo` capture of RC traffic between two engine contexts in
-//! this process, judged with the base options of wire.md §12.3.
+//! this process, judged with `softrdma_sim::tshark`'s base options.
 //!
 //! The traffic, on one connection (MPA Request/Reply with private data):
 //!
@@ -17,7 +17,7 @@
 //! CRC32" (one TCP segment may hold several FPDUs, so FPDUs are counted
 //! from the per-FPDU fields, not from frames); nothing malformed; no expert
 //! error; no Warn-level expert item except the two that MPA v2 always
-//! raises (wire.md §12.5) and TCP's own (window full, a retransmission:
+//! raises (tshark checks MPA against revision 1) and TCP's own (window full, a retransmission:
 //! the machine's business), but none saying a segment is missing from the
 //! capture; the stepwise FPDUs in order (the peer-to-peer RTR, Send 0x03,
 //! RDMA Write 0x00, Read Request 0x01, Read Response 0x02, Send 0x03) with
@@ -30,8 +30,8 @@
 //! dissector handles markers only when a TCP segment holds exactly one whole
 //! FPDU: it places the markers, sizes the FPDU and checks the ULPDU_Length
 //! from the segment's own sequence numbers (`fpdu_total_length()` is
-//! `nxtseq - seq`; a segment whose ULPDU_Length does not match is skipped,
-//! wire.md §5). Two things defeat that on a live connection, both seen in
+//! `nxtseq - seq`; a segment whose ULPDU_Length does not match is
+//! skipped). Two things defeat that on a live connection, both seen in
 //! captures of this test on loopback:
 //!
 //! * The kernel, not our `writev` calls, decides where segments begin. Once
@@ -43,7 +43,7 @@
 //!   marker position and its length is a multiple of 512:
 //!   `number_of_markers()` is `(len - first) / 512 + 1`, which counts the
 //!   marker at the very end of the segment, although that one belongs to
-//!   the next FPDU (wire.md §5; tshark itself places it there when it
+//!   the next FPDU (RFC 5044; tshark itself places it there when it
 //!   decodes the next FPDU). A full FPDU at a 32 KiB EMSS (loopback's, before
 //!   FPDUs there were sized from its path MTU) is 32768
 //!   octets (64 markers, ULPDU_Length 32506); when such an FPDU opened the
@@ -152,7 +152,7 @@ const TAGGED_HDR: usize = 14;
 /// A Read Request's RDMAP header after the DDP header.
 const READ_REQ_BODY: usize = 28;
 
-/// The Warn-level expert items MPA v2 always raises (wire.md §12.5):
+/// The Warn-level expert items MPA v2 always raises:
 /// tshark checks only for RFC 5044 rev 1.
 const MPA_V2_WARNINGS: [&str; 2] = [
     "Res field is NOT set to zero",

@@ -44,7 +44,7 @@ pub const MODE: Mode = Mode::Datagram;
 /// Always inlined, as [`SegmentRepr::parse`] is: returned through memory,
 /// the header was written in narrow pieces and copied on in 16-octet
 /// moves the CPU cannot forward from its store buffer, a stall on every
-/// datagram received (`docs/datagram.md` §12.15).
+/// datagram received (`docs/performance.md`, "The latency path").
 #[inline(always)]
 pub fn parse(datagram: &[u8]) -> Result<(SegmentRepr, &[u8])> {
     if datagram.len() < 2 + CRC_LEN {

@@ -19,7 +19,7 @@
 //!   [`Event::End`] once the pad and CRC have been checked.
 //!
 //! Both sides count stream positions from the first octet after their own
-//! MPA Request/Reply, which is where markers start (`docs/wire.md` §5). A
+//! MPA Request/Reply, which is where markers start (RFC 5044). A
 //! marker that falls exactly on an FPDU boundary belongs to the following
 //! FPDU (FPDUPTR 0) and is covered by its CRC; any other marker's FPDUPTR is
 //! the distance from the FPDU's ULPDU_Length field to the marker.

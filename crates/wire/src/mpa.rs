@@ -3,7 +3,7 @@
 //!
 //! Each direction of a TCP connection starts with exactly one such frame; the
 //! initiator sends a Request, the responder answers with a Reply. The frames
-//! carry neither markers nor a CRC. Layout (`docs/wire.md` §2):
+//! carry neither markers nor a CRC. Layout (RFC 5044 §7.1):
 //!
 //! ```text
 //!  octet  0..16  Key: "MPA ID Req Frame" or "MPA ID Rep Frame" (no NUL)
@@ -141,7 +141,7 @@ impl FrameKind {
 /// The RFC 6581 IRD/ORD word that opens the private data of a Rev 2 frame
 /// with the enhanced flag.
 ///
-/// Bit layout (big-endian, `docs/wire.md` §3):
+/// Bit layout (big-endian, RFC 6581):
 ///
 /// ```text
 ///  first u16:  P2P 0x8000 | RTR zero-length Send  0x4000 | IRD 0x3FFF

@@ -785,7 +785,7 @@ impl SegmentRepr {
     ///
     /// Always inlined: every segment received goes through it, and its
     /// result returned through memory was read back in wider moves than
-    /// wrote it, which stalled (`docs/datagram.md` §12.15).
+    /// wrote it, which stalled (`docs/performance.md`, "The latency path").
     #[inline(always)]
     pub fn parse(ulpdu: &[u8], mode: Mode) -> Result<(SegmentRepr, usize)> {
         // The checks of `DdpSegment::check_control` and `check_len`, in

@@ -115,7 +115,7 @@ fn segments(dir: Dir, msg: &[u8], make: impl Fn(u32, bool) -> SegmentRepr, out: 
     }
 }
 
-/// Destination QP numbers: `(port << 8) | slot` (design brief §3).
+/// Destination QP numbers: `(port << 8) | slot` (`docs/datagram.md` §10).
 const SERVER_QP: u32 = (DEFAULT_PORT as u32) << 8 | 1;
 const CLIENT_QP: u32 = 40000 << 8 | 2;
 

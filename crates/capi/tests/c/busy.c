@@ -99,7 +99,7 @@ int main(void)
 	      "NULL objects");
 
 	/* ---- PD with only MRs: deallocated (softrdma's one exception to
-	 * the rule, ARCHITECTURE.md: perftest 4.5 leaks an MR on iWARP);
+	 * the rule, docs/capi.md: perftest 4.5 leaks an MR on iWARP);
 	 * the MRs deregister afterwards ---- */
 	struct ibv_pd *pd3 = ibv_alloc_pd(ctx);
 	CHECK(pd3, "alloc_pd");
