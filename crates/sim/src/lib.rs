@@ -7,13 +7,17 @@
 //! * [`tshark`]: drives the system `tshark` with the options from
 //!   `shared/docs/wire.md` §12.3 and extracts what the tests check (fields,
 //!   MPA CRC verdicts, expert errors, malformed frames).
+//! * [`netns`]: two network namespaces joined by veth, with nftables loss
+//!   (the `softrdma-netns` crate, which `softrdma perf loss` uses too).
 //!
 //! This crate deliberately does not depend on `softrdma-wire`: it is the
 //! independent side of the check.
 
 #![forbid(unsafe_code)]
 
-pub mod netns;
+/// Network namespace pairs ([`softrdma_netns`], re-exported here for the
+/// tests that create two hosts on one machine).
+pub use softrdma_netns as netns;
 pub mod pcap;
 pub mod tshark;
 
