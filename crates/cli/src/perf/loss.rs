@@ -9,7 +9,7 @@
 //! re-run with hidden `--role` arguments under `ip netns exec`) measure
 //! the goodput of UD Send, UD Write-Record, RD Write and RC Write — octets
 //! delivered intact to the application per second; how each is counted is
-//! in `loss_roles.rs`.
+//! in `loss/roles.rs`.
 //!
 //! UD has no flow control: a UD sender that outruns its receiver measures
 //! receive overrun, not loss. So UD Send and UD Write-Record are offered
@@ -26,9 +26,7 @@
 //! process). Exit status: 0 done (points that failed are listed as such),
 //! 1 could not run (not root, no namespaces), 2 bad arguments.
 
-#[path = "loss_proc.rs"]
 pub(super) mod proc;
-#[path = "loss_roles.rs"]
 mod roles;
 
 use std::fmt::Write as _;

@@ -3,7 +3,7 @@
 //! For each transport and each N (1, 10, 100, 1 000, 10 000 client
 //! endpoints), one server process and ⌈N / 2 500⌉ client processes on
 //! 127.0.0.1 (this binary re-run with hidden `--role` arguments; see
-//! `scale_roles.rs`). Each client endpoint exchanges one request and
+//! `scale/roles.rs`). Each client endpoint exchanges one request and
 //! reply with the server; then everything stays idle, endpoints open,
 //! for twice the RD idle expiry set for the run (`--idle-ms`, default
 //! 1 000 ms) plus half a second. Reported per (transport, N):
@@ -38,7 +38,6 @@
 //! JSON lines instead of the table. Exit status: 0 done, 1 failed,
 //! 2 bad arguments.
 
-#[path = "scale_roles.rs"]
 mod roles;
 
 use std::fmt::Write as _;
