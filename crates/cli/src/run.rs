@@ -109,7 +109,12 @@ fn lib_dir_among(env: Option<PathBuf>, exe_dir: Option<&Path>) -> Result<PathBuf
         ]);
     };
     let mut looked = vec!["SOFTRDMA_LIB_DIR: not set".to_string()];
-    let installed = exe_dir.join("../lib/softrdma");
+    // `<exe dir>/../lib/softrdma`, spelled without the `..` (the
+    // executable's path has no symbolic links left).
+    let installed = exe_dir.parent().map_or_else(
+        || exe_dir.join("../lib/softrdma"),
+        |p| p.join("lib/softrdma"),
+    );
     if has(&installed, &[LIBS[0].1]) {
         return Ok(installed);
     }
@@ -291,10 +296,7 @@ mod tests {
         std::fs::write(inst.join("libibverbs.so"), b"x").unwrap();
         assert_eq!(lib_dir_among(None, bin_dir), Ok(bin.clone()));
         std::fs::write(inst.join("libibverbs.so.1"), b"x").unwrap();
-        assert_eq!(
-            lib_dir_among(None, bin_dir),
-            Ok(bin.join("../lib/softrdma"))
-        );
+        assert_eq!(lib_dir_among(None, bin_dir), Ok(inst.clone()));
         // SOFTRDMA_LIB_DIR is the only place looked at when set.
         let e = lib_dir_among(Some(env.clone()), bin_dir).unwrap_err();
         assert_eq!(e.len(), 1, "{e:?}");
