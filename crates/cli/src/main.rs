@@ -23,6 +23,9 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "softrdma",
     version,
+    // An option given twice takes the last value (as a script that adds
+    // to a common set of options expects); --tcp-cc is the exception.
+    args_override_self = true,
     long_about = "RDMA in user space, over the kernel's TCP and UDP sockets: iWARP RC \
         (reliable connections over TCP), UD and RD datagrams over UDP, and SoftDC \
         (dynamically connected). This tool measures softrdma against raw sockets \

@@ -49,7 +49,8 @@ pub struct PerfArgs {
     /// allows it to this process (loopback streams under bbr are bimodal),
     /// else the system's default. `system` keeps the host's default. The
     /// kernel must allow the algorithm (net.ipv4.tcp_allowed_congestion_control,
-    /// or any loaded one with CAP_NET_ADMIN).
+    /// or any loaded one with CAP_NET_ADMIN). Given once: a run has one
+    /// algorithm.
     #[arg(
         long,
         global = true,
@@ -57,7 +58,7 @@ pub struct PerfArgs {
         value_parser = tcp_cc_arg,
         display_order = 900
     )]
-    pub tcp_cc: Option<String>,
+    pub tcp_cc: Vec<String>,
 
     #[command(subcommand)]
     pub command: PerfCommand,

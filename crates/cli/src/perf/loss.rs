@@ -103,12 +103,13 @@ pub(crate) struct LossArgs {
     #[arg(long, value_name = "P,P,...", value_delimiter = ',', value_parser = loss_arg)]
     losses: Vec<u32>,
     /// Message sizes, comma-separated: octets with an optional binary suffix
-    /// (64k, 1m, 64Ki), at most 16 MiB.
+    /// (64k, 1m, 64Ki), at most 16 MiB [default: 64k,1m].
     #[arg(
         long,
         value_name = "S,S,...",
         value_delimiter = ',',
         default_values = ["64k", "1m"],
+        hide_default_value = true,
         value_parser = super::cli::size_arg
     )]
     sizes: Vec<usize>,

@@ -51,7 +51,10 @@ pub(crate) const DEFAULT_PORT: u16 = 18515;
 pub fn main(a: PerfArgs) -> ExitCode {
     // Every sub-command's TCP connections, and its children's, run one
     // congestion control algorithm (`tcp_cc` module docs).
-    if let Err(e) = tcp_cc::settle(a.tcp_cc.as_deref()) {
+    if a.tcp_cc.len() > 1 {
+        return crate::usage_error(&["perf"], "--tcp-cc given twice");
+    }
+    if let Err(e) = tcp_cc::settle(a.tcp_cc.first().map(String::as_str)) {
         return crate::usage_error(&["perf"], &e);
     }
     match a.command {

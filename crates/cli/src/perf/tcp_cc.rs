@@ -232,24 +232,28 @@ mod tests {
         let cc = |args: &[&str]| {
             let argv = ["softrdma", "perf"].iter().chain(args);
             match crate::Cli::try_parse_from(argv).map(|c| c.command) {
-                Ok(crate::Command::Perf(p)) => Ok(p.tcp_cc.unwrap_or_default()),
+                Ok(crate::Command::Perf(p)) => Ok(p.tcp_cc),
                 Ok(other) => panic!("{other:?}"),
                 Err(e) => Err(e.to_string()),
             }
         };
         assert_eq!(
             cc(&["suite", "--tcp-cc", "system", "--quick"]),
-            Ok("system".to_string())
+            Ok(vec!["system".to_string()])
         );
         assert_eq!(
             cc(&["--tcp-cc", "system", "suite"]),
-            Ok("system".to_string())
+            Ok(vec!["system".to_string()])
         );
-        assert_eq!(cc(&["write_bw", "--size", "1Mi"]), Ok(String::new()));
+        assert_eq!(cc(&["write_bw", "--size", "1Mi"]), Ok(vec![]));
+        // Twice is refused after parsing (`perf::main`): both are kept.
+        assert_eq!(
+            cc(&["--tcp-cc", "system", "suite", "--tcp-cc", "system"]).map(|v| v.len()),
+            Ok(2)
+        );
         for bad in [
             &["suite", "--tcp-cc"][..],
             &["suite", "--tcp-cc", "--quick"],
-            &["suite", "--tcp-cc", "system", "--tcp-cc", "system"],
             &["suite", "--tcp-cc", "no_such_algorithm"],
         ] {
             let e = cc(bad).unwrap_err();
