@@ -28,8 +28,8 @@ use super::{loss, scale, suite, tcp_cc, Opts, DEFAULT_PORT};
     about = "Benchmarks with same-run raw-socket baselines",
     long_about = "Benchmarks whose every figure is a ratio to a raw-socket baseline measured \
         in the same run: softrdma over TCP is compared with raw TCP, over UDP with raw UDP, \
-        each next to the other in one process pair, so the ratio holds on a busy or a quiet \
-        machine alike.\n\n\
+        the two measured one right after the other in the same process pair, so both sides \
+        of a ratio see the same machine.\n\n\
         `softrdma perf TEST` runs one test (send_lat, write_bw, ...) at the sizes given; \
         `softrdma perf suite` the whole loopback matrix with a report and plots; \
         `softrdma perf baseline NAME` one raw-socket baseline alone; `softrdma perf loss` \
@@ -94,10 +94,10 @@ pub enum PerfCommand {
     Test(TestCommand),
 }
 
-const BASELINE_ABOUT: &str = "Runs one raw-socket baseline at the sizes given, alone: \
-    `softrdma perf NAME` runs the baselines that do more than a raw socket next to their \
-    reference (tcp_crc_bw against tcp_bw, ...); here none is run. The options are those \
-    of a test (softrdma perf send_lat --help) but --transport and --versus.";
+const BASELINE_ABOUT: &str = "Runs one raw-socket baseline at the sizes given, alone. \
+    (`softrdma perf NAME` runs the baselines that do more than a raw socket next to their \
+    reference: tcp_crc_bw against tcp_bw, ...) The options are those of a test (softrdma \
+    perf send_lat --help) but --transport and --versus.";
 
 /// `softrdma perf baseline NAME [OPTIONS]`.
 #[derive(Debug, Args)]
