@@ -23,23 +23,61 @@ use softrdma_verbs::{
     SendFlags, SendOp, SendWr, SgList, WcOpcode, WcStatus,
 };
 
-const USAGE: &str =
-    "usage: softrdma rping -s|-c [-a ADDR] [-p PORT] [-C COUNT] [-S SIZE] [-v] [-V] [-d]
-  -s        server (serves one client, exits when it disconnects)
-  -c        client
-  -a ADDR   server: address to bind (default all); client: server address (required)
-  -p PORT   port (default 7174)
-  -C COUNT  iterations (client; default: until interrupted)
-  -S SIZE   buffer size in octets (default 64, at least 32)
-  -v        print the ping data
-  -V        verify the data (client)
-  -d        debug output on stderr";
-
 const INFO_LEN: usize = 16;
 const MIN_SIZE: usize = 32;
 /// How long one step may wait for the peer before rping gives up.
 const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// `softrdma rping -s|-c [OPTIONS]`.
+#[derive(Debug, clap::Args)]
+#[command(
+    about = "rping-compatible ping over an RC connection",
+    long_about = "Pings over an RC connection the way rdma-core's rping does, and \
+        interoperates with it: per iteration the client sends the address of its start \
+        buffer, the server RDMA-Reads it, the client sends the address of its rdma buffer, \
+        the server RDMA-Writes its copy there. The server serves one client and exits when \
+        it disconnects. The options are rping's.",
+    group(clap::ArgGroup::new("side").required(true).args(["server", "client"])),
+    after_long_help = "Exit status: 0 done, 1 failed (the reason on stderr), 2 for a bad \
+        command line."
+)]
+pub(crate) struct RpingArgs {
+    /// Server: serve one client, exit when it disconnects.
+    #[arg(short = 's')]
+    server: bool,
+    /// Client.
+    #[arg(short = 'c')]
+    client: bool,
+    /// Server: the address to bind [default: all]; client: the server's
+    /// address (required).
+    #[arg(short = 'a', value_name = "ADDR", required_if_eq("client", "true"))]
+    addr: Option<String>,
+    /// Port.
+    #[arg(short = 'p', value_name = "PORT", default_value_t = 7174)]
+    port: u16,
+    /// Iterations (client) [default: until interrupted].
+    #[arg(short = 'C', value_name = "COUNT")]
+    count: Option<u64>,
+    /// Buffer size in octets, 32 to 1 GiB.
+    #[arg(
+        short = 'S',
+        value_name = "SIZE",
+        default_value_t = 64,
+        value_parser = clap::value_parser!(u64).range(MIN_SIZE as u64..=1 << 30)
+    )]
+    size: u64,
+    /// Print the ping data.
+    #[arg(short = 'v')]
+    verbose: bool,
+    /// Verify the data (client).
+    #[arg(short = 'V')]
+    validate: bool,
+    /// Debug output on stderr.
+    #[arg(short = 'd')]
+    debug: bool,
+}
+
+/// The options the two sides work with.
 struct Args {
     server: bool,
     addr: Option<String>,
@@ -51,76 +89,24 @@ struct Args {
     debug: bool,
 }
 
-fn parse(args: &[String]) -> Result<Args, String> {
-    let mut a = Args {
-        server: false,
-        addr: None,
-        port: 7174,
-        count: None,
-        size: 64,
-        verbose: false,
-        validate: false,
-        debug: false,
-    };
-    let mut role = None;
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
-        match arg.as_str() {
-            "-s" => role = Some(true),
-            "-c" => role = Some(false),
-            "-a" => a.addr = Some(value("-a")?),
-            "-p" => {
-                a.port = value("-p")?
-                    .parse()
-                    .map_err(|_| "-p: not a port number".to_string())?
-            }
-            "-C" => {
-                a.count = Some(
-                    value("-C")?
-                        .parse()
-                        .map_err(|_| "-C: not a count".to_string())?,
-                )
-            }
-            "-S" => {
-                a.size = value("-S")?
-                    .parse()
-                    .map_err(|_| "-S: not a size".to_string())?;
-                if a.size < MIN_SIZE || a.size > (1 << 30) {
-                    return Err(format!("-S: size must be from {MIN_SIZE} to {}", 1 << 30));
-                }
-            }
-            "-v" => a.verbose = true,
-            "-V" => a.validate = true,
-            "-d" => a.debug = true,
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown option '{other}'")),
+impl From<RpingArgs> for Args {
+    fn from(r: RpingArgs) -> Args {
+        Args {
+            server: r.server,
+            addr: r.addr,
+            port: r.port,
+            count: r.count,
+            size: usize::try_from(r.size).expect("at most 1 GiB"),
+            verbose: r.verbose,
+            validate: r.validate,
+            debug: r.debug,
         }
     }
-    a.server = role.ok_or("one of -s or -c is required")?;
-    if !a.server && a.addr.is_none() {
-        return Err("the client needs -a ADDR".into());
-    }
-    Ok(a)
 }
 
-/// Entry point.
-pub fn main(args: &[String]) -> ExitCode {
-    let a = match parse(args) {
-        Ok(a) => a,
-        Err(e) if e.is_empty() => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("rping: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+/// Entry point of `softrdma rping`.
+pub fn main(r: RpingArgs) -> ExitCode {
+    let a = Args::from(r);
     let r = if a.server { server(&a) } else { client(&a) };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -421,6 +407,19 @@ mod tests {
         assert_eq!(b[63], 0);
     }
 
+    /// `softrdma rping ARGS` as `main` gets it, or the error.
+    fn parse(args: &[String]) -> Result<Args, String> {
+        use clap::Parser;
+        let argv = ["softrdma", "rping"].into_iter().map(String::from);
+        match crate::Cli::try_parse_from(argv.chain(args.iter().cloned())) {
+            Ok(crate::Cli {
+                command: crate::Command::Rping(r),
+            }) => Ok(Args::from(r)),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     #[test]
     fn arguments() {
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
@@ -443,5 +442,9 @@ mod tests {
             (false, Some(5), 100, true, true)
         );
         assert!(parse(&s(&["-x"])).is_err());
+        assert!(parse(&s(&["-s", "-c", "-a", "x"])).is_err());
+        assert!(parse(&s(&["-a", "x"])).is_err());
+        let a = parse(&s(&["-s"])).unwrap();
+        assert_eq!((a.server, a.addr, a.port, a.size), (true, None, 7174, 64));
     }
 }

@@ -351,7 +351,7 @@ fn assert_usage_error(args: &[&str]) {
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{args:?}: {stderr}");
     assert!(
-        stderr.contains("usage"),
+        stderr.contains(&format!("Usage: softrdma perf {}", args[1])),
         "{args:?} prints the usage: {stderr}"
     );
 }

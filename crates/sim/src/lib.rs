@@ -9,13 +9,17 @@
 //!   tests check (fields, MPA CRC verdicts, expert errors, malformed frames).
 //! * [`iwarp_testdata`]: the golden vectors and captures in the
 //!   repository's `testdata/iwarp/` (not produced by softrdma).
+//! * [`netns`]: two network namespaces joined by veth, with nftables loss
+//!   (the `softrdma-netns` crate, which `softrdma perf loss` uses too).
 //!
 //! This crate deliberately does not depend on `softrdma-wire`: it is the
 //! independent side of the check.
 
 #![forbid(unsafe_code)]
 
-pub mod netns;
+/// Network namespace pairs ([`softrdma_netns`], re-exported here for the
+/// tests that create two hosts on one machine).
+pub use softrdma_netns as netns;
 pub mod pcap;
 pub mod tshark;
 

@@ -1,6 +1,6 @@
-//! `softrdma perf loss` (issue 5): goodput under random packet loss.
+//! `softrdma perf loss`: goodput under random packet loss.
 //!
-//! Two network namespaces joined by veth ([`softrdma_sim::netns::NetPair`],
+//! Two network namespaces joined by veth ([`softrdma_netns::NetPair`],
 //! needs root), nftables dropping a given share of the packets entering
 //! each namespace (both directions: data and acknowledgements), veth GSO
 //! off (`gso_max_segs 1`) so a loss hits one datagram or TCP segment as it
@@ -9,7 +9,7 @@
 //! re-run with hidden `--role` arguments under `ip netns exec`) measure
 //! the goodput of UD Send, UD Write-Record, RD Write and RC Write — octets
 //! delivered intact to the application per second; how each is counted is
-//! in `loss_roles.rs`.
+//! in `loss/roles.rs`.
 //!
 //! UD has no flow control: a UD sender that outruns its receiver measures
 //! receive overrun, not loss. So UD Send and UD Write-Record are offered
@@ -26,9 +26,7 @@
 //! process). Exit status: 0 done (points that failed are listed as such),
 //! 1 could not run (not root, no namespaces), 2 bad arguments.
 
-#[path = "loss_proc.rs"]
 pub(super) mod proc;
-#[path = "loss_roles.rs"]
 mod roles;
 
 use std::fmt::Write as _;
@@ -37,33 +35,24 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use softrdma_sim::netns::NetPair;
+use softrdma_netns::NetPair;
 
 use self::proc::{is_root, load_note, progress, role_command, Kv, NetnsGuard, Proc};
 use self::roles::Kind;
 use super::plot::{write_png, Chart, Series};
 
-const USAGE: &str = "usage: softrdma perf loss [--quick] [--out DIR] [--losses P,P,…] \
-[--sizes S,S,…] [--transports T,T,…] [--duration SECS] [--rate GBIT/S]
-
-Goodput (octets delivered intact per second) of UD Send, UD Write-Record,
-RD Write and RC Write between two network namespaces with nftables random
-drop at each loss rate (percent, both directions). Needs root.
-
-  --quick          losses 0,1,5 and 1 s per point (default: 0,0.1,0.5,1,2,5 and 2 s)
-  --out DIR        write loss.md, loss.csv and PNG plots there (default perf-loss)
-  --losses LIST    loss rates in percent, 0..100 in steps of 0.1
-  --sizes LIST     message sizes in octets (k/m suffixes: 64k,1m; default 64k,1m)
-  --transports LIST  of ud_send, ud_write_record, rd_write, rc_write, raw_tcp
-                   (default all)
-  --duration SECS  measuring window per point (the raw TCP baseline's is
-                   longer, at most 5x, until it counted 8 messages: a TCP
-                   retransmission stall can outlast a short window)
-  --rate GBIT/S    offered rate of the UD senders (default: half the lossless
-                   Write-Record goodput, measured first)
-  --tcp-cc NAME|system  TCP congestion control of RC's and raw TCP's
-                   connections (default cubic if the kernel allows it;
-                   system keeps the host's default)";
+/// What `softrdma perf loss --help` says first.
+pub(crate) const ABOUT: &str = "Measures the goodput (octets delivered intact to the \
+    application per second) of UD Send, UD Write-Record, RD Write and RC Write, and of raw \
+    TCP as the baseline, between two network namespaces joined by veth, with nftables \
+    dropping the given share of the packets entering each namespace (both directions). \
+    Each point runs a sender and a receiver process, one in each namespace.\n\n\
+    UD has no flow control, so UD Send and UD Write-Record are offered the same paced rate \
+    (--rate); RD and RC are reliable and run unpaced. Each transport's \"kept\" column is its \
+    goodput as a share of its own lossless figure.\n\n\
+    Needs root (it creates network namespaces, a veth link and nftables rules; the ip and \
+    nft commands must be installed). The namespaces are removed at the end, on error, and \
+    when the run is killed.";
 
 /// One transport of the table (table-driven: add a row to add one).
 struct Transport {
@@ -94,9 +83,59 @@ const TRANSPORTS: &[Transport] = &[
     },
 ];
 
+/// `softrdma perf loss [OPTIONS]`.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_long_help = "Output: the table on stdout, progress on stderr; loss.md, \
+    loss.csv and one PNG per message size in --out DIR.\n\n\
+    Exit status: 0 done (points that failed are listed as such), 1 could not run (not root, \
+    no namespaces), 2 for a bad command line."
+)]
+pub(crate) struct LossArgs {
+    /// A short run: losses 0, 1 and 5 % and 1 s per point.
+    #[arg(long)]
+    quick: bool,
+    /// Where loss.md, loss.csv and the PNG plots go (created if missing).
+    #[arg(long, value_name = "DIR", default_value = "perf-loss")]
+    out: PathBuf,
+    /// Loss rates in percent, comma-separated, 0 to 100 in steps of 0.1
+    /// [default: 0,0.1,0.5,1,2,5; with --quick 0,1,5].
+    #[arg(long, value_name = "P,P,...", value_delimiter = ',', value_parser = loss_arg)]
+    losses: Vec<u32>,
+    /// Message sizes, comma-separated: octets with an optional binary suffix
+    /// (64k, 1m, 64Ki), at most 16 MiB [default: 64k,1m].
+    #[arg(
+        long,
+        value_name = "S,S,...",
+        value_delimiter = ',',
+        default_values = ["64k", "1m"],
+        hide_default_value = true,
+        value_parser = super::cli::size_arg
+    )]
+    sizes: Vec<usize>,
+    /// Transports, comma-separated [default: all].
+    #[arg(long, value_name = "T,T,...", value_delimiter = ',', value_parser = kind_names())]
+    transports: Vec<Kind>,
+    /// Measuring window per point in seconds, 0.05 to 600 [default: 2; with
+    /// --quick 1].
+    ///
+    /// The raw TCP baseline's is longer, at most 5 times, until it counted 8
+    /// messages: a TCP retransmission stall can outlast a short window.
+    #[arg(long, value_name = "SECONDS", value_parser = duration_arg)]
+    duration: Option<f64>,
+    /// Offered rate of the UD senders in Gbit/s, above 0 and below 1000
+    /// [default: half the lossless Write-Record goodput, measured first].
+    #[arg(long, value_name = "GBIT/S", value_parser = rate_arg)]
+    rate: Option<f64>,
+    /// Runs one end of a point (a child of the run): `--role ROLE
+    /// key=value...`.
+    #[arg(long, hide = true, num_args = 1.., value_name = "ROLE KEY=VALUE")]
+    role: Option<Vec<String>>,
+}
+
+/// The options `run` works with, defaults filled in.
 #[derive(Debug)]
 struct Args {
-    quick: bool,
     out: PathBuf,
     losses_permille: Vec<u32>,
     sizes: Vec<usize>,
@@ -105,144 +144,89 @@ struct Args {
     rate: Option<f64>,
 }
 
-/// Parses a size with an optional k/m suffix (binary).
-pub(super) fn parse_size(s: &str) -> Result<usize, String> {
-    let l = s.to_ascii_lowercase();
-    let (num, mul) = if let Some(n) = l.strip_suffix('k') {
-        (n, 1 << 10)
-    } else if let Some(n) = l.strip_suffix('m') {
-        (n, 1 << 20)
-    } else {
-        (l.as_str(), 1)
-    };
-    let n: usize = num.parse().map_err(|_| format!("bad size '{s}'"))?;
-    match n.checked_mul(mul) {
-        Some(v) if v > 0 => Ok(v),
-        _ => Err(format!("bad size '{s}'")),
+impl LossArgs {
+    fn resolve(self) -> Args {
+        let quick = self.quick;
+        Args {
+            out: self.out,
+            losses_permille: if self.losses.is_empty() {
+                if quick {
+                    vec![0, 10, 50]
+                } else {
+                    vec![0, 1, 5, 10, 20, 50]
+                }
+            } else {
+                self.losses
+            },
+            sizes: self.sizes,
+            kinds: if self.transports.is_empty() {
+                TRANSPORTS.iter().map(|t| t.kind).collect()
+            } else {
+                self.transports
+            },
+            duration: self.duration.unwrap_or(if quick { 1.0 } else { 2.0 }),
+            // Gbit/s to octets per second.
+            rate: self.rate.map(|r| r * 1e9 / 8.0),
+        }
     }
 }
 
-fn parse(args: &[String]) -> Result<Option<Args>, String> {
-    let mut a = Args {
-        quick: false,
-        out: PathBuf::from("perf-loss"),
-        losses_permille: Vec::new(),
-        sizes: vec![64 << 10, 1 << 20],
-        kinds: TRANSPORTS.iter().map(|t| t.kind).collect(),
-        duration: 0.0,
-        rate: None,
-    };
-    let (mut losses, mut duration) = (None, None);
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut val = |name: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
-        match arg.as_str() {
-            "-h" | "--help" => return Ok(None),
-            "--quick" => a.quick = true,
-            "--out" => a.out = PathBuf::from(val("--out")?),
-            "--losses" => {
-                let v = val("--losses")?;
-                let mut l = Vec::new();
-                for p in v.split(',') {
-                    let pct: f64 = p
-                        .trim()
-                        .parse()
-                        .map_err(|_| format!("bad loss rate '{p}'"))?;
-                    if !(0.0..=100.0).contains(&pct) {
-                        return Err(format!("loss rate {p} % outside 0..100"));
-                    }
-                    let pm = (pct * 10.0).round();
-                    if (pm - pct * 10.0).abs() > 1e-6 {
-                        return Err(format!("loss rate {p} %: steps of 0.1 % only"));
-                    }
-                    l.push(pm as u32);
-                }
-                losses = Some(l);
-            }
-            "--sizes" => {
-                let v = val("--sizes")?;
-                a.sizes = v
-                    .split(',')
-                    .map(|s| parse_size(s.trim()))
-                    .collect::<Result<_, _>>()?;
-                if let Some(&s) = a.sizes.iter().find(|&&s| s > 16 << 20) {
-                    return Err(format!("size {s}: at most 16 MiB"));
-                }
-            }
-            "--transports" => {
-                let v = val("--transports")?;
-                a.kinds = v
-                    .split(',')
-                    .map(|s| {
-                        Kind::from_key(s.trim()).ok_or_else(|| {
-                            format!(
-                                "unknown transport '{s}' (one of {})",
-                                TRANSPORTS
-                                    .iter()
-                                    .map(|t| t.kind.key())
-                                    .collect::<Vec<_>>()
-                                    .join(", ")
-                            )
-                        })
-                    })
-                    .collect::<Result<_, _>>()?;
-            }
-            "--duration" => {
-                let v = val("--duration")?;
-                let d: f64 = v.parse().map_err(|_| format!("bad duration '{v}'"))?;
-                if !(0.05..=600.0).contains(&d) {
-                    return Err(format!("duration {v}: 0.05..600 seconds"));
-                }
-                duration = Some(d);
-            }
-            "--rate" => {
-                let v = val("--rate")?;
-                let r: f64 = v.parse().map_err(|_| format!("bad rate '{v}'"))?;
-                if !(r > 0.0 && r < 1000.0) {
-                    return Err(format!("rate {v}: Gbit/s, above 0 and below 1000"));
-                }
-                a.rate = Some(r * 1e9 / 8.0);
-            }
-            other => return Err(format!("unknown argument '{other}'")),
-        }
+/// A loss rate in percent, in steps of 0.1 %, as permille.
+fn loss_arg(p: &str) -> Result<u32, String> {
+    let pct: f64 = p
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad loss rate '{p}'"))?;
+    if !(0.0..=100.0).contains(&pct) {
+        return Err(format!("loss rate {p} % outside 0..100"));
     }
-    a.losses_permille = losses.unwrap_or_else(|| {
-        if a.quick {
-            vec![0, 10, 50]
-        } else {
-            vec![0, 1, 5, 10, 20, 50]
-        }
-    });
-    a.duration = duration.unwrap_or(if a.quick { 1.0 } else { 2.0 });
-    Ok(Some(a))
+    let pm = (pct * 10.0).round();
+    if (pm - pct * 10.0).abs() > 1e-6 {
+        return Err(format!("loss rate {p} %: steps of 0.1 % only"));
+    }
+    Ok(pm as u32)
 }
 
-/// Entry point of `softrdma perf loss ARGS`.
-pub fn main(args: &[String]) -> ExitCode {
-    if args.first().map(String::as_str) == Some("--role") {
-        let role = args.get(1).map(String::as_str).unwrap_or("");
-        let kv = Kv::parse(args.iter().skip(2).map(String::as_str));
-        return if roles::run(role, &kv) {
+/// The transports of [`TRANSPORTS`] by their keys.
+fn kind_names() -> impl clap::builder::TypedValueParser<Value = Kind> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(
+        TRANSPORTS
+            .iter()
+            .map(|t| PossibleValue::new(t.kind.key()).help(t.label)),
+    )
+    .map(|s| Kind::from_key(&s).expect("a possible value"))
+}
+
+/// Seconds per point, 0.05 to 600.
+fn duration_arg(v: &str) -> Result<f64, String> {
+    let d: f64 = v.parse().map_err(|_| format!("bad duration '{v}'"))?;
+    if !(0.05..=600.0).contains(&d) {
+        return Err(format!("duration {v}: 0.05..600 seconds"));
+    }
+    Ok(d)
+}
+
+/// Gbit/s, above 0 and below 1000.
+fn rate_arg(v: &str) -> Result<f64, String> {
+    let r: f64 = v.parse().map_err(|_| format!("bad rate '{v}'"))?;
+    if !(r > 0.0 && r < 1000.0) {
+        return Err(format!("rate {v}: Gbit/s, above 0 and below 1000"));
+    }
+    Ok(r)
+}
+
+/// Entry point of `softrdma perf loss`.
+pub(crate) fn main(args: LossArgs) -> ExitCode {
+    if let Some(role) = &args.role {
+        let kv = Kv::parse(role.iter().skip(1).map(String::as_str));
+        return if roles::run(&role[0], &kv) {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
         };
     }
-    let a = match parse(args) {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("softrdma perf loss: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let a = args.resolve();
     if !is_root() {
         eprintln!(
             "softrdma perf loss: needs root (it creates network namespaces, a veth link and \

@@ -1,9 +1,9 @@
-//! `softrdma perf scale` (issue 5): what one server pays per peer.
+//! `softrdma perf scale`: what one server pays per peer.
 //!
 //! For each transport and each N (1, 10, 100, 1 000, 10 000 client
 //! endpoints), one server process and ⌈N / 2 500⌉ client processes on
 //! 127.0.0.1 (this binary re-run with hidden `--role` arguments; see
-//! `scale_roles.rs`). Each client endpoint exchanges one request and
+//! `scale/roles.rs`). Each client endpoint exchanges one request and
 //! reply with the server; then everything stays idle, endpoints open,
 //! for twice the RD idle expiry set for the run (`--idle-ms`, default
 //! 1 000 ms) plus half a second. Reported per (transport, N):
@@ -38,7 +38,6 @@
 //! JSON lines instead of the table. Exit status: 0 done, 1 failed,
 //! 2 bad arguments.
 
-#[path = "scale_roles.rs"]
 mod roles;
 
 use std::fmt::Write as _;
@@ -51,21 +50,15 @@ use super::loss::proc::{load_note, progress, role_command, Kv, Proc};
 use super::loss::write_file;
 use super::plot::{write_png, Chart, Series};
 
-const USAGE: &str = "usage: softrdma perf scale [--quick] [--out DIR] [--json] \
-[--transports T,T,…] [--idle-ms MS]
-
-Server memory (RSS, per idle peer) and setup time for N = 1, 10, 100,
-1 000, 10 000 client endpoints against one server process, per transport.
-
-  --quick           N up to 1 000
-  --out DIR         write scale.md, scale.csv, scale.jsonl and PNG plots (default perf-scale)
-  --json            print JSON lines instead of the table
-  --transports LIST of rc, ud, rd, dc (default all)
-  --idle-ms MS      RD idle expiry for the run (default 1000); the server is
-                    measured idle after 2 x MS + 500 ms
-  --tcp-cc NAME|system  TCP congestion control of RC's and DC's connections
-                    (default cubic if the kernel allows it; system keeps the
-                    host's default)";
+/// What `softrdma perf scale --help` says first.
+pub(crate) const ABOUT: &str = "Measures what one server process pays per peer: for each \
+    transport and N = 1, 10, 100, 1 000 and 10 000 client endpoints on 127.0.0.1 (in \
+    client processes of 2 500 endpoints each), the setup time until the server has served \
+    all N, the server's resident memory before any peer, after setup and after an idle \
+    period (and its growth per idle peer), its open descriptors and live peer state, and one \
+    empty poll of its completion queue with every peer open.\n\n\
+    RC needs a descriptor per connection: the processes start with `ulimit -n` raised to \
+    N + 1 024; where the system does not allow that, the row says so.";
 
 /// One transport of the experiment (table-driven: add a row to add one).
 struct Transport {
@@ -109,6 +102,41 @@ const ALL_N: &[usize] = &[1, 10, 100, 1_000, 10_000];
 /// Client endpoints per client process.
 const PER_CLIENT: usize = 2_500;
 
+/// `softrdma perf scale [OPTIONS]`.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_long_help = "Output: the table on stdout (--json: JSON lines instead), progress \
+    on stderr; scale.md, scale.csv, scale.jsonl and two PNG plots in --out DIR.\n\n\
+    Exit status: 0 done, 1 failed, 2 for a bad command line."
+)]
+pub(crate) struct ScaleArgs {
+    /// N up to 1 000.
+    #[arg(long)]
+    quick: bool,
+    /// At most this many endpoints (a smaller ladder, for tests).
+    #[arg(long, hide = true, value_name = "N", value_parser = at_least_one)]
+    max_n: Option<usize>,
+    /// Where scale.md, scale.csv, scale.jsonl and the PNG plots go (created
+    /// if missing).
+    #[arg(long, value_name = "DIR", default_value = "perf-scale")]
+    out: PathBuf,
+    /// Print JSON lines instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Transports, comma-separated [default: all].
+    #[arg(long, value_name = "T,T,...", value_delimiter = ',', value_parser = transport_names())]
+    transports: Vec<usize>,
+    /// RD idle expiry of the run in milliseconds, 10 to 60000; the server is
+    /// measured idle after 2 x MS + 500 ms.
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    idle_ms: u64,
+    /// Runs one process of a point (a child of the run): `--role ROLE
+    /// key=value...`.
+    #[arg(long, hide = true, num_args = 1.., value_name = "ROLE KEY=VALUE")]
+    role: Option<Vec<String>>,
+}
+
+/// The options `run` works with, defaults filled in.
 #[derive(Debug)]
 struct Args {
     out: PathBuf,
@@ -118,98 +146,66 @@ struct Args {
     idle_ms: u64,
 }
 
-fn parse(args: &[String]) -> Result<Option<Args>, String> {
-    let mut a = Args {
-        out: PathBuf::from("perf-scale"),
-        json: false,
-        ns: ALL_N.to_vec(),
-        transports: (0..TRANSPORTS.len()).collect(),
-        idle_ms: 1000,
-    };
-    let mut max_n = None;
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut val = |name: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
-        match arg.as_str() {
-            "-h" | "--help" => return Ok(None),
-            "--quick" => max_n = Some(max_n.map_or(1_000, |m: usize| m.min(1_000))),
-            // Hidden: a smaller ladder (tests).
-            "--max-n" => {
-                let v = val("--max-n")?;
-                let m: usize = v.parse().map_err(|_| format!("bad --max-n '{v}'"))?;
-                if m == 0 {
-                    return Err("--max-n must be at least 1".into());
-                }
-                max_n = Some(max_n.map_or(m, |x: usize| x.min(m)));
+impl ScaleArgs {
+    fn resolve(self) -> Args {
+        let mut ns = ALL_N.to_vec();
+        let quick = self.quick.then_some(1_000);
+        if let Some(m) = [quick, self.max_n].into_iter().flatten().min() {
+            ns.retain(|&n| n <= m);
+            if ns.is_empty() {
+                ns.push(m);
             }
-            "--out" => a.out = PathBuf::from(val("--out")?),
-            "--json" => a.json = true,
-            "--transports" => {
-                let v = val("--transports")?;
-                a.transports = v
-                    .split(',')
-                    .map(|s| {
-                        TRANSPORTS
-                            .iter()
-                            .position(|t| t.kind.key() == s.trim())
-                            .ok_or_else(|| {
-                                format!(
-                                    "unknown transport '{s}' (one of {})",
-                                    TRANSPORTS
-                                        .iter()
-                                        .map(|t| t.kind.key())
-                                        .collect::<Vec<_>>()
-                                        .join(", ")
-                                )
-                            })
-                    })
-                    .collect::<Result<_, _>>()?;
-            }
-            "--idle-ms" => {
-                let v = val("--idle-ms")?;
-                a.idle_ms = v.parse().map_err(|_| format!("bad --idle-ms '{v}'"))?;
-                if !(10..=60_000).contains(&a.idle_ms) {
-                    return Err(format!("--idle-ms {v}: 10..60000"));
-                }
-            }
-            other => return Err(format!("unknown argument '{other}'")),
+        }
+        Args {
+            out: self.out,
+            json: self.json,
+            ns,
+            transports: if self.transports.is_empty() {
+                (0..TRANSPORTS.len()).collect()
+            } else {
+                self.transports
+            },
+            idle_ms: self.idle_ms,
         }
     }
-    if let Some(m) = max_n {
-        a.ns.retain(|&n| n <= m);
-        if a.ns.is_empty() {
-            a.ns.push(m);
-        }
-    }
-    Ok(Some(a))
 }
 
-/// Entry point of `softrdma perf scale ARGS`.
-pub fn main(args: &[String]) -> ExitCode {
-    if args.first().map(String::as_str) == Some("--role") {
-        let role = args.get(1).map(String::as_str).unwrap_or("");
-        let kv = Kv::parse(args.iter().skip(2).map(String::as_str));
-        return if roles::run(role, &kv) {
+/// A count of at least 1.
+fn at_least_one(v: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The transports of [`TRANSPORTS`] by key, as table indices.
+fn transport_names() -> impl clap::builder::TypedValueParser<Value = usize> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(
+        TRANSPORTS
+            .iter()
+            .map(|t| PossibleValue::new(t.kind.key()).help(t.label)),
+    )
+    .map(|s| {
+        TRANSPORTS
+            .iter()
+            .position(|t| t.kind.key() == s)
+            .expect("a possible value")
+    })
+}
+
+/// Entry point of `softrdma perf scale`.
+pub(crate) fn main(args: ScaleArgs) -> ExitCode {
+    if let Some(role) = &args.role {
+        let kv = Kv::parse(role.iter().skip(1).map(String::as_str));
+        return if roles::run(&role[0], &kv) {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
         };
     }
-    let a = match parse(args) {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("softrdma perf scale: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let a = args.resolve();
     match run(&a) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::cell::{Kind, WaitMode, TESTS, TRANSPORTS};
 use super::plot::{write_png, Chart, Series};
 use super::report::{format_table, PerfResult};
-use super::{peers, spawn, usage_error};
+use super::{peers, spawn};
 
 /// One child run of the suite.
 #[derive(Clone, Debug)]
@@ -34,50 +34,58 @@ struct Group {
     target: bool,
 }
 
-struct SuiteOpts {
+/// What `softrdma perf suite --help` says first.
+pub(crate) const ABOUT: &str = "Runs the loopback matrix (test x transport x size), each \
+    softrdma cell next to its raw-socket baseline measured just before it in the same child \
+    process, and prints one table on stdout, progress on stderr; writes report.md and PNG \
+    plots to --out DIR.\n\n\
+    Every (test, transport) group runs as its own `softrdma perf TEST --json` process under \
+    a deadline: a group that fails, crashes or overruns shows as failed cells with the \
+    reason. The matrix has a time budget; groups that would start after it are reported as \
+    skipped, not run.";
+
+/// `softrdma perf suite [OPTIONS]`.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_long_help = "Exit status: 0 when every cell worked, 1 when a cell failed or \
+    was skipped for the budget (the table is incomplete), 2 for a bad command line."
+)]
+pub(crate) struct SuiteOpts {
+    /// A short run: five tests, sizes 64 and 64Ki, shorter cells, a 14 s
+    /// budget.
+    #[arg(long)]
     quick: bool,
+    /// Where report.md and the PNG plots go (created if missing).
+    #[arg(long, value_name = "DIR", default_value = "perf-report")]
     out: PathBuf,
+    /// Also print every result as one JSON object per line on stdout.
+    #[arg(long)]
     json: bool,
+    /// Also run fi_pingpong (libfabric) and ucx_perftest (UCX), if
+    /// installed.
+    #[arg(long)]
     peers: bool,
+    /// How both ends of every cell wait (softrdma and baselines alike).
+    #[arg(long, value_name = "MODE", default_value = "poll", value_parser = super::cli::wait_arg())]
     wait: WaitMode,
+    /// Time budget of the whole matrix in seconds, 1 to 3600 [default: 57;
+    /// with --quick 14].
+    #[arg(long, value_name = "SECONDS", value_parser = super::cli::budget_arg)]
     budget: Option<Duration>,
 }
 
+#[cfg(test)]
 fn parse(args: &[String]) -> Result<SuiteOpts, String> {
-    let mut o = SuiteOpts {
-        quick: false,
-        out: PathBuf::from("perf-report"),
-        json: false,
-        peers: false,
-        wait: WaitMode::Poll,
-        budget: None,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--quick" => o.quick = true,
-            "--budget" => {
-                let v = it.next().ok_or("--budget needs seconds")?;
-                let b: u64 = v
-                    .parse()
-                    .ok()
-                    .filter(|b| (1..=3600).contains(b))
-                    .ok_or(format!("bad --budget {v:?} (1..=3600 s)"))?;
-                o.budget = Some(Duration::from_secs(b));
-            }
-            "--json" => o.json = true,
-            "--peers" => o.peers = true,
-            "--out" => {
-                o.out = PathBuf::from(it.next().ok_or("--out needs a directory")?);
-            }
-            "--wait" => {
-                let v = it.next().ok_or("--wait needs poll or event")?;
-                o.wait = WaitMode::parse(v).ok_or(format!("bad --wait {v:?}"))?;
-            }
-            other => return Err(format!("suite: unknown option {other:?}")),
-        }
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Suite {
+        #[command(flatten)]
+        o: SuiteOpts,
     }
-    Ok(o)
+    let argv = std::iter::once("suite".to_string()).chain(args.iter().cloned());
+    Suite::try_parse_from(argv)
+        .map(|s| s.o)
+        .map_err(|e| e.to_string())
 }
 
 fn groups(o: &SuiteOpts) -> Vec<Group> {
@@ -274,11 +282,7 @@ fn table_order(r: &PerfResult) -> (usize, usize, bool, u64) {
 }
 
 /// Entry point of `softrdma perf suite ARGS`.
-pub(crate) fn main(args: &[String]) -> ExitCode {
-    let o = match parse(args) {
-        Ok(o) => o,
-        Err(e) => return usage_error(&e),
-    };
+pub(crate) fn main(o: SuiteOpts) -> ExitCode {
     if let Err(e) = std::fs::create_dir_all(&o.out) {
         eprintln!(
             "softrdma perf suite: cannot create {}: {e}",

@@ -56,26 +56,19 @@ pub(crate) fn system_default() -> Option<String> {
     Some(sysctl("tcp_congestion_control")).filter(|s| !s.is_empty())
 }
 
-/// Removes `--tcp-cc VALUE` (anywhere in `args`) and returns the rest and
-/// the value; `Err` if the option has no value or comes twice.
-pub(crate) fn take_option(args: &[String]) -> Result<(Vec<String>, Option<String>), String> {
-    let mut rest = Vec::with_capacity(args.len());
-    let mut value = None;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if a == "--tcp-cc" {
-            let v = it
-                .next()
-                .filter(|v| !v.starts_with('-'))
-                .ok_or("--tcp-cc needs a value (an algorithm, or system)")?;
-            if value.replace(v.clone()).is_some() {
-                return Err("--tcp-cc given twice".into());
-            }
-        } else {
-            rest.push(a.clone());
-        }
+/// Checks `--tcp-cc NAME`: `system`, or an algorithm the kernel lets this
+/// process set; `Err` says why not (the kernel's reason, without the
+/// engine's variable name).
+pub(crate) fn check(name: &str) -> Result<(), String> {
+    if name == "system" {
+        return Ok(());
     }
-    Ok((rest, value))
+    softrdma_engine::check_tcp_congestion(name).map_err(|e| {
+        let e = e.to_string();
+        e.split_once(": ")
+            .map_or(e.as_str(), |(_, why)| why)
+            .to_string()
+    })
 }
 
 /// Settles the run's algorithm (module docs) and puts it in this process's
@@ -99,10 +92,8 @@ pub(crate) fn settle(asked: Option<&str>) -> Result<(), String> {
     if choice == "system" {
         std::env::remove_var(ENGINE_VAR);
     } else {
-        softrdma_engine::check_tcp_congestion(&choice).map_err(|e| {
-            // The engine's message names its variable; say what asked.
-            let e = e.to_string();
-            let why = e.split_once(": ").map_or(e.as_str(), |(_, why)| why);
+        check(&choice).map_err(|why| {
+            // Say what asked for it.
             if source.starts_with("SOFTRDMA_") {
                 format!("{source}={choice}: {why}")
             } else {
@@ -232,27 +223,41 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
     }
 
-    fn v(a: &[&str]) -> Vec<String> {
-        a.iter().map(|s| s.to_string()).collect()
-    }
-
+    /// `--tcp-cc` is an option of `softrdma perf` taken before or after
+    /// the sub-command; it needs a value (another option is none) and
+    /// comes once.
     #[test]
-    fn the_option_is_taken_out_wherever_it_is() {
-        let (rest, cc) = take_option(&v(&["suite", "--tcp-cc", "reno", "--quick"])).unwrap();
-        assert_eq!(rest, v(&["suite", "--quick"]));
-        assert_eq!(cc.as_deref(), Some("reno"));
-        let (rest, cc) = take_option(&v(&["write_bw", "--size", "1Mi"])).unwrap();
-        assert_eq!(rest, v(&["write_bw", "--size", "1Mi"]));
-        assert_eq!(cc, None);
-        assert!(take_option(&v(&["suite", "--tcp-cc"]))
-            .unwrap_err()
-            .contains("needs a value"));
-        // Another option is not a value.
-        assert!(take_option(&v(&["suite", "--tcp-cc", "--quick"]))
-            .unwrap_err()
-            .contains("needs a value"));
-        assert!(take_option(&v(&["--tcp-cc", "a", "--tcp-cc", "b"]))
-            .unwrap_err()
-            .contains("twice"));
+    fn the_option_is_taken_wherever_it_is() {
+        use clap::Parser;
+        let cc = |args: &[&str]| {
+            let argv = ["softrdma", "perf"].iter().chain(args);
+            match crate::Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(crate::Command::Perf(p)) => Ok(p.tcp_cc),
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(
+            cc(&["suite", "--tcp-cc", "system", "--quick"]),
+            Ok(vec!["system".to_string()])
+        );
+        assert_eq!(
+            cc(&["--tcp-cc", "system", "suite"]),
+            Ok(vec!["system".to_string()])
+        );
+        assert_eq!(cc(&["write_bw", "--size", "1Mi"]), Ok(vec![]));
+        // Twice is refused after parsing (`perf::main`): both are kept.
+        assert_eq!(
+            cc(&["suite", "--tcp-cc", "system", "--tcp-cc", "reno"]),
+            Ok(vec!["system".to_string(), "reno".to_string()])
+        );
+        for bad in [
+            &["suite", "--tcp-cc"][..],
+            &["suite", "--tcp-cc", "--quick"],
+            &["suite", "--tcp-cc", "no_such_algorithm"],
+        ] {
+            let e = cc(bad).unwrap_err();
+            assert!(e.contains("--tcp-cc"), "{bad:?}: {e}");
+        }
     }
 }

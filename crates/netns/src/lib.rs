@@ -1,13 +1,24 @@
-//! Two test hosts on one machine: a pair of network namespaces joined by a
-//! veth link, with kernel packet loss injected by nftables
+//! Two hosts on one machine: a pair of network namespaces joined by a veth
+//! link, with kernel packet loss injected by nftables
 //! (`numgen random mod 1000 < N drop`).
 //!
-//! Everything is created by the test and removed when the [`NetPair`] is
-//! dropped. The addresses (10.231.k.1 and 10.231.k.2) exist only inside the
-//! namespaces this code creates. Creating namespaces needs root (CAP_SYS_ADMIN
-//! and CAP_NET_ADMIN); where that fails, [`NetPair::create`] returns an error
-//! the test reports as a skip — except under `CI=true`, where such tests
-//! must run, so the caller should fail instead (see [`NetPair::for_test`]).
+//! `softrdma perf loss` runs its two ends in such a pair, and the engine's
+//! datagram tests use it (through `softrdma_sim::netns`, which re-exports
+//! this crate).
+//!
+//! Contract: everything a [`NetPair`] creates — the two namespaces, the
+//! veth link, one nftables table per namespace — is removed when it is
+//! dropped (deleting a namespace removes its devices and tables). Names
+//! carry the process id and a per-process counter, so pairs made at once
+//! by parallel tests or processes never share a namespace. The addresses
+//! (10.231.k.1 and 10.231.k.2) exist only inside the namespaces this code
+//! creates. The work is done by the `ip` and `nft` commands, which must be
+//! installed; creating namespaces needs root (CAP_SYS_ADMIN and
+//! CAP_NET_ADMIN). Where that fails, [`NetPair::create`] returns an error;
+//! a test reports it as a skip ([`NetPair::for_test`]) — except under
+//! `CI=true`, where such tests must run, so it fails instead.
+
+#![forbid(unsafe_code)]
 
 use std::net::Ipv4Addr;
 use std::process::{Command, Output};
