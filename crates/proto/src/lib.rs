@@ -15,9 +15,9 @@
 pub mod dc;
 pub mod dgram;
 pub mod memory;
-pub mod mpa;
 mod peers;
 pub mod rc;
+pub use rc::mpa;
 pub mod rd;
 pub mod rdqp;
 pub mod record;

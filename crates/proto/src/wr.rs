@@ -444,6 +444,28 @@ impl WorkCompletion {
     }
 }
 
+/// Which completion queue a completion belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CqKind {
+    /// The send queue's CQ.
+    Send,
+    /// The receive queue's CQ.
+    Recv,
+}
+
+/// Why a work request was refused at post time (nothing was queued).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostError {
+    /// The queue is full.
+    QueueFull,
+    /// The operation needs a softrdma peer (RFC 7306), or is otherwise not
+    /// supported on this connection.
+    Unsupported,
+    /// A parameter is invalid (an atomic with a buffer other than 8 octets,
+    /// inline data on a Read, more SGEs than allowed).
+    Invalid,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
