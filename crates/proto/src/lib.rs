@@ -14,12 +14,12 @@
 
 pub mod dc;
 pub mod dgram;
+pub use dgram::record;
 pub mod memory;
 mod peers;
 pub mod rc;
 pub use rc::mpa;
 pub mod rd;
 pub mod rdqp;
-pub mod record;
 pub mod ud;
 pub mod wr;

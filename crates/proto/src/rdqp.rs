@@ -198,20 +198,20 @@ use softrdma_wire::rdmap::{
 };
 use softrdma_wire::Error as WireError;
 
+use crate::dgram::record::{RecordConfig, RecordStats, Tracker};
+use crate::dgram::{
+    offer, offer_staged, set_rsvd_ulp, DatagramSink, RecvFifo, STAGE_MIN_BATCH, TX_BATCH,
+};
 use crate::dgram::{DatagramQp, DgramEvent};
 use crate::memory::{payload_pieces, scatter, AtomicOp, Memory};
 use crate::peers::PeerTable;
-use crate::rc::{CqKind, PostError};
 use crate::rd::{
     seq_after, Event, RdConfig, RdConfigError, RdEndpoint, RdStats, SendError, Transmit, Verdict,
 };
-use crate::record::{RecordConfig, RecordStats, Tracker};
-use crate::ud::{
-    grh_header, offer, offer_staged, DatagramSink, RecvFifo, GRH_LEN, MAX_MTU, MIN_MTU,
-    STAGE_MIN_BATCH, TX_BATCH,
-};
+use crate::ud::{grh_header, GRH_LEN, MAX_MTU, MIN_MTU};
 use crate::wr::{
-    DgramAddr, Payload, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, MAX_SGE,
+    CqKind, DgramAddr, Payload, PostError, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
+    WorkCompletion, MAX_SGE,
 };
 
 /// Largest [`RdQpConfig::max_msg`]: T-MO and the Read size are 32 bits.
@@ -3037,12 +3037,6 @@ fn atomic_request(op: WireAtomicOp, msn: u32, stag: u32, to: u64) -> SegmentRepr
             compare_mask: 0,
         }),
     )
-}
-
-fn set_rsvd_ulp(repr: &mut SegmentRepr, v: u32) {
-    if let DdpHeader::Untagged { rsvd_ulp, .. } = &mut repr.ddp {
-        *rsvd_ulp = v;
-    }
 }
 
 /// Whether octets `[off, off + len)` of a payload can be read.

@@ -10,7 +10,12 @@ use super::*;
 impl RcQp {
     /// Enters the error state. `cause`: Terminate to send (ours) or received
     /// (`remote`). `current`: status for the oldest outstanding send WR.
-    pub(super) fn fail(&mut self, cause: Option<TerminateRepr>, remote: bool, current: Option<WcStatus>) {
+    pub(super) fn fail(
+        &mut self,
+        cause: Option<TerminateRepr>,
+        remote: bool,
+        current: Option<WcStatus>,
+    ) {
         self.fail_inner(cause, remote, current, None);
     }
 
@@ -92,7 +97,11 @@ impl RcQp {
     }
 
     /// A Terminate we send about the segment being received.
-    pub(super) fn terminate_about(&self, cause: TerminateCause, with_read_request: bool) -> TerminateRepr {
+    pub(super) fn terminate_about(
+        &self,
+        cause: TerminateCause,
+        with_read_request: bool,
+    ) -> TerminateRepr {
         let mut t = TerminateRepr::new(cause);
         if let Some(seg) = &self.rx_seg {
             if let Some(echo) = seg.echo {

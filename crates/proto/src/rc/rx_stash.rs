@@ -58,7 +58,11 @@ impl RcQp {
     }
 
     /// If the stashed FPDU is complete, verifies and handles it.
-    pub(super) fn rx_stash_complete<M: Memory>(&mut self, mem: &mut M, srq: Option<&mut RecvQueue>) {
+    pub(super) fn rx_stash_complete<M: Memory>(
+        &mut self,
+        mem: &mut M,
+        srq: Option<&mut RecvQueue>,
+    ) {
         if self.rx_stash_len < fpdu::LEN_FIELD || self.rx_stash_need() > 0 {
             return;
         }

@@ -106,7 +106,11 @@ impl FrameReader {
 
 /// Builds one frame. `ulp` and the optional trailer form the private data
 /// after the IRD/ORD word.
-pub(super) fn build_frame(repr: MpaRepr<'_>, ulp: &[u8], trailer: Option<SoftrdmaTrailer>) -> Vec<u8> {
+pub(super) fn build_frame(
+    repr: MpaRepr<'_>,
+    ulp: &[u8],
+    trailer: Option<SoftrdmaTrailer>,
+) -> Vec<u8> {
     let mut pd = Vec::with_capacity(ulp.len() + EXT_TRAILER_LEN);
     pd.extend_from_slice(ulp);
     if let Some(t) = trailer {

@@ -22,8 +22,7 @@ const SIW_P2P_REQUEST: &str = "4d504120494420526571204672616d65500200048001c001"
 /// RTR, ORD 1.
 const SIW_P2P_REPLY: &str = "4d504120494420526570204672616d655002000480018001";
 /// golden.txt: "MPA Request rev2, C=1, enh, IRD=ORD=16, PD='ulp-hello'".
-const GOLDEN_REQUEST: &str =
-    "4d504120494420526571204672616d655002000d00100010756c702d68656c6c6f";
+const GOLDEN_REQUEST: &str = "4d504120494420526571204672616d655002000d00100010756c702d68656c6c6f";
 /// golden.txt: "MPA Reply rev2, C=1, enh, IRD=ORD=16, PD='ulp-ok'".
 const GOLDEN_REPLY: &str = "4d504120494420526570204672616d655002000a00100010756c702d6f6b";
 
@@ -357,8 +356,7 @@ fn check_pair(icfg: &MpaConfig, rcfg: &MpaConfig, decision: &Decision, r: &Run) 
 
     // softrdma discovery.
     let wl = word_len(icfg.rev == 2);
-    let i_trailer =
-        icfg.softrdma_ext && wl + icfg.private_data.len() + 8 <= icfg.max_private_data;
+    let i_trailer = icfg.softrdma_ext && wl + icfg.private_data.len() + 8 <= icfg.max_private_data;
     let r_trailer = i_trailer
         && rcfg.softrdma_ext
         && word_len(enhanced) + acc_pd.len() + 8 <= rcfg.max_private_data;

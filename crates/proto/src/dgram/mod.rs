@@ -13,10 +13,22 @@ use std::time::Instant;
 use softrdma_wire::rdmap::Opcode;
 
 use crate::memory::{MemError, Memory};
-use crate::rc::{CqKind, PostError};
-use crate::record::Tracker;
-use crate::ud::{DatagramSink, UdEvent, UdQp};
+use crate::ud::{UdEvent, UdQp};
+use crate::wr::{CqKind, PostError};
 use crate::wr::{DgramAddr, RecvWr, SendWr, WorkCompletion};
+use record::Tracker;
+
+mod fifo;
+pub mod record;
+mod segment;
+mod sink;
+
+pub(crate) use fifo::RecvFifo;
+pub(crate) use segment::set_rsvd_ulp;
+#[cfg(test)]
+pub(crate) use sink::STAGE_MAX_DGRAM;
+pub(crate) use sink::{offer, offer_staged, STAGE_MIN_BATCH};
+pub use sink::{Datagram, DatagramSink, TX_BATCH};
 
 /// Asynchronous events of a datagram QP. None of them stops the QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
