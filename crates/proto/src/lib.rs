@@ -20,6 +20,6 @@ mod peers;
 pub mod rc;
 pub use rc::mpa;
 pub mod rd;
-pub mod rdqp;
+pub use rd::qp as rdqp;
 pub mod ud;
 pub mod wr;
