@@ -16,10 +16,11 @@ pub mod dc;
 pub mod dgram;
 pub use dgram::record;
 pub mod memory;
-mod peers;
 pub mod rc;
 pub use rc::mpa;
 pub mod rd;
 pub use rd::qp as rdqp;
 pub mod ud;
 pub mod wr;
+
+mod util;

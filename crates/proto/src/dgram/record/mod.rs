@@ -113,7 +113,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use crate::memory::{MemError, Memory};
-use crate::peers::PeerTable;
+use crate::util::peers::PeerTable;
 use crate::wr::{
     DgramAddr, WcOpcode, WcStatus, WorkCompletion, WriteRecordInfo, MAX_RECORD_RANGES,
 };

@@ -135,7 +135,7 @@ use std::time::{Duration, Instant};
 
 use softrdma_wire::rd::{DataSeq, Feedback, RdShimRepr, MAX_QPN};
 
-use crate::peers::PeerTable;
+use crate::util::peers::PeerTable;
 use crate::wr::DgramAddr;
 
 mod peer;
@@ -683,7 +683,6 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
         }
         ev
     }
-
 }
 
 #[cfg(test)]

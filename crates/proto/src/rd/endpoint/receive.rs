@@ -114,7 +114,15 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
         }
     }
 
-    pub(super) fn on_ack(&mut self, peer: K, epoch: u32, psn: u32, nak: bool, window: u16, now: Instant) {
+    pub(super) fn on_ack(
+        &mut self,
+        peer: K,
+        epoch: u32,
+        psn: u32,
+        nak: bool,
+        window: u16,
+        now: Instant,
+    ) {
         let cfg = self.cfg;
         let Self {
             peers,

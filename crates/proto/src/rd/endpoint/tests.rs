@@ -1,5 +1,5 @@
-use super::*;
 use super::timers::QUEUE_FLOOR;
+use super::*;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct P(u32);

@@ -47,7 +47,13 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
         Ok(())
     }
 
-    pub(super) fn enqueue(&mut self, peer: K, token: T, now: Instant, urgent: bool) -> Result<(), SendError> {
+    pub(super) fn enqueue(
+        &mut self,
+        peer: K,
+        token: T,
+        now: Instant,
+        urgent: bool,
+    ) -> Result<(), SendError> {
         if !self.peers.contains_key(&peer) && !self.create_peer(peer, now) {
             return Err(SendError::TableFull);
         }

@@ -204,11 +204,11 @@ use crate::dgram::{
 };
 use crate::dgram::{DatagramQp, DgramEvent};
 use crate::memory::{payload_pieces, scatter, AtomicOp, Memory};
-use crate::peers::PeerTable;
 use crate::rd::{
     seq_after, Event, RdConfig, RdConfigError, RdEndpoint, RdStats, SendError, Transmit, Verdict,
 };
 use crate::ud::{grh_header, GRH_LEN, MAX_MTU, MIN_MTU};
+use crate::util::peers::PeerTable;
 use crate::wr::{
     CqKind, DgramAddr, Payload, PostError, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
     WorkCompletion, MAX_SGE,
@@ -773,7 +773,6 @@ impl RdQp {
         self.pump_all();
         self.refresh();
     }
-
 }
 
 impl DatagramQp for RdQp {

@@ -309,7 +309,12 @@ impl RdQp {
         }
     }
 
-    pub(super) fn rx_atomic_response<M: Memory>(&mut self, src: DgramAddr, repr: &SegmentRepr, mem: &mut M) {
+    pub(super) fn rx_atomic_response<M: Memory>(
+        &mut self,
+        src: DgramAddr,
+        repr: &SegmentRepr,
+        mem: &mut M,
+    ) {
         let RdmapBody::AtomicResponse(resp) = repr.body else {
             return;
         };

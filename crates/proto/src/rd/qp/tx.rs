@@ -107,7 +107,11 @@ impl RdQp {
 
     /// The header and payload source of one datagram; `None` if its token
     /// is settled already (nothing to send).
-    pub(super) fn plan<M: Memory>(&mut self, t: &Transmit<DgramAddr, Token>, mem: &M) -> Option<Plan> {
+    pub(super) fn plan<M: Memory>(
+        &mut self,
+        t: &Transmit<DgramAddr, Token>,
+        mem: &M,
+    ) -> Option<Plan> {
         let mut p = Plan {
             dest: (t.peer.ip, t.peer.port),
             ..Plan::EMPTY
@@ -169,7 +173,12 @@ impl RdQp {
     }
 
     /// Segment `seg` of the request in send-queue slot `slot`.
-    pub(super) fn sq_segment(&self, e: &SqEntry, slot: u32, seg: u32) -> Option<(SegmentRepr, Body)> {
+    pub(super) fn sq_segment(
+        &self,
+        e: &SqEntry,
+        slot: u32,
+        seg: u32,
+    ) -> Option<(SegmentRepr, Body)> {
         let dqpn = Some(self.dqpn_word(e.dest.qpn));
         let total = e.wr.payload.len();
         let last = seg + 1 >= e.nsegs;
