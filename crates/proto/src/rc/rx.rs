@@ -297,6 +297,9 @@ impl RcQp {
         );
     }
 
+    /// Acts on the header of a segment (`h`, of an ULPDU of `ulpdu_len`
+    /// octets): checks it against the rules of its opcode and chooses where
+    /// its payload goes. A broken rule is reported at the segment's end.
     pub(super) fn rx_header<M: Memory>(
         &mut self,
         h: &[u8],
@@ -312,29 +315,7 @@ impl RcQp {
                 // is allowed is caught below by the per-opcode rules.
                 r
             }
-            Err(e) => {
-                let tagged = h.first().is_some_and(|b| b & ddp::FLAG_T != 0);
-                let cause = match e {
-                    WireError::BadVersion if h[0] & ddp::DV_MASK != ddp::DDP_VERSION => {
-                        if tagged {
-                            TerminateCause::DdpTaggedInvalidVersion
-                        } else {
-                            TerminateCause::DdpUntaggedInvalidVersion
-                        }
-                    }
-                    WireError::BadVersion => TerminateCause::RdmapInvalidVersion,
-                    _ => TerminateCause::RdmapCatastrophicStream,
-                };
-                self.rx_seg = Some(RxSeg {
-                    repr: tagged_placeholder(),
-                    echo,
-                    payload_len: 0,
-                    target: Target::Discard,
-                    placed: 0,
-                });
-                self.defer_error(cause, false);
-                return;
-            }
+            Err(e) => return self.rx_header_unparsable(h, echo, e),
         };
         let payload_len = (ulpdu_len - repr.header_len().min(ulpdu_len)) as u64;
         self.rx_seg = Some(RxSeg {
@@ -344,31 +325,8 @@ impl RcQp {
             target: Target::Discard,
             placed: 0,
         });
-        // The P2P responder's RTR.
         if let Some(expect) = self.awaiting_rtr {
-            self.awaiting_rtr = None;
-            self.state = RcState::Rts;
-            let is_rtr = match (expect, repr.opcode, repr.ddp) {
-                (Some(RtrKind::Write), Opcode::RdmaWrite, _) => payload_len == 0,
-                (Some(RtrKind::Send), Opcode::Send, _) => payload_len == 0,
-                (Some(RtrKind::Read), Opcode::ReadRequest, _) => {
-                    matches!(repr.body, RdmapBody::ReadRequest(r) if r.size == 0)
-                }
-                _ => false,
-            };
-            if is_rtr {
-                match repr.opcode {
-                    Opcode::ReadRequest => {
-                        // Answered like any zero-length Read below.
-                    }
-                    Opcode::Send => {
-                        self.rx_msn[0] = self.rx_msn[0].wrapping_add(1);
-                        return;
-                    }
-                    _ => return,
-                }
-            } else if expect.is_some() {
-                self.defer_error(TerminateCause::MpaNoMatchingRtr, false);
+            if self.rx_awaited_rtr(expect, &repr, payload_len) {
                 return;
             }
         }
@@ -384,101 +342,11 @@ impl RcQp {
         let ext = self.cfg.softrdma_ext;
         match repr.opcode {
             Opcode::RdmaWrite | Opcode::ReadResponse => {
-                let DdpHeader::Tagged { stag, to, .. } = repr.ddp else {
-                    return self.defer_error(TerminateCause::RdmapUnexpectedOpcode, false);
-                };
-                // A continuation must follow on from the previous segment.
-                if let Some((s, next)) = self.rx_tagged {
-                    if s != stag || next != to {
-                        return self.defer_error(TerminateCause::DdpTaggedBaseBounds, false);
-                    }
-                }
-                if repr.opcode == Opcode::RdmaWrite {
-                    if !self.rx_write_open {
-                        self.rx_write_open = true;
-                        self.rx_write_len = 0;
-                    }
-                    if payload_len > 0 {
-                        if let Err(e) = mem.check_remote_write(stag, to, payload_len) {
-                            return self.defer_error(e.terminate_cause(true), false);
-                        }
-                        self.set_target(Target::Write { stag, to });
-                    }
-                } else {
-                    let Some(OrdEntry {
-                        kind:
-                            OrdKind::Read {
-                                sink_stag,
-                                sink_to,
-                                size,
-                                received,
-                            },
-                        ..
-                    }) = self.ord.front().copied()
-                    else {
-                        return self.defer_error(TerminateCause::RdmapUnexpectedOpcode, false);
-                    };
-                    if stag != sink_stag || to != sink_to.wrapping_add(received) {
-                        return self.defer_error(TerminateCause::DdpTaggedStagNotAssociated, false);
-                    }
-                    if received + payload_len > u64::from(size) {
-                        return self.defer_error(TerminateCause::DdpTaggedBaseBounds, false);
-                    }
-                    self.set_target(Target::ReadResp { offset: received });
-                }
-                self.rx_tagged = if repr.last {
-                    None
-                } else {
-                    Some((stag, to.wrapping_add(payload_len)))
-                };
+                self.rx_tagged_header(&repr, payload_len, mem)
             }
             Opcode::Send | Opcode::SendSe | Opcode::SendInvalidate | Opcode::SendSeInvalidate => {
                 let (qn, msn, mo, _) = untagged.expect("untagged opcode");
-                if qn != 0 {
-                    return self.defer_error(TerminateCause::DdpUntaggedInvalidQn, false);
-                }
-                if mo == 0 && self.rx_recv.is_none() {
-                    if msn != self.rx_msn[0] {
-                        return self.defer_error(TerminateCause::DdpUntaggedMsnRange, false);
-                    }
-                    let (wr, fired) = match srq {
-                        Some(q) => q.take(),
-                        None => self.rq.take(),
-                    };
-                    if fired {
-                        self.events.push_back(RcEvent::RecvLimitReached);
-                    }
-                    let Some(wr) = wr else {
-                        return self.defer_error(TerminateCause::DdpUntaggedNoBuffer, false);
-                    };
-                    self.rx_recv = Some(RxRecv {
-                        wr,
-                        msn,
-                        received: 0,
-                        opcode: repr.opcode,
-                    });
-                }
-                // By reference: a receive is some 170 octets.
-                let Some(r) = &self.rx_recv else {
-                    return self.defer_error(TerminateCause::DdpUntaggedInvalidMo, false);
-                };
-                let (r_msn, received, room) = (r.msn, r.received, r.wr.sgl.total_len());
-                if msn != r_msn {
-                    return self.defer_error(TerminateCause::DdpUntaggedMsnRange, false);
-                }
-                if u64::from(mo) != received {
-                    return self.defer_error(TerminateCause::DdpUntaggedInvalidMo, false);
-                }
-                if received + payload_len > room {
-                    if let Some(r) = self.rx_recv.take() {
-                        self.completions.push_back((
-                            CqKind::Recv,
-                            WorkCompletion::new(r.wr.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, 0),
-                        ));
-                    }
-                    return self.defer_error(TerminateCause::DdpUntaggedTooLong, false);
-                }
-                self.set_target(Target::Recv { offset: received });
+                self.rx_send_header(repr.opcode, qn, msn, mo, payload_len, srq)
             }
             Opcode::ImmediateData | Opcode::ImmediateDataSe if ext => {
                 let (qn, msn, mo, _) = untagged.expect("untagged opcode");
@@ -491,26 +359,7 @@ impl RcQp {
             }
             Opcode::ReadRequest => {
                 let (qn, msn, _, _) = untagged.expect("untagged opcode");
-                let RdmapBody::ReadRequest(req) = repr.body else {
-                    return self.defer_error(TerminateCause::RdmapCatastrophicStream, false);
-                };
-                if qn != 1 {
-                    return self.defer_error(TerminateCause::DdpUntaggedInvalidQn, false);
-                }
-                if msn != self.rx_msn[1] {
-                    return self.defer_error(TerminateCause::DdpUntaggedMsnRange, false);
-                }
-                if payload_len != 0 {
-                    return self.defer_error(TerminateCause::RdmapCatastrophicStream, false);
-                }
-                if self.ird.len() >= usize::from(self.cfg.ird) {
-                    return self.defer_error(TerminateCause::RdmapCatastrophicStream, true);
-                }
-                if req.size > 0 {
-                    if let Err(e) = mem.remote_read(req.src_stag, req.src_to, u64::from(req.size)) {
-                        self.defer_error(e.terminate_cause(false), true)
-                    }
-                }
+                self.rx_read_request_header(&repr, qn, msn, payload_len, mem)
             }
             Opcode::AtomicRequest if ext => {
                 let (qn, msn, _, _) = untagged.expect("untagged opcode");
@@ -526,21 +375,232 @@ impl RcQp {
             }
             Opcode::AtomicResponse if ext => {
                 let (qn, msn, _, _) = untagged.expect("untagged opcode");
-                if qn != 3 || msn != self.rx_msn[3] || payload_len != 0 {
-                    return self.defer_error(TerminateCause::DdpUntaggedMsnRange, false);
-                }
-                let RdmapBody::AtomicResponse(resp) = repr.body else {
-                    return self.defer_error(TerminateCause::RdmapCatastrophicStream, false);
-                };
-                match self.ord.front() {
-                    Some(OrdEntry {
-                        kind: OrdKind::Atomic { req_id },
-                        ..
-                    }) if *req_id == resp.req_id => {}
-                    _ => self.defer_error(TerminateCause::RdmapUnexpectedOpcode, false),
-                }
+                self.rx_atomic_response_header(&repr, qn, msn, payload_len)
             }
             Opcode::Terminate => {}
+            _ => self.defer_error(TerminateCause::RdmapUnexpectedOpcode, false),
+        }
+    }
+
+    /// A header that does not parse: the segment is discarded and the
+    /// Terminate (bad DDP or RDMAP version, or a damaged stream) is
+    /// reported at its end.
+    fn rx_header_unparsable(&mut self, h: &[u8], echo: Option<EchoedHeader>, e: WireError) {
+        let tagged = h.first().is_some_and(|b| b & ddp::FLAG_T != 0);
+        let cause = match e {
+            WireError::BadVersion if h[0] & ddp::DV_MASK != ddp::DDP_VERSION => {
+                if tagged {
+                    TerminateCause::DdpTaggedInvalidVersion
+                } else {
+                    TerminateCause::DdpUntaggedInvalidVersion
+                }
+            }
+            WireError::BadVersion => TerminateCause::RdmapInvalidVersion,
+            _ => TerminateCause::RdmapCatastrophicStream,
+        };
+        self.rx_seg = Some(RxSeg {
+            repr: tagged_placeholder(),
+            echo,
+            payload_len: 0,
+            target: Target::Discard,
+            placed: 0,
+        });
+        self.defer_error(cause, false);
+    }
+
+    /// The first segment a P2P responder receives must be the RTR it
+    /// awaits (`expect`; `None`: any). Data may flow from now on. Returns
+    /// true if the segment needs no further processing (a zero-length
+    /// Write or Send RTR, or a mismatch, which is reported); a Read RTR is
+    /// answered like any zero-length Read.
+    fn rx_awaited_rtr(&mut self, expect: Option<RtrKind>, repr: &SegmentRepr, len: u64) -> bool {
+        self.awaiting_rtr = None;
+        self.state = RcState::Rts;
+        let is_rtr = match (expect, repr.opcode, repr.ddp) {
+            (Some(RtrKind::Write), Opcode::RdmaWrite, _) => len == 0,
+            (Some(RtrKind::Send), Opcode::Send, _) => len == 0,
+            (Some(RtrKind::Read), Opcode::ReadRequest, _) => {
+                matches!(repr.body, RdmapBody::ReadRequest(r) if r.size == 0)
+            }
+            _ => false,
+        };
+        if is_rtr {
+            match repr.opcode {
+                Opcode::ReadRequest => false,
+                Opcode::Send => {
+                    self.rx_msn[0] = self.rx_msn[0].wrapping_add(1);
+                    true
+                }
+                _ => true,
+            }
+        } else if expect.is_some() {
+            self.defer_error(TerminateCause::MpaNoMatchingRtr, false);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The header of an RDMA Write or Read Response segment: it must
+    /// continue the tagged message in progress, and its target must be
+    /// writable (Write) or exactly the awaited Read's sink (Read Response).
+    #[inline]
+    fn rx_tagged_header<M: Memory>(&mut self, repr: &SegmentRepr, payload_len: u64, mem: &mut M) {
+        let DdpHeader::Tagged { stag, to, .. } = repr.ddp else {
+            return self.defer_error(TerminateCause::RdmapUnexpectedOpcode, false);
+        };
+        // A continuation must follow on from the previous segment.
+        if let Some((s, next)) = self.rx_tagged {
+            if s != stag || next != to {
+                return self.defer_error(TerminateCause::DdpTaggedBaseBounds, false);
+            }
+        }
+        if repr.opcode == Opcode::RdmaWrite {
+            if !self.rx_write_open {
+                self.rx_write_open = true;
+                self.rx_write_len = 0;
+            }
+            if payload_len > 0 {
+                if let Err(e) = mem.check_remote_write(stag, to, payload_len) {
+                    return self.defer_error(e.terminate_cause(true), false);
+                }
+                self.set_target(Target::Write { stag, to });
+            }
+        } else {
+            let Some(OrdEntry {
+                kind:
+                    OrdKind::Read {
+                        sink_stag,
+                        sink_to,
+                        size,
+                        received,
+                    },
+                ..
+            }) = self.ord.front().copied()
+            else {
+                return self.defer_error(TerminateCause::RdmapUnexpectedOpcode, false);
+            };
+            if stag != sink_stag || to != sink_to.wrapping_add(received) {
+                return self.defer_error(TerminateCause::DdpTaggedStagNotAssociated, false);
+            }
+            if received + payload_len > u64::from(size) {
+                return self.defer_error(TerminateCause::DdpTaggedBaseBounds, false);
+            }
+            self.set_target(Target::ReadResp { offset: received });
+        }
+        self.rx_tagged = if repr.last {
+            None
+        } else {
+            Some((stag, to.wrapping_add(payload_len)))
+        };
+    }
+
+    /// The header of a Send segment: the first takes a posted receive
+    /// (from the SRQ if there is one), every one must continue the
+    /// message in order and fit the receive.
+    #[inline]
+    fn rx_send_header(
+        &mut self,
+        opcode: Opcode,
+        qn: u32,
+        msn: u32,
+        mo: u32,
+        payload_len: u64,
+        srq: Option<&mut RecvQueue>,
+    ) {
+        if qn != 0 {
+            return self.defer_error(TerminateCause::DdpUntaggedInvalidQn, false);
+        }
+        if mo == 0 && self.rx_recv.is_none() {
+            if msn != self.rx_msn[0] {
+                return self.defer_error(TerminateCause::DdpUntaggedMsnRange, false);
+            }
+            let (wr, fired) = match srq {
+                Some(q) => q.take(),
+                None => self.rq.take(),
+            };
+            if fired {
+                self.events.push_back(RcEvent::RecvLimitReached);
+            }
+            let Some(wr) = wr else {
+                return self.defer_error(TerminateCause::DdpUntaggedNoBuffer, false);
+            };
+            self.rx_recv = Some(RxRecv {
+                wr,
+                msn,
+                received: 0,
+                opcode,
+            });
+        }
+        // By reference: a receive is some 170 octets.
+        let Some(r) = &self.rx_recv else {
+            return self.defer_error(TerminateCause::DdpUntaggedInvalidMo, false);
+        };
+        let (r_msn, received, room) = (r.msn, r.received, r.wr.sgl.total_len());
+        if msn != r_msn {
+            return self.defer_error(TerminateCause::DdpUntaggedMsnRange, false);
+        }
+        if u64::from(mo) != received {
+            return self.defer_error(TerminateCause::DdpUntaggedInvalidMo, false);
+        }
+        if received + payload_len > room {
+            if let Some(r) = self.rx_recv.take() {
+                self.completions.push_back((
+                    CqKind::Recv,
+                    WorkCompletion::new(r.wr.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, 0),
+                ));
+            }
+            return self.defer_error(TerminateCause::DdpUntaggedTooLong, false);
+        }
+        self.set_target(Target::Recv { offset: received });
+    }
+
+    /// The header of a Read Request: in order on QN 1, within IRD, and
+    /// (if not zero-length) naming memory the peer may read.
+    fn rx_read_request_header<M: Memory>(
+        &mut self,
+        repr: &SegmentRepr,
+        qn: u32,
+        msn: u32,
+        payload_len: u64,
+        mem: &mut M,
+    ) {
+        let RdmapBody::ReadRequest(req) = repr.body else {
+            return self.defer_error(TerminateCause::RdmapCatastrophicStream, false);
+        };
+        if qn != 1 {
+            return self.defer_error(TerminateCause::DdpUntaggedInvalidQn, false);
+        }
+        if msn != self.rx_msn[1] {
+            return self.defer_error(TerminateCause::DdpUntaggedMsnRange, false);
+        }
+        if payload_len != 0 {
+            return self.defer_error(TerminateCause::RdmapCatastrophicStream, false);
+        }
+        if self.ird.len() >= usize::from(self.cfg.ird) {
+            return self.defer_error(TerminateCause::RdmapCatastrophicStream, true);
+        }
+        if req.size > 0 {
+            if let Err(e) = mem.remote_read(req.src_stag, req.src_to, u64::from(req.size)) {
+                self.defer_error(e.terminate_cause(false), true)
+            }
+        }
+    }
+
+    /// The header of an Atomic Response: in order on QN 3 and answering
+    /// the atomic at the head of ORD.
+    fn rx_atomic_response_header(&mut self, repr: &SegmentRepr, qn: u32, msn: u32, len: u64) {
+        if qn != 3 || msn != self.rx_msn[3] || len != 0 {
+            return self.defer_error(TerminateCause::DdpUntaggedMsnRange, false);
+        }
+        let RdmapBody::AtomicResponse(resp) = repr.body else {
+            return self.defer_error(TerminateCause::RdmapCatastrophicStream, false);
+        };
+        match self.ord.front() {
+            Some(OrdEntry {
+                kind: OrdKind::Atomic { req_id },
+                ..
+            }) if *req_id == resp.req_id => {}
             _ => self.defer_error(TerminateCause::RdmapUnexpectedOpcode, false),
         }
     }
@@ -609,6 +669,8 @@ impl RcQp {
 }
 
 impl RcQp {
+    /// Acts on the end of the segment in progress (its payload placed):
+    /// completes what it finishes and answers or queues what it asks for.
     pub(super) fn rx_end<M: Memory>(&mut self, mem: &mut M, srq: Option<&mut RecvQueue>) {
         let Some(seg) = self.rx_seg.take() else {
             return;
@@ -624,101 +686,11 @@ impl RcQp {
                     self.rx_write_open = false;
                 }
             }
-            Opcode::ReadResponse => {
-                let Some(front) = self.ord.front_mut() else {
-                    return;
-                };
-                let OrdKind::Read { size, received, .. } = &mut front.kind else {
-                    return;
-                };
-                *received += seg.payload_len;
-                if repr.last {
-                    let (size, received) = (*size, *received);
-                    let seq = front.seq;
-                    self.ord.pop_front();
-                    if received != u64::from(size) {
-                        return self.rx_error(TerminateCause::DdpTaggedBaseBounds, false);
-                    }
-                    if let Some(seq) = seq {
-                        self.complete_seq(seq, WcStatus::Success, size);
-                    }
-                }
-            }
+            Opcode::ReadResponse => self.rx_end_read_response(seg.payload_len, repr.last),
             Opcode::Send | Opcode::SendSe | Opcode::SendInvalidate | Opcode::SendSeInvalidate => {
-                let Some(r) = &mut self.rx_recv else { return };
-                r.received += seg.payload_len;
-                if !repr.last {
-                    return;
-                }
-                let r = self.rx_recv.take().expect("receive in progress");
-                self.rx_msn[0] = self.rx_msn[0].wrapping_add(1);
-                let mut wc = WorkCompletion::new(
-                    r.wr.wr_id,
-                    WcStatus::Success,
-                    WcOpcode::Recv,
-                    r.received as u32,
-                );
-                wc.solicited = matches!(r.opcode, Opcode::SendSe | Opcode::SendSeInvalidate);
-                wc.imm = self.rx_pending_imm.take();
-                if matches!(r.opcode, Opcode::SendInvalidate | Opcode::SendSeInvalidate) {
-                    let DdpHeader::Untagged { rsvd_ulp: stag, .. } = repr.ddp else {
-                        return;
-                    };
-                    if let Err(e) = mem.invalidate(stag, true) {
-                        self.completions.push_back((
-                            CqKind::Recv,
-                            WorkCompletion::new(
-                                r.wr.wr_id,
-                                WcStatus::RemInvReqErr,
-                                WcOpcode::Recv,
-                                0,
-                            ),
-                        ));
-                        let mut seg = seg;
-                        seg.target = Target::Discard;
-                        self.rx_seg = Some(seg);
-                        self.rx_error(e.terminate_cause(false), false);
-                        self.rx_seg = None;
-                        return;
-                    }
-                    wc.invalidated = Some(stag);
-                }
-                self.completions.push_back((CqKind::Recv, wc));
+                self.rx_end_send(seg, mem)
             }
-            Opcode::ImmediateData | Opcode::ImmediateDataSe => {
-                let RdmapBody::Immediate(v) = repr.body else {
-                    return;
-                };
-                self.rx_msn[0] = self.rx_msn[0].wrapping_add(1);
-                let imm = v as u32;
-                if v & (1 << 32) != 0 {
-                    self.rx_pending_imm = Some(imm);
-                    return;
-                }
-                // Write with immediate: consumes a receive.
-                let (wr, fired) = match srq {
-                    Some(q) => q.take(),
-                    None => self.rq.take(),
-                };
-                if fired {
-                    self.events.push_back(RcEvent::RecvLimitReached);
-                }
-                let Some(wr) = wr else {
-                    self.rx_seg = Some(seg);
-                    self.rx_error(TerminateCause::DdpUntaggedNoBuffer, false);
-                    self.rx_seg = None;
-                    return;
-                };
-                let mut wc = WorkCompletion::new(
-                    wr.wr_id,
-                    WcStatus::Success,
-                    WcOpcode::RecvRdmaWithImm,
-                    self.rx_write_len.min(u64::from(u32::MAX)) as u32,
-                );
-                wc.imm = Some(imm);
-                wc.solicited = repr.opcode == Opcode::ImmediateDataSe;
-                self.completions.push_back((CqKind::Recv, wc));
-            }
+            Opcode::ImmediateData | Opcode::ImmediateDataSe => self.rx_end_immediate(seg, srq),
             Opcode::ReadRequest => {
                 let RdmapBody::ReadRequest(req) = repr.body else {
                     return;
@@ -726,73 +698,185 @@ impl RcQp {
                 self.rx_msn[1] = self.rx_msn[1].wrapping_add(1);
                 self.ird.push_back(IrdEntry::Read { req, sent: 0 });
             }
-            Opcode::AtomicRequest => {
-                let RdmapBody::AtomicRequest(req) = repr.body else {
-                    return;
-                };
-                self.rx_msn[1] = self.rx_msn[1].wrapping_add(1);
-                let op = match req.op {
-                    WireAtomicOp::FetchAdd => AtomicOp::FetchAdd(req.add_swap),
-                    WireAtomicOp::CompareSwap => AtomicOp::CompareSwap {
-                        compare: req.compare,
-                        swap: req.add_swap,
-                    },
-                    _ => {
-                        self.rx_seg = Some(seg);
-                        self.rx_error(TerminateCause::RdmapOperationUnspecified, false);
-                        self.rx_seg = None;
-                        return;
-                    }
-                };
-                match mem.remote_atomic(req.stag, req.to, op) {
-                    Ok(orig) => self.ird.push_back(IrdEntry::Atomic {
-                        req_id: req.req_id,
-                        orig,
-                    }),
-                    Err(e) => {
-                        self.rx_seg = Some(seg);
-                        self.rx_error(e.terminate_cause(false), false);
-                        self.rx_seg = None;
-                    }
-                }
-            }
-            Opcode::AtomicResponse => {
-                let RdmapBody::AtomicResponse(resp) = repr.body else {
-                    return;
-                };
-                self.rx_msn[3] = self.rx_msn[3].wrapping_add(1);
-                let Some(front) = self.ord.pop_front() else {
-                    return;
-                };
-                let Some(seq) = front.seq else { return };
-                let Some(Payload::Sgl(sgl)) = self.sq_entry_mut(seq).map(|e| e.wr.payload) else {
-                    return;
-                };
-                match scatter(mem, &sgl, 0, &resp.orig_value.to_ne_bytes()) {
-                    Ok(()) => self.complete_seq(seq, WcStatus::Success, 8),
-                    Err(_) => self.fail(None, false, Some(WcStatus::LocProtErr)),
-                }
-            }
+            Opcode::AtomicRequest => self.rx_end_atomic_request(seg, mem),
+            Opcode::AtomicResponse => self.rx_end_atomic_response(&repr, mem),
             Opcode::Terminate => {
                 let RdmapBody::Terminate(t) = repr.body else {
                     return;
                 };
-                let status = match t.cause.layer() {
-                    rdmap::Layer::Rdmap if t.cause.etype() == 1 => WcStatus::RemAccessErr,
-                    rdmap::Layer::Ddp if t.cause.etype() == 1 => WcStatus::RemAccessErr,
-                    rdmap::Layer::Ddp if t.cause == TerminateCause::DdpUntaggedNoBuffer => {
-                        WcStatus::RnrRetryExcErr
-                    }
-                    rdmap::Layer::Ddp if t.cause.etype() == 2 => WcStatus::RemInvReqErr,
-                    _ => WcStatus::RemOpErr,
-                };
-                self.fail(Some(t), true, Some(status));
-                if !self.tx_closed && self.pending.is_empty() {
-                    self.tx_closed = true;
-                    self.events.push_back(RcEvent::TxClosed);
-                }
+                self.rx_end_terminate(t);
             }
             _ => {}
+        }
+    }
+
+    /// Reports the segment `seg` broke a rule found at its end: the
+    /// Terminate echoes its header.
+    fn rx_end_error(&mut self, seg: RxSeg, cause: TerminateCause) {
+        self.rx_seg = Some(seg);
+        self.rx_error(cause, false);
+        self.rx_seg = None;
+    }
+
+    /// The end of a Read Response segment: the last one completes the
+    /// Read at the head of ORD if it filled the sink exactly.
+    #[inline]
+    fn rx_end_read_response(&mut self, payload_len: u64, last: bool) {
+        let Some(front) = self.ord.front_mut() else {
+            return;
+        };
+        let OrdKind::Read { size, received, .. } = &mut front.kind else {
+            return;
+        };
+        *received += payload_len;
+        if last {
+            let (size, received) = (*size, *received);
+            let seq = front.seq;
+            self.ord.pop_front();
+            if received != u64::from(size) {
+                return self.rx_error(TerminateCause::DdpTaggedBaseBounds, false);
+            }
+            if let Some(seq) = seq {
+                self.complete_seq(seq, WcStatus::Success, size);
+            }
+        }
+    }
+
+    /// The end of a Send segment: the last one completes the receive
+    /// (with the immediate data announced for it, and after invalidating
+    /// the STag of a Send with Invalidate).
+    #[inline]
+    fn rx_end_send<M: Memory>(&mut self, seg: RxSeg, mem: &mut M) {
+        let repr = seg.repr;
+        let Some(r) = &mut self.rx_recv else { return };
+        r.received += seg.payload_len;
+        if !repr.last {
+            return;
+        }
+        let r = self.rx_recv.take().expect("receive in progress");
+        self.rx_msn[0] = self.rx_msn[0].wrapping_add(1);
+        let mut wc = WorkCompletion::new(
+            r.wr.wr_id,
+            WcStatus::Success,
+            WcOpcode::Recv,
+            r.received as u32,
+        );
+        wc.solicited = matches!(r.opcode, Opcode::SendSe | Opcode::SendSeInvalidate);
+        wc.imm = self.rx_pending_imm.take();
+        if matches!(r.opcode, Opcode::SendInvalidate | Opcode::SendSeInvalidate) {
+            let DdpHeader::Untagged { rsvd_ulp: stag, .. } = repr.ddp else {
+                return;
+            };
+            if let Err(e) = mem.invalidate(stag, true) {
+                self.completions.push_back((
+                    CqKind::Recv,
+                    WorkCompletion::new(r.wr.wr_id, WcStatus::RemInvReqErr, WcOpcode::Recv, 0),
+                ));
+                let mut seg = seg;
+                seg.target = Target::Discard;
+                return self.rx_end_error(seg, e.terminate_cause(false));
+            }
+            wc.invalidated = Some(stag);
+        }
+        self.completions.push_back((CqKind::Recv, wc));
+    }
+
+    /// The end of an Immediate Data message: it either belongs to the
+    /// Send that follows, or (after an RDMA Write) consumes a receive and
+    /// completes as a Write with immediate.
+    fn rx_end_immediate(&mut self, seg: RxSeg, srq: Option<&mut RecvQueue>) {
+        let repr = seg.repr;
+        let RdmapBody::Immediate(v) = repr.body else {
+            return;
+        };
+        self.rx_msn[0] = self.rx_msn[0].wrapping_add(1);
+        let imm = v as u32;
+        if v & (1 << 32) != 0 {
+            self.rx_pending_imm = Some(imm);
+            return;
+        }
+        // Write with immediate: consumes a receive.
+        let (wr, fired) = match srq {
+            Some(q) => q.take(),
+            None => self.rq.take(),
+        };
+        if fired {
+            self.events.push_back(RcEvent::RecvLimitReached);
+        }
+        let Some(wr) = wr else {
+            return self.rx_end_error(seg, TerminateCause::DdpUntaggedNoBuffer);
+        };
+        let mut wc = WorkCompletion::new(
+            wr.wr_id,
+            WcStatus::Success,
+            WcOpcode::RecvRdmaWithImm,
+            self.rx_write_len.min(u64::from(u32::MAX)) as u32,
+        );
+        wc.imm = Some(imm);
+        wc.solicited = repr.opcode == Opcode::ImmediateDataSe;
+        self.completions.push_back((CqKind::Recv, wc));
+    }
+
+    /// The end of an Atomic Request: executes it on local memory and
+    /// queues the response (IRD).
+    fn rx_end_atomic_request<M: Memory>(&mut self, seg: RxSeg, mem: &mut M) {
+        let RdmapBody::AtomicRequest(req) = seg.repr.body else {
+            return;
+        };
+        self.rx_msn[1] = self.rx_msn[1].wrapping_add(1);
+        let op = match req.op {
+            WireAtomicOp::FetchAdd => AtomicOp::FetchAdd(req.add_swap),
+            WireAtomicOp::CompareSwap => AtomicOp::CompareSwap {
+                compare: req.compare,
+                swap: req.add_swap,
+            },
+            _ => return self.rx_end_error(seg, TerminateCause::RdmapOperationUnspecified),
+        };
+        match mem.remote_atomic(req.stag, req.to, op) {
+            Ok(orig) => self.ird.push_back(IrdEntry::Atomic {
+                req_id: req.req_id,
+                orig,
+            }),
+            Err(e) => self.rx_end_error(seg, e.terminate_cause(false)),
+        }
+    }
+
+    /// The end of an Atomic Response: the original value goes to the
+    /// requesting work request's buffer, which then completes.
+    fn rx_end_atomic_response<M: Memory>(&mut self, repr: &SegmentRepr, mem: &mut M) {
+        let RdmapBody::AtomicResponse(resp) = repr.body else {
+            return;
+        };
+        self.rx_msn[3] = self.rx_msn[3].wrapping_add(1);
+        let Some(front) = self.ord.pop_front() else {
+            return;
+        };
+        let Some(seq) = front.seq else { return };
+        let Some(Payload::Sgl(sgl)) = self.sq_entry_mut(seq).map(|e| e.wr.payload) else {
+            return;
+        };
+        match scatter(mem, &sgl, 0, &resp.orig_value.to_ne_bytes()) {
+            Ok(()) => self.complete_seq(seq, WcStatus::Success, 8),
+            Err(_) => self.fail(None, false, Some(WcStatus::LocProtErr)),
+        }
+    }
+
+    /// A Terminate from the peer: the QP fails with the status its cause
+    /// maps to, and nothing more will be sent.
+    fn rx_end_terminate(&mut self, t: TerminateRepr) {
+        let status = match t.cause.layer() {
+            rdmap::Layer::Rdmap if t.cause.etype() == 1 => WcStatus::RemAccessErr,
+            rdmap::Layer::Ddp if t.cause.etype() == 1 => WcStatus::RemAccessErr,
+            rdmap::Layer::Ddp if t.cause == TerminateCause::DdpUntaggedNoBuffer => {
+                WcStatus::RnrRetryExcErr
+            }
+            rdmap::Layer::Ddp if t.cause.etype() == 2 => WcStatus::RemInvReqErr,
+            _ => WcStatus::RemOpErr,
+        };
+        self.fail(Some(t), true, Some(status));
+        if !self.tx_closed && self.pending.is_empty() {
+            self.tx_closed = true;
+            self.events.push_back(RcEvent::TxClosed);
         }
     }
 }

@@ -106,6 +106,10 @@ impl RcQp {
         }
     }
 
+    /// Frames the next FPDU of the send-queue entry at the cursor, or
+    /// finishes a local operation (Local Invalidate) there. `None` if
+    /// there is nothing to frame now (no entry, waiting for a response,
+    /// or held by ORD or a fence).
     pub(super) fn next_sq_fpdu<M: Memory>(&mut self, mem: &mut M) -> Option<Built> {
         let idx = self.sq_cursor;
         // The entry's small fields only: its payload (up to some 270
@@ -119,15 +123,17 @@ impl RcQp {
         }
         let total = e.wr.payload.len();
         let seq = e.seq;
-        let set_state = |qp: &mut RcQp, st: SqState| {
-            if let Some(x) = qp.sq.get_mut(idx) {
-                x.state = st;
-            }
+        let pos = SqPos {
+            idx,
+            seq,
+            stage,
+            framed,
+            total,
         };
         match e.wr.op {
             // Refused by post_send; never queued on an RC QP.
             SendOp::WriteRecord { .. } => {
-                set_state(self, SqState::Done(WcStatus::LocQpOpErr, 0));
+                self.set_sq_state(idx, SqState::Done(WcStatus::LocQpOpErr, 0));
                 self.sq_cursor += 1;
                 self.reap_sq();
                 None
@@ -141,148 +147,28 @@ impl RcQp {
                 if st != WcStatus::Success {
                     self.fail_wr(seq, st);
                 } else {
-                    set_state(self, SqState::Done(st, 0));
+                    self.set_sq_state(idx, SqState::Done(st, 0));
                     self.reap_sq();
                 }
                 None
             }
             SendOp::Send { imm: Some(imm), .. } if stage == 0 => {
-                // Immediate Data announcing the Send that follows.
-                let msn = self.bump_msn(0);
-                let repr = SegmentRepr::untagged(
-                    Opcode::ImmediateData,
-                    0,
-                    msn,
-                    0,
-                    true,
-                    RdmapBody::Immediate(u64::from(imm) | 1 << 32),
-                );
-                set_state(
-                    self,
-                    SqState::Sending {
-                        stage: 1,
-                        framed: 0,
-                    },
-                );
-                Some(self.build(mem, &repr, &Body::None, Done::Nothing))
+                Some(self.frame_send_immediate(mem, idx, imm))
             }
             SendOp::Send { invalidate, .. } => {
-                let room = (self.cfg.max_ulpdu - ddp::UNTAGGED_HEADER_LEN) as u64;
-                let n = (total - framed).min(room);
-                let last = framed + n == total;
-                let msn = self.tx_msn[0];
-                if last {
-                    self.tx_msn[0] = msn.wrapping_add(1);
-                }
-                let opcode = match (e.wr.flags.solicited, invalidate.is_some()) {
-                    (false, false) => Opcode::Send,
-                    (true, false) => Opcode::SendSe,
-                    (false, true) => Opcode::SendInvalidate,
-                    (true, true) => Opcode::SendSeInvalidate,
-                };
-                let mut repr =
-                    SegmentRepr::untagged(opcode, 0, msn, framed as u32, last, RdmapBody::None);
-                if let (Some(s), DdpHeader::Untagged { rsvd_ulp, .. }) = (invalidate, &mut repr.ddp)
-                {
-                    *rsvd_ulp = s;
-                }
-                let body = Body::Sq {
-                    idx,
-                    offset: framed,
-                    len: n,
-                };
-                let done = if last {
-                    Done::SqComplete(seq)
-                } else {
-                    Done::Nothing
-                };
-                let p = self.build(mem, &repr, &body, done);
-                if self.state == RcState::Rts {
-                    if last {
-                        set_state(self, SqState::Framed);
-                        self.sq_cursor += 1;
-                    } else {
-                        set_state(
-                            self,
-                            SqState::Sending {
-                                stage,
-                                framed: framed + n,
-                            },
-                        );
-                    }
-                }
-                Some(p)
+                let solicited = e.wr.flags.solicited;
+                Some(self.frame_send_segment(mem, pos, solicited, invalidate))
             }
             SendOp::Write {
                 remote_addr,
                 rkey,
                 imm,
-            } => {
-                if stage == 1 {
-                    let imm = imm.unwrap_or(0);
-                    let msn = self.bump_msn(0);
-                    let repr = SegmentRepr::untagged(
-                        Opcode::ImmediateData,
-                        0,
-                        msn,
-                        0,
-                        true,
-                        RdmapBody::Immediate(u64::from(imm)),
-                    );
-                    set_state(self, SqState::Framed);
-                    self.sq_cursor += 1;
-                    return Some(self.build(mem, &repr, &Body::None, Done::SqComplete(seq)));
-                }
-                let room = (self.cfg.max_ulpdu - ddp::TAGGED_HEADER_LEN) as u64;
-                let n = (total - framed).min(room);
-                let last = framed + n == total;
-                let repr = SegmentRepr::tagged(
-                    Opcode::RdmaWrite,
-                    rkey,
-                    remote_addr.wrapping_add(framed),
-                    last,
-                );
-                let body = Body::Sq {
-                    idx,
-                    offset: framed,
-                    len: n,
-                };
-                let done = if last && imm.is_none() {
-                    Done::SqComplete(seq)
-                } else {
-                    Done::Nothing
-                };
-                let p = self.build(mem, &repr, &body, done);
-                if self.state == RcState::Rts {
-                    if last && imm.is_none() {
-                        set_state(self, SqState::Framed);
-                        self.sq_cursor += 1;
-                    } else if last {
-                        set_state(
-                            self,
-                            SqState::Sending {
-                                stage: 1,
-                                framed: total,
-                            },
-                        );
-                    } else {
-                        set_state(
-                            self,
-                            SqState::Sending {
-                                stage,
-                                framed: framed + n,
-                            },
-                        );
-                    }
-                }
-                Some(p)
-            }
+            } => Some(self.frame_write_segment(mem, pos, remote_addr, rkey, imm)),
             SendOp::Read { remote_addr, rkey } => {
                 let Payload::Sgl(sgl) = e.wr.payload else {
                     return None;
                 };
                 let first = sgl.as_slice().first().copied().unwrap_or_default();
-                let msn = self.bump_msn(1);
                 let req = ReadRequest {
                     sink_stag: first.lkey,
                     sink_to: first.addr,
@@ -290,26 +176,7 @@ impl RcQp {
                     src_stag: rkey,
                     src_to: remote_addr,
                 };
-                self.ord.push_back(OrdEntry {
-                    seq: Some(seq),
-                    kind: OrdKind::Read {
-                        sink_stag: req.sink_stag,
-                        sink_to: req.sink_to,
-                        size: req.size,
-                        received: 0,
-                    },
-                });
-                set_state(self, SqState::AwaitResponse);
-                self.sq_cursor += 1;
-                let repr = SegmentRepr::untagged(
-                    Opcode::ReadRequest,
-                    1,
-                    msn,
-                    0,
-                    true,
-                    RdmapBody::ReadRequest(req),
-                );
-                Some(self.build(mem, &repr, &Body::None, Done::Nothing))
+                Some(self.frame_read_request(mem, pos, req))
             }
             SendOp::CompareSwap {
                 remote_addr, rkey, ..
@@ -324,18 +191,9 @@ impl RcQp {
                     SendOp::FetchAdd { add, .. } => (WireAtomicOp::FetchAdd, add, 0),
                     _ => unreachable!("matched above"),
                 };
-                let req_id = self.next_atomic_id;
-                self.next_atomic_id = self.next_atomic_id.wrapping_add(1);
-                let msn = self.bump_msn(1);
-                self.ord.push_back(OrdEntry {
-                    seq: Some(seq),
-                    kind: OrdKind::Atomic { req_id },
-                });
-                set_state(self, SqState::AwaitResponse);
-                self.sq_cursor += 1;
                 let req = AtomicRequest {
                     op,
-                    req_id,
+                    req_id: 0,
                     stag: rkey,
                     to: remote_addr,
                     add_swap: a,
@@ -343,17 +201,239 @@ impl RcQp {
                     compare: c,
                     compare_mask: 0,
                 };
-                let repr = SegmentRepr::untagged(
-                    Opcode::AtomicRequest,
-                    1,
-                    msn,
-                    0,
-                    true,
-                    RdmapBody::AtomicRequest(req),
-                );
-                Some(self.build(mem, &repr, &Body::None, Done::Nothing))
+                Some(self.frame_atomic_request(mem, pos, req))
             }
         }
+    }
+
+    /// Sets the state of the send-queue entry at `idx`, if it is there.
+    #[inline]
+    fn set_sq_state(&mut self, idx: usize, st: SqState) {
+        if let Some(x) = self.sq.get_mut(idx) {
+            x.state = st;
+        }
+    }
+
+    /// After framing a segment of the entry at `pos`: if the QP is still
+    /// sending (framing did not fail it), `last` moves the cursor past a
+    /// framed entry, otherwise the entry records `next`, the stage and
+    /// octets framed so far.
+    #[inline]
+    fn sq_framed(&mut self, idx: usize, last: bool, next: SqState) {
+        if self.state == RcState::Rts {
+            if last {
+                self.set_sq_state(idx, SqState::Framed);
+                self.sq_cursor += 1;
+            } else {
+                self.set_sq_state(idx, next);
+            }
+        }
+    }
+
+    /// Frames the Immediate Data message that announces a Send with
+    /// immediate (the entry's first stage).
+    #[inline]
+    fn frame_send_immediate<M: Memory>(&mut self, mem: &mut M, idx: usize, imm: u32) -> Built {
+        let msn = self.bump_msn(0);
+        let repr = SegmentRepr::untagged(
+            Opcode::ImmediateData,
+            0,
+            msn,
+            0,
+            true,
+            RdmapBody::Immediate(u64::from(imm) | 1 << 32),
+        );
+        self.set_sq_state(
+            idx,
+            SqState::Sending {
+                stage: 1,
+                framed: 0,
+            },
+        );
+        self.build(mem, &repr, &Body::None, Done::Nothing)
+    }
+
+    /// Frames the next segment of a Send (its payload read in place); the
+    /// last one takes the MSN and completes the entry once written.
+    #[inline]
+    fn frame_send_segment<M: Memory>(
+        &mut self,
+        mem: &mut M,
+        pos: SqPos,
+        solicited: bool,
+        invalidate: Option<u32>,
+    ) -> Built {
+        let SqPos {
+            idx,
+            seq,
+            stage,
+            framed,
+            total,
+        } = pos;
+        let room = (self.cfg.max_ulpdu - ddp::UNTAGGED_HEADER_LEN) as u64;
+        let n = (total - framed).min(room);
+        let last = framed + n == total;
+        let msn = self.tx_msn[0];
+        if last {
+            self.tx_msn[0] = msn.wrapping_add(1);
+        }
+        let opcode = match (solicited, invalidate.is_some()) {
+            (false, false) => Opcode::Send,
+            (true, false) => Opcode::SendSe,
+            (false, true) => Opcode::SendInvalidate,
+            (true, true) => Opcode::SendSeInvalidate,
+        };
+        let mut repr = SegmentRepr::untagged(opcode, 0, msn, framed as u32, last, RdmapBody::None);
+        if let (Some(s), DdpHeader::Untagged { rsvd_ulp, .. }) = (invalidate, &mut repr.ddp) {
+            *rsvd_ulp = s;
+        }
+        let body = Body::Sq {
+            idx,
+            offset: framed,
+            len: n,
+        };
+        let done = if last {
+            Done::SqComplete(seq)
+        } else {
+            Done::Nothing
+        };
+        let p = self.build(mem, &repr, &body, done);
+        let next = SqState::Sending {
+            stage,
+            framed: framed + n,
+        };
+        self.sq_framed(idx, last, next);
+        p
+    }
+
+    /// Frames the next segment of an RDMA Write, or (stage 1, after its
+    /// last segment) the Immediate Data message of a Write with immediate.
+    #[inline]
+    fn frame_write_segment<M: Memory>(
+        &mut self,
+        mem: &mut M,
+        pos: SqPos,
+        remote_addr: u64,
+        rkey: u32,
+        imm: Option<u32>,
+    ) -> Built {
+        let SqPos {
+            idx,
+            seq,
+            stage,
+            framed,
+            total,
+        } = pos;
+        if stage == 1 {
+            let imm = imm.unwrap_or(0);
+            let msn = self.bump_msn(0);
+            let repr = SegmentRepr::untagged(
+                Opcode::ImmediateData,
+                0,
+                msn,
+                0,
+                true,
+                RdmapBody::Immediate(u64::from(imm)),
+            );
+            self.set_sq_state(idx, SqState::Framed);
+            self.sq_cursor += 1;
+            return self.build(mem, &repr, &Body::None, Done::SqComplete(seq));
+        }
+        let room = (self.cfg.max_ulpdu - ddp::TAGGED_HEADER_LEN) as u64;
+        let n = (total - framed).min(room);
+        let last = framed + n == total;
+        let repr = SegmentRepr::tagged(
+            Opcode::RdmaWrite,
+            rkey,
+            remote_addr.wrapping_add(framed),
+            last,
+        );
+        let body = Body::Sq {
+            idx,
+            offset: framed,
+            len: n,
+        };
+        let done = if last && imm.is_none() {
+            Done::SqComplete(seq)
+        } else {
+            Done::Nothing
+        };
+        let p = self.build(mem, &repr, &body, done);
+        // A Write with immediate goes on to its Immediate Data message.
+        let next = if last {
+            SqState::Sending {
+                stage: 1,
+                framed: total,
+            }
+        } else {
+            SqState::Sending {
+                stage,
+                framed: framed + n,
+            }
+        };
+        self.sq_framed(idx, last && imm.is_none(), next);
+        p
+    }
+
+    /// Frames a Read Request and records it for its response (ORD).
+    #[inline]
+    fn frame_read_request<M: Memory>(
+        &mut self,
+        mem: &mut M,
+        pos: SqPos,
+        req: ReadRequest,
+    ) -> Built {
+        let msn = self.bump_msn(1);
+        self.ord.push_back(OrdEntry {
+            seq: Some(pos.seq),
+            kind: OrdKind::Read {
+                sink_stag: req.sink_stag,
+                sink_to: req.sink_to,
+                size: req.size,
+                received: 0,
+            },
+        });
+        self.set_sq_state(pos.idx, SqState::AwaitResponse);
+        self.sq_cursor += 1;
+        let repr = SegmentRepr::untagged(
+            Opcode::ReadRequest,
+            1,
+            msn,
+            0,
+            true,
+            RdmapBody::ReadRequest(req),
+        );
+        self.build(mem, &repr, &Body::None, Done::Nothing)
+    }
+
+    /// Frames an Atomic Request (`req` without its id, which is assigned
+    /// here) and records it for its response (ORD).
+    #[inline]
+    fn frame_atomic_request<M: Memory>(
+        &mut self,
+        mem: &mut M,
+        pos: SqPos,
+        mut req: AtomicRequest,
+    ) -> Built {
+        let req_id = self.next_atomic_id;
+        self.next_atomic_id = self.next_atomic_id.wrapping_add(1);
+        req.req_id = req_id;
+        let msn = self.bump_msn(1);
+        self.ord.push_back(OrdEntry {
+            seq: Some(pos.seq),
+            kind: OrdKind::Atomic { req_id },
+        });
+        self.set_sq_state(pos.idx, SqState::AwaitResponse);
+        self.sq_cursor += 1;
+        let repr = SegmentRepr::untagged(
+            Opcode::AtomicRequest,
+            1,
+            msn,
+            0,
+            true,
+            RdmapBody::AtomicRequest(req),
+        );
+        self.build(mem, &repr, &Body::None, Done::Nothing)
     }
 
     /// Frames one FPDU into the transmit ring: header from `repr`, payload
@@ -602,4 +682,16 @@ pub(super) fn span_slice<'m, M: Memory>(mem: &'m M, s: &Span) -> &'m [u8] {
         mem.local_read(s.key, s.addr, s.len)
     };
     r.unwrap_or(&[])
+}
+
+/// Where the send-queue entry being framed stands: its index in the
+/// queue, sequence number, stage (0, or 1 for the Immediate Data message
+/// of a Write with immediate), payload octets framed so far and in all.
+#[derive(Debug, Clone, Copy)]
+struct SqPos {
+    idx: usize,
+    seq: u64,
+    stage: u8,
+    framed: u64,
+    total: u64,
 }
