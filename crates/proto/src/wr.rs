@@ -5,6 +5,10 @@
 //! fixed capacity — scatter/gather lists and inline data live inside the
 //! request — so queues of them can be allocated once, when a QP is created,
 //! and never grow on the data path.
+//!
+//! Also here, because every transport uses them: [`CqKind`] (which
+//! completion queue a completion belongs to) and [`PostError`] (why a
+//! work request was refused at post time).
 
 /// Most scatter/gather entries in one work request.
 pub const MAX_SGE: usize = 8;

@@ -125,6 +125,14 @@
 //! entry and B's target entry; B's reverse-use entry holds none (it lives
 //! as long as the target connection and is never evicted or idle-closed
 //! itself).
+//!
+//! # Layout
+//!
+//! This file holds the public types and the table's state, creation and
+//! getters. Beside it: `message` (the wire messages), `table` (entries,
+//! slots, eviction, removal), `initiator` (posting, inviting, binding,
+//! connection life), `target` (accepting RC connections), `receive`
+//! (messages in), `timers` (retries and idle close).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};

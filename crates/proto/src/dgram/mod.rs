@@ -5,6 +5,17 @@
 //! carries the destination per work request, datagrams come in with their
 //! source address, transmit goes through a [`DatagramSink`], time is passed
 //! in.
+//!
+//! # Layout
+//!
+//! This file holds the [`DatagramQp`] trait and [`DgramEvent`]. Beside it:
+//! `sink` ([`DatagramSink`], [`Datagram`], [`TX_BATCH`], and how a batch
+//! is offered: gathered, or framed back to back in a staging buffer),
+//! `fifo` (the receive queue), `segment` (segment helpers), and
+//! [`record`] (Write-Record placement and completion).
+//!
+//! Contract: what lives here knows nothing of one transport's rules; UD
+//! and RD each decide what goes into a datagram.
 
 use std::io;
 use std::net::IpAddr;

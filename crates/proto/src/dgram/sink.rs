@@ -18,7 +18,7 @@ pub const TX_BATCH: usize = 32;
 /// contiguously (header, payload copied behind it, CRC), so that the
 /// kernel takes each GSO run as one io-vector. A gather of three or more
 /// io-vectors per datagram costs the kernel's copy more than the copy into
-/// the staging buffer costs us (`docs/datagram.md` §12.5). Datagrams
+/// the staging buffer costs us. Datagrams
 /// larger than [`STAGE_MAX_DGRAM`] are gathered as before.
 const STAGE_CAP: usize = 64 << 10;
 /// Smallest batch framed in the staging buffer: below it (the latency
@@ -39,7 +39,7 @@ pub struct Datagram<'a> {
     pub bufs: &'a [IoSlice<'a>],
 }
 
-/// Where [`UdQp::poll_transmit`] hands its datagrams (a UDP socket in the
+/// Where [`UdQp::poll_transmit`](crate::ud::UdQp::poll_transmit) hands its datagrams (a UDP socket in the
 /// engine, a vector in tests).
 pub trait DatagramSink {
     /// Sends one datagram made of `bufs` to `dest`. `WouldBlock` means "not

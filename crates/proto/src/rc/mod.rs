@@ -61,6 +61,17 @@
 //! (Send with immediate: the pair consumes one receive) or stands alone after
 //! an RDMA Write (Write with immediate: consumes one receive and completes as
 //! `RecvRdmaWithImm` with the Write's length).
+//!
+//! # Layout
+//!
+//! This file holds the configuration, the queue pair's state and its API
+//! (posting, polling, disconnect). The rest is one file per step:
+//! `recv_queue` (the RQ or SRQ), `tx_build` (choosing and framing the
+//! next FPDU), `tx_ring` (the framed FPDUs not yet written), `tx`
+//! (writing them), `rx` (deframing, header rules, placement, message
+//! ends), `rx_stash` (partial FPDUs kept for their CRC), `rx_direct`
+//! (placement straight from the transport), `fail` (Terminates and the
+//! error state); [`mpa`] negotiates the connection before any of this.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};

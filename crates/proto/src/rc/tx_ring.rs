@@ -144,8 +144,7 @@ pub(super) const TX_BATCH: usize = 16;
 /// batch small enough to stay in a core's L2 cache between the two is read
 /// from memory once (1 MiB batches measured 0.85x raw TCP for 1 MiB RC
 /// Writes with CRC, 256 KiB 0.92x, 128 KiB 0.82x — medians of 4 runs).
-/// Without CRC only [`TX_BATCH`] bounds a batch (`docs/datagram.md`
-/// §12.18).
+/// Without CRC only [`TX_BATCH`] bounds a batch.
 pub(super) const TX_BATCH_BYTES: usize = 1 << 18;
 /// IoSlices one batch may need: header + spans + trailer per FPDU.
 pub(super) const IOV_CAP: usize = TX_BATCH * (MAX_SGE + 2);

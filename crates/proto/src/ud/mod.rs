@@ -15,8 +15,8 @@
 //!   payload copied from registered memory, CRC — one after the other into
 //!   a 64 KiB staging buffer, one buffer each; smaller batches and
 //!   datagrams over 16 KiB gathered as header, payload slices of registered
-//!   memory and CRC trailer; a lone small datagram copied whole;
-//!   `docs/datagram.md` §12.5), [`UdQp::poll_completion`],
+//!   memory and CRC trailer; a lone small datagram copied whole),
+//!   [`UdQp::poll_completion`],
 //!   [`UdQp::poll_event`], [`UdQp::poll_timeout`], [`UdQp::stats`].
 //!
 //! The engine demultiplexes several QPs sharing one UDP socket with
@@ -142,6 +142,14 @@
 //!   payload follows at offset 40 and the completion's length counts the
 //!   40 octets.
 //! ```
+//!
+//! # Layout
+//!
+//! This file holds the constants, configuration, statistics, events and
+//! the queue pair's state and API. Beside it: `tx` (planning, framing
+//! and offering datagrams), `rx` (checking, placing and reassembling),
+//! `reasm` (fragment ranges and the duplicate window). What UD shares
+//! with RD lives in [`crate::dgram`] and is re-exported here.
 
 use std::borrow::Borrow;
 use std::collections::{HashMap, VecDeque};
@@ -484,7 +492,7 @@ pub struct UdQp {
     last_source: usize,
     use_clock: u64,
     tracker: Tracker,
-    /// [`STAGE_CAP`] octets from the first batch of datagrams staged on
+    /// `STAGE_CAP` octets from the first batch of datagrams staged on
     /// (kept for the next ones); empty on a QP that never sent one.
     stage: Vec<u8>,
     /// The buffer a small datagram is framed in by

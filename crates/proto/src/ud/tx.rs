@@ -189,10 +189,10 @@ impl UdQp {
         }
     }
 
-    /// The datagrams of `plan` that fit in [`STAGE_CAP`] octets, each
+    /// The datagrams of `plan` that fit in `STAGE_CAP` octets, each
     /// framed whole into `stage` behind the one before it and offered as
     /// one buffer (see [`offer_staged`]); `None` (nothing sent) if the
-    /// first is larger than [`STAGE_MAX_DGRAM`] or its payload cannot be
+    /// first is larger than `STAGE_MAX_DGRAM` or its payload cannot be
     /// read. A later datagram that is too large, or whose payload cannot
     /// be read, ends the batch before it (the general path takes it when it
     /// reaches the head).

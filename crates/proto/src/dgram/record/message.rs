@@ -12,8 +12,8 @@ use super::*;
 /// key with the in-progress table's remembered one, so the key is plain
 /// aligned integers, built where it is compared ([`Tracker::judge`] and
 /// the table's lookups are inlined): a key passed through memory right
-/// after it was written stalled the load that compared it
-/// (`docs/datagram.md` §12.15). The hash takes an IPv4 address as 32 bits,
+/// after it was written stalled the load that compared it (the wider
+/// load cannot be forwarded from the narrower stores). The hash takes an IPv4 address as 32 bits,
 /// so a key hashes as one SipHash block, as the derived hash of the
 /// `DgramAddr` form did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -105,6 +105,13 @@
 //! [`Tracker::poll_completion`] after every call; beyond the cap entries
 //! are dropped and counted). Messages in progress are capped by
 //! `max_in_progress`, remembered messages by `dedup_window`.
+//!
+//! # Layout
+//!
+//! This file holds the configuration, statistics and the rules' small
+//! pieces. Beside it: `tracker` ([`Tracker`]), `message` (a message in
+//! progress and its fragments), `validity` (the per-STag interval sets),
+//! `history` (retired messages for duplicate detection).
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};

@@ -160,6 +160,13 @@
 //!   responder, which takes the data phase over without a gap. Whether the
 //!   hold-off is long enough is proved by the interop tests against siw,
 //!   not here.
+//!
+//! # Layout
+//!
+//! This file holds the constants, configuration, outcome and error
+//! types. Beside it: `frame` (transmit buffer, frame reader and
+//! builders), `initiator` ([`Initiator`]) and `responder`
+//! ([`Responder`]).
 
 use std::fmt;
 use std::time::{Duration, Instant};

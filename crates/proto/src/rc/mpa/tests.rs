@@ -3,8 +3,8 @@ use proptest::prelude::*;
 use softrdma_wire::mpa::{KEY_REPLY, KEY_REQUEST};
 
 // ---------------------------------------------------------------
-// Real siw frames. Extracted from ../shared/testdata/iwarp with
-// `tshark -r FILE -q -z follow,tcp,raw,0` (Linux 6.12 siw, rping).
+// Real siw frames, extracted from packet captures of Linux 6.12 siw
+// (rping) with `tshark -r FILE -q -z follow,tcp,raw,0`.
 // ---------------------------------------------------------------
 
 /// siw-rping-default.pcap, initiator: Rev 2, octet 16 = 0x10 (enhanced

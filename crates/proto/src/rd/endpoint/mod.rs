@@ -127,6 +127,14 @@
 //! expire, and the event and stateless-reply queues, once drained, give
 //! back what a burst (every peer expiring at once) grew them to beyond
 //! `1024 + 2 · peers` entries.
+//!
+//! # Layout
+//!
+//! This file holds the configuration, events, statistics and the
+//! endpoint's state and API. Beside it: `peer` (per-peer sender and
+//! receiver state), `transmit` (queueing tokens, building shims),
+//! `receive` (acting on arriving shims), `timers` (deadlines, failure,
+//! memory give-back).
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};

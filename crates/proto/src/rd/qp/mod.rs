@@ -13,8 +13,7 @@
 //!   first transmission or retransmission alike: from five planned
 //!   datagrams on, as many as fit framed whole into a staging buffer as
 //!   UD's are; the others gathered as shim + header, payload slices of
-//!   registered memory and CRC;
-//!   `docs/datagram.md` §12.5-12.6),
+//!   registered memory and CRC),
 //!   [`RdQp::poll_completion`], [`RdQp::poll_event`], [`RdQp::poll_timeout`].
 //!
 //! It implements [`DatagramQp`], the engine's one interface to datagram
@@ -182,6 +181,15 @@
 //!   an ACK from an undelivered datagram only once it has delivered up to
 //!   that datagram, never sees the ACK before the report.
 //! ```
+//!
+//! # Layout
+//!
+//! This file holds the configuration, statistics and the queue pair's
+//! state and API. Beside it: `slots` (send and inbound slot tables and
+//! their per-peer FIFOs), `peer` (per-peer QP state), `pump` (work into
+//! the reliability endpoint), `settle` (acknowledged or failed tokens
+//! into completions), `tx` (datagrams out), `rx` (Sends and Terminates
+//! in) and `rx_tagged` (Writes, Reads, atomics and their responses in).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -502,7 +510,7 @@ pub struct RdQp {
     peers: PeerTable<DgramAddr, PeerState>,
     ready: VecDeque<DgramAddr>,
     /// Where batches of datagrams are framed contiguously
-    /// ([`crate::ud::offer_staged`]); empty until the first such batch.
+    /// ([`crate::dgram::offer_staged`]); empty until the first such batch.
     stage: Vec<u8>,
     /// The plans of the batch `poll_transmit` is sending, kept between
     /// calls (capacity [`TX_BATCH`]): an array of them on the stack was

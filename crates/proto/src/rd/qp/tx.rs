@@ -437,8 +437,9 @@ impl RdQp {
 
     /// Frames the planned datagrams and offers them to the sink: from
     /// [`STAGE_MIN_BATCH`] on, as many as the staging buffer holds framed
-    /// contiguously there (one io-vector each, as UD's batches;
-    /// `docs/datagram.md` §12.5); otherwise gathered from memory. Returns
+    /// contiguously there (one io-vector each, as UD's batches, which
+    /// the kernel copies more cheaply than a gather); otherwise gathered
+    /// from memory. Returns
     /// how many were offered (a prefix of `plans`) and what the sink said.
     /// `B` sizes the arrays it fills (at most `B` plans are sent; `IOV` is
     /// `B * IOV_PER`): 1 for a lone datagram, whose arrays would otherwise
