@@ -77,18 +77,7 @@ impl DcTable {
             }
         }
         for id in rebind {
-            let nonce = self
-                .entries
-                .get(&id)
-                .and_then(|e| e.rev.via)
-                .and_then(|t| self.entries.get(&t))
-                .and_then(|t| t.rev.peer.as_ref())
-                .map(|p| p.0);
-            let target = self.entries.get(&id).map(|e| e.target);
-            if let (Some(nonce), Some(target)) = (nonce, target) {
-                self.stats.bind_retransmits += 1;
-                self.send_bind(id, target, nonce);
-            }
+            self.resend_bind(id);
         }
         for (id, target, nonce) in unbind {
             self.send_unbind(id, target, nonce);
@@ -120,29 +109,54 @@ impl DcTable {
         }
         gone.sort();
         for (id, why) in gone {
-            let Some(e) = self.remove(id) else { continue };
-            match why {
-                0 => {
-                    self.stats.timeouts += 1;
-                    self.events.push_back(DcEvent::Failed {
-                        id,
-                        target: e.target,
-                        reason: FailReason::Timeout,
-                    });
-                }
-                1 => {
-                    self.stats.idle_closes += 1;
-                    self.events.push_back(DcEvent::Teardown { id });
-                }
-                3 => {
-                    // The peer did not answer the Unbind: closed anyway.
-                    self.stats.unbind_timeouts += 1;
-                    self.events.push_back(DcEvent::Teardown { id });
-                }
-                _ => self.stats.accept_expired += 1,
-            }
+            self.expire(id, why);
         }
         self.admit_waiting(now);
+    }
+
+    /// Retransmits the Bind of reverse user `id` (over the connection it
+    /// binds to, with the peer's nonce), if both are still there.
+    fn resend_bind(&mut self, id: ConnId) {
+        let nonce = self
+            .entries
+            .get(&id)
+            .and_then(|e| e.rev.via)
+            .and_then(|t| self.entries.get(&t))
+            .and_then(|t| t.rev.peer.as_ref())
+            .map(|p| p.0);
+        let target = self.entries.get(&id).map(|e| e.target);
+        if let (Some(nonce), Some(target)) = (nonce, target) {
+            self.stats.bind_retransmits += 1;
+            self.send_bind(id, target, nonce);
+        }
+    }
+
+    /// Removes connection `id` whose timer ran out, counting it and
+    /// reporting it by `why`: 0 an invitation that timed out, 1 idle, 2 an
+    /// awaited target connection that never came, 3 an Unbind the peer
+    /// never answered.
+    fn expire(&mut self, id: ConnId, why: u8) {
+        let Some(e) = self.remove(id) else { return };
+        match why {
+            0 => {
+                self.stats.timeouts += 1;
+                self.events.push_back(DcEvent::Failed {
+                    id,
+                    target: e.target,
+                    reason: FailReason::Timeout,
+                });
+            }
+            1 => {
+                self.stats.idle_closes += 1;
+                self.events.push_back(DcEvent::Teardown { id });
+            }
+            3 => {
+                // The peer did not answer the Unbind: closed anyway.
+                self.stats.unbind_timeouts += 1;
+                self.events.push_back(DcEvent::Teardown { id });
+            }
+            _ => self.stats.accept_expired += 1,
+        }
     }
 
     /// When [`DcTable::handle_timeout`] is next due.

@@ -25,8 +25,7 @@ use softrdma_wire::rdmap::Opcode;
 
 use crate::memory::{MemError, Memory};
 use crate::ud::{UdEvent, UdQp};
-use crate::wr::{CqKind, PostError};
-use crate::wr::{DgramAddr, RecvWr, SendWr, WorkCompletion};
+use crate::wr::{CqKind, DgramAddr, PostError, RecvWr, SendWr, WorkCompletion};
 use record::Tracker;
 
 mod fifo;

@@ -167,7 +167,8 @@ use crate::dgram::record::{RecordConfig, RecordStats, Tracker};
 use crate::dgram::{offer, offer_staged, set_rsvd_ulp, RecvFifo, STAGE_MIN_BATCH};
 use crate::memory::{gather_into, payload_pieces, scatter, MemError, Memory};
 use crate::wr::{
-    DgramAddr, Payload, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, MAX_SGE,
+    CqKind, DgramAddr, Payload, PostError, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
+    WorkCompletion, MAX_SGE,
 };
 
 mod reasm;
@@ -175,7 +176,6 @@ mod rx;
 mod tx;
 
 pub use crate::dgram::{Datagram, DatagramSink, TX_BATCH};
-pub use crate::wr::{CqKind, PostError};
 use reasm::{Frags, Reasm, RxSeg, SrcWin};
 
 /// QP numbers are 24 bits; the DQPN word's top octet is the source slot.
