@@ -70,9 +70,7 @@ impl DcTable {
             },
         });
     }
-}
 
-impl DcTable {
     /// Initiator: a work request for `target` is posted. Returns the
     /// connection it belongs to and whether that connection is new (then
     /// it is inviting, or waiting for a slot). Every call must be matched

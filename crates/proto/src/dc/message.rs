@@ -1,10 +1,10 @@
-//! The SoftDC control messages: a fixed 40-octet layout (magic, kind,
-//! reason, DCT, connection, cookie, key, nonce) with an optional reverse
-//! offer behind it.
+//! The SoftDC control messages: a fixed [`MSG_LEN`]-octet layout (magic,
+//! kind, reject reason, port, DCT, connection, key, cookie), and the
+//! reverse offer that may follow an Accept.
 //!
-//! Contract: `decode` accepts exactly what `encode` produces and rejects
-//! anything else with a [`DecodeError`]; unknown reject codes decode to
-//! a generic reason.
+//! Contract: `decode` takes exactly [`MSG_LEN`] octets and reads back
+//! what `encode` wrote; anything it cannot parse is a [`DecodeError`].
+//! Reject codes it does not know are kept as [`RejectReason::Other`].
 
 /// Magic of every SoftDC message.
 pub const MAGIC: [u8; 4] = *b"sDC1";

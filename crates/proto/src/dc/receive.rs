@@ -1,7 +1,8 @@
 //! Messages in: invites, answers, binds and unbinds, for either side.
 //!
-//! Contract: a malformed message is counted and dropped; a message with a
-//! wrong key is refused (and counted) without revealing the key.
+//! Contract: a malformed message is counted and dropped; a wrong key is
+//! refused, counted and reported (once per recent source and
+//! connection).
 
 use super::*;
 

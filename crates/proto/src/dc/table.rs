@@ -251,9 +251,7 @@ impl DcTable {
         }
         Some(e)
     }
-}
 
-impl DcTable {
     /// Gives free slots to waiting connections, oldest first, evicting
     /// idle ones while some wait.
     pub(super) fn admit_waiting(&mut self, now: Instant) {

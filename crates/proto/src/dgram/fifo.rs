@@ -1,9 +1,9 @@
 //! The receive queue of a datagram QP: posted receives in posting order,
 //! with the count of receives claimed by messages still in reassembly.
 //!
-//! Contract: a receive is taken in posting order and may be given back
-//! (to the front) if the message it was taken for fails before it
-//! completes.
+//! Contract: receives are taken in posting order; a receive given back
+//! (its message failed before it completed) returns to its place in
+//! posting order.
 
 use std::collections::VecDeque;
 

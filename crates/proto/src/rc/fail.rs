@@ -1,9 +1,10 @@
 //! Failure: Terminates, the error state, and completing or flushing
 //! send-queue entries.
 //!
-//! Contract: the first failure wins; the QP enters the error state, the
-//! Terminate (if any) is queued for transmission, and every outstanding
-//! work request completes, the ones not yet finished with flush errors.
+//! Contract: the first failure wins; the QP enters the error state, a
+//! local Terminate (if any) is queued for transmission, and every send
+//! work request not yet done completes with an error (the oldest may get
+//! a specific status, the rest flush).
 
 use super::*;
 

@@ -1,7 +1,8 @@
 //! The receive queue: a QP's own or a shared one (SRQ).
 //!
 //! Contract: receives are taken in the order they were posted; a queue
-//! armed with a limit reports, once, when it falls below that limit.
+//! armed with a limit reports, once, when fewer than that many receives
+//! remain.
 
 use super::*;
 

@@ -230,9 +230,7 @@ impl RcQp {
         }
         self.rx_fpdu_end(mem, srq);
     }
-}
 
-impl RcQp {
     /// The FPDU ended (CRC checked): a rule its header broke is reported
     /// now, otherwise the segment completes.
     pub(super) fn rx_fpdu_end<M: Memory>(&mut self, mem: &mut M, srq: Option<&mut RecvQueue>) {
@@ -666,9 +664,7 @@ impl RcQp {
             }
         }
     }
-}
 
-impl RcQp {
     /// Acts on the end of the segment in progress (its payload placed):
     /// completes what it finishes and answers or queues what it asks for.
     pub(super) fn rx_end<M: Memory>(&mut self, mem: &mut M, srq: Option<&mut RecvQueue>) {

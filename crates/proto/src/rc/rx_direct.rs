@@ -1,10 +1,11 @@
 //! Direct placement: the receiver reads the rest of an FPDU's payload
 //! from the transport straight into registered memory.
 //!
-//! Contract: [`RcQp::rx_direct`] tells where the octets go (every key,
-//! right and bound already checked); [`RcQp::rx_direct_placed`] reports
-//! them placed and finishes the FPDU exactly as if its octets had come
-//! through [`RcQp::handle_bytes`].
+//! Contract: [`RcQp::rx_direct`] tells where the rest of the payload goes
+//! once the segment's header passed every check (the caller still checks
+//! each piece against its memory and falls back to
+//! [`RcQp::handle_bytes`] if one fails); [`RcQp::rx_direct_placed`]
+//! records octets placed as if they had arrived through `handle_bytes`.
 
 use super::*;
 

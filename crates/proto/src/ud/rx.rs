@@ -3,7 +3,8 @@
 //! duplicates.
 //!
 //! Contract: a malformed or unexpected datagram is dropped and counted,
-//! never answered; a message completes once, when all its octets are in.
+//! never answered; a message completes at most once, and its duplicates
+//! are dropped.
 
 use super::*;
 

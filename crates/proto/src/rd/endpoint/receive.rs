@@ -1,8 +1,9 @@
 //! Receiving: acting on an arriving shim (data, ACK or NAK, window
 //! update, reset) and telling the caller what to do with the datagram.
 //!
-//! Contract: every datagram gets a [`Verdict`]: deliver it exactly once,
-//! in order, or drop it (duplicate, out of order, stale epoch).
+//! Contract: every datagram gets a [`Verdict`]: deliver its segment (in
+//! order; its one and only delivery), discard a duplicate, take a control
+//! datagram's feedback, or drop it with a reason.
 
 use super::*;
 

@@ -137,9 +137,7 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
             self.events.push_back(Event::Abandoned { peer: key, token });
         }
     }
-}
 
-impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
     /// Re-registers the peer's deadline and ready state after a change.
     pub(super) fn touch(&mut self, key: K) {
         let cfg = self.cfg;

@@ -2,8 +2,9 @@
 //! out at once), and building the next datagram's shim: data with the
 //! feedback piggybacked, or control (ACK, NAK, reset).
 //!
-//! Contract: no more than the peer's window of data is unacknowledged;
-//! control datagrams go before data.
+//! Contract: queued control datagrams go first; then the peers with work
+//! take turns, one datagram each, none with more data unacknowledged
+//! than its window allows.
 
 use super::*;
 
@@ -92,9 +93,7 @@ impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
         self.touch(peer);
         Ok(())
     }
-}
 
-impl<K: PeerKey, T: Copy> RdEndpoint<K, T> {
     /// The next datagram to send, if any: stateless replies first, then the
     /// peers with work in round-robin order, one datagram each turn. Data
     /// datagrams carry the peer's ACK; a control datagram goes out only
