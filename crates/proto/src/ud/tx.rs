@@ -3,7 +3,8 @@
 //! copied whole when small, or staged for large batches).
 //!
 //! Contract: a work request completes when its last datagram was accepted
-//! by the sink; datagrams not accepted stay queued in order.
+//! by the sink; `WouldBlock` leaves the datagram pending, any other sink
+//! error fails the work request whose datagram was refused.
 
 use super::*;
 

@@ -2,8 +2,9 @@
 //! endpoint as tokens, one segment each, as far as the peer's window and
 //! the ordering rules allow.
 //!
-//! Contract: messages to one peer start in posting order; a fenced or
-//! ordered request waits for what it must follow.
+//! Contract: requests to one peer start in posting order; a Read or
+//! atomic starts only within ORD, and a fenced request only when no Read
+//! or atomic of its peer is outstanding.
 
 use super::*;
 

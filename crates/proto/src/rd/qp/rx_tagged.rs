@@ -3,7 +3,8 @@
 //! responses, and Terminates from the peer.
 //!
 //! Contract: every STag, bound and right is checked before an octet
-//! moves; a request beyond the inbound room is a protocol error.
+//! moves; a Read or atomic request beyond IRD or the inbound slots is
+//! answered with a Terminate.
 
 use super::*;
 

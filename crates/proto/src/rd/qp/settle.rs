@@ -2,8 +2,9 @@
 //! work they belong to — completions, freed slots, released gates, and a
 //! peer's failure, resynchronisation or expiry.
 //!
-//! Contract: every work request completes exactly once; after a peer
-//! fails, everything still outstanding to it completes with an error.
+//! Contract: every work request completes exactly once; when the
+//! reliability layer gives up on a peer, everything of this QP towards it
+//! fails and no other peer is touched.
 
 use super::*;
 

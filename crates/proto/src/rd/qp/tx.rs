@@ -3,7 +3,9 @@
 //! gathered or staged.
 //!
 //! Contract: a segment's payload is checked readable before it is
-//! framed; a datagram the sink does not take is offered again later.
+//! framed; a datagram the sink refuses with `WouldBlock` is offered first
+//! next time, one refused with another error is left to the reliability
+//! layer's retransmission.
 
 use super::*;
 
