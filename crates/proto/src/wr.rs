@@ -5,6 +5,10 @@
 //! fixed capacity — scatter/gather lists and inline data live inside the
 //! request — so queues of them can be allocated once, when a QP is created,
 //! and never grow on the data path.
+//!
+//! Also here, because every transport uses them: [`CqKind`] (which
+//! completion queue a completion belongs to) and [`PostError`] (why a
+//! work request was refused at post time).
 
 /// Most scatter/gather entries in one work request.
 pub const MAX_SGE: usize = 8;
@@ -442,6 +446,28 @@ impl WorkCompletion {
             record: None,
         }
     }
+}
+
+/// Which completion queue a completion belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CqKind {
+    /// The send queue's CQ.
+    Send,
+    /// The receive queue's CQ.
+    Recv,
+}
+
+/// Why a work request was refused at post time (nothing was queued).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostError {
+    /// The queue is full.
+    QueueFull,
+    /// The operation needs a softrdma peer (RFC 7306), or is otherwise not
+    /// supported on this connection.
+    Unsupported,
+    /// A parameter is invalid (an atomic with a buffer other than 8 octets,
+    /// inline data on a Read, more SGEs than allowed).
+    Invalid,
 }
 
 #[cfg(test)]

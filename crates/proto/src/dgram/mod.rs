@@ -5,6 +5,17 @@
 //! carries the destination per work request, datagrams come in with their
 //! source address, transmit goes through a [`DatagramSink`], time is passed
 //! in.
+//!
+//! # Layout
+//!
+//! This file holds the [`DatagramQp`] trait and [`DgramEvent`]. Beside it:
+//! `sink` ([`DatagramSink`], [`Datagram`], [`TX_BATCH`], and how a batch
+//! is offered: gathered, or framed back to back in a staging buffer),
+//! `fifo` (the receive queue), `segment` (segment helpers), and
+//! [`record`] (Write-Record placement and completion).
+//!
+//! Contract: what lives here knows nothing of one transport's rules; UD
+//! and RD each decide what goes into a datagram.
 
 use std::io;
 use std::net::IpAddr;
@@ -13,10 +24,21 @@ use std::time::Instant;
 use softrdma_wire::rdmap::Opcode;
 
 use crate::memory::{MemError, Memory};
-use crate::rc::{CqKind, PostError};
-use crate::record::Tracker;
-use crate::ud::{DatagramSink, UdEvent, UdQp};
-use crate::wr::{DgramAddr, RecvWr, SendWr, WorkCompletion};
+use crate::ud::{UdEvent, UdQp};
+use crate::wr::{CqKind, DgramAddr, PostError, RecvWr, SendWr, WorkCompletion};
+use record::Tracker;
+
+mod fifo;
+pub mod record;
+mod segment;
+mod sink;
+
+pub(crate) use fifo::RecvFifo;
+pub(crate) use segment::set_rsvd_ulp;
+#[cfg(test)]
+pub(crate) use sink::STAGE_MAX_DGRAM;
+pub(crate) use sink::{offer, offer_staged, STAGE_MIN_BATCH};
+pub use sink::{Datagram, DatagramSink, TX_BATCH};
 
 /// Asynchronous events of a datagram QP. None of them stops the QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
