@@ -85,63 +85,12 @@
 //!   hash maps are created with twice the capacity they ever hold. (The
 //!   Write-Record [`Tracker`] keeps its own bounded state.)
 //!
-//! # DATAGRAM.md-addendum
+//! # Conventions
 //!
-//! The text below is meant for `docs/datagram.md` (a new section "UD
-//! conventions"); it is what this module implements.
-//!
-//! ```text
-//! ## UD conventions (unreliable datagram QPs)
-//!
-//! A UD QP sends every segment with Q = 1. QP numbers are 24 bits.
-//!
-//! * DQPN word. Bits 23..0 hold the destination QPN. Bits 31..24 hold the
-//!   sender's "slot", the low octet of the sending QP's own QPN. Receivers
-//!   compare only bits 23..0 with their QPN. (datagram.md §3.2 calls the
-//!   whole word DQPN; for UD its top octet is the source slot.)
-//! * Source QPN. Untagged segments (Send, Immediate Data) carry the sending
-//!   QP's full QPN in RsvdULP (octets 2..5; top octet zero). Tagged
-//!   segments (RDMA Write, Write-Record) have no spare field; their source
-//!   QPN is (UDP source port << 8) | slot, the design brief's convention
-//!   QPN = (port << 8) | slot. A QP whose number does not follow that
-//!   convention is identified exactly only by its untagged segments.
-//! * Sequence numbers. A UD QP keeps one MSN counter for QN 0 and one T-MSN
-//!   counter for tagged messages, both starting at 1 and shared by all its
-//!   destinations. A receiver sees increasing numbers (mod 2^32) with gaps
-//!   and keys messages on (source, MSN) or (source, STag, T-MSN); it never
-//!   relies on them being contiguous.
-//! * Send with immediate. The message is its Send segments (L = 0, MO as
-//!   usual; none if the payload is empty) followed by one Immediate Data
-//!   segment (opcode 0x8, or 0x9 with solicited event) with the same MSN,
-//!   MO = the payload length, L = 1 and the immediate in the low 32 bits of
-//!   its 8-octet field (high 32 bits sent 0, ignored). The receiver
-//!   completes the receive when the payload [0, MO) and the Immediate Data
-//!   segment have arrived. An Immediate Data segment with L = 0 is dropped.
-//! * Send segments of one message all use opcode Send (0x3), or Send with
-//!   SE (0x5) when solicited; the L segment decides the solicited flag.
-//!   Send with Invalidate is not used on UD and is dropped on receive.
-//! * Segment sizes. Every segment but the last carries the same number of
-//!   payload octets: PMTU - IP/UDP header - DDP/RDMAP header - 4.
-//! * RDMA Write over UD: tagged, X = 1 (T-MSN, T-MO) and Q = 1; each segment
-//!   is placed at its own TO as it arrives; no completion at the target.
-//!   A receiver also accepts Write segments without X.
-//! * Write with immediate, Read, atomics and Terminate are not used on UD;
-//!   a UD receiver drops and counts them and never answers with a Terminate.
-//! * Receive rules. A Send message is complete when the L segment has given
-//!   its length (MO + payload of the L segment) and every octet below it has
-//!   arrived; segments that contradict the message (ending past its known
-//!   length, a second L segment with another end or kind, an L segment
-//!   ending before octets already received) are dropped. A message still
-//!   incomplete `reassembly_timeout` after its first segment is dropped as
-//!   a whole; nothing of it is delivered.
-//! * GRH option (C ABI). When a UD QP is set to deliver a GRH, the first 40
-//!   octets of each receive buffer hold an IBA GRH: IPVer 6, TClass 0,
-//!   FlowLabel 0, PayLen = message length (saturated at 65535), NxtHdr
-//!   0x1B, HopLmt 64, SGID = the source IP address as a GID (IPv4-mapped
-//!   ::ffff:a.b.c.d, or the IPv6 address), DGID = ours likewise. The
-//!   payload follows at offset 40 and the completion's length counts the
-//!   40 octets.
-//! ```
+//! The wire conventions this module implements (DQPN word and source slot,
+//! source QPN, sequence numbers, Send with immediate, segment sizes, RDMA
+//! Write over UD, what a UD receiver drops) are written down in
+//! `docs/datagram.md` §10, "UD conventions".
 //!
 //! # Layout
 //!

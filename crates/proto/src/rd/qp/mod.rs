@@ -43,7 +43,7 @@
 //! ```text
 //! ## 11. RD QP semantics
 //!
-//! An RD QP (`crates/proto/src/rdqp.rs`) is a datagram QP whose every data
+//! An RD QP (this module) is a datagram QP whose every data
 //! datagram is the RD shim (§9), one DDP segment and the CRC. The segment
 //! follows the UD layout of §10 (Q = 1 with the DQPN word and the sender's
 //! slot in its top octet; X, T-MSN and T-MO on every tagged segment; the
@@ -95,7 +95,7 @@
 //! * The Terminate is never overtaken by the ACK of what it reports, so a
 //!   Send, Write or Write-Record (completed by ACKs) fails deterministically
 //!   instead of succeeding first:
-//!   - the target sends it as an RD *report* (§9.4 addendum): before any
+//!   - the target sends it as an RD *report* (see *Reports* below): before any
 //!     datagram not yet sent, past a full window, and until it is
 //!     acknowledged the ACK covering the failed datagram rides only on data
 //!     datagrams at or after the report. Control datagrams and re-sent
@@ -167,8 +167,8 @@
 //!   Write, Write-Record: RDMAP catastrophic stream error), the rest of
 //!   the message is dropped.
 //!
-//! Addendum to §9.4 (reliability rules), implemented by
-//! `RdEndpoint::send_report`:
+//! Reports, a rule of the reliability layer (`docs/datagram.md` §11),
+//! implemented by `RdEndpoint::send_report`:
 //!
 //! * Reports. The layer above may queue a token as a report about the data
 //!   datagram just delivered from a peer. It is sent before every token not
