@@ -506,6 +506,8 @@ pub(crate) struct Measured {
     pub secs: f64,
     /// Messages lost.
     pub lost: u64,
+    /// DC: the first message's latency, µs (see `PerfResult::first_msg_us`).
+    pub first_msg_us: Option<f64>,
     /// How it was counted.
     pub note: String,
     /// MPA CRC in effect (RC).
@@ -527,6 +529,7 @@ impl Measured {
         self.msgs += o.msgs;
         self.secs += o.secs;
         self.lost += o.lost;
+        self.first_msg_us = self.first_msg_us.or(o.first_msg_us);
         if self.note.is_empty() {
             self.note = o.note;
         }
@@ -546,6 +549,7 @@ impl Measured {
             None => r.set_bandwidth(self.octets, self.msgs, self.secs),
         }
         r.lost = self.lost;
+        r.first_msg_us = self.first_msg_us;
         r.note = self.note;
         r.crc = self.crc;
         if self.tcp_cc.is_some() {

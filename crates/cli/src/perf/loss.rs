@@ -1,4 +1,4 @@
-//! `softrdma perf loss` (issue 5): goodput under random packet loss.
+//! `softrdma perf loss`: goodput under random packet loss.
 //!
 //! Two network namespaces joined by veth ([`softrdma_sim::netns::NetPair`],
 //! needs root), nftables dropping a given share of the packets entering

@@ -1,5 +1,5 @@
 //! `softrdma perf`: perftest-style benchmarks whose every figure is a ratio
-//! to a raw-socket baseline measured in the same run (issue 5).
+//! to a raw-socket baseline measured in the same run.
 //!
 //! Sub-commands: `TEST` (send_lat, write_bw, …), `baseline`, `suite`,
 //! `loss`, `scale`. Each returns an [`ExitCode`]: 0 when every cell

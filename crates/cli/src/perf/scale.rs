@@ -1,4 +1,4 @@
-//! `softrdma perf scale` (issue 5): what one server pays per peer.
+//! `softrdma perf scale`: what one server pays per peer.
 //!
 //! For each transport and each N (1, 10, 100, 1 000, 10 000 client
 //! endpoints), one server process and ⌈N / 2 500⌉ client processes on

@@ -29,7 +29,7 @@ struct Group {
     transport: &'static str,
     sizes: Vec<usize>,
     no_crc: bool,
-    /// A cell an issue-5 target (or its floor or ceiling) is read from:
+    /// A cell a target (or its floor or ceiling) is read from:
     /// run three times as long in four alternated rounds.
     target: bool,
 }
@@ -121,7 +121,7 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
             });
         }
     }
-    // RC Write bandwidth without MPA CRC (issue 5 target).
+    // RC Write bandwidth without MPA CRC (a target of its own).
     g.insert(
         0,
         Group {
@@ -190,7 +190,7 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
         no_crc: false,
         target: false,
     });
-    // The cells of the issue-5 targets first, so that a slow machine
+    // The cells of the targets first, so that a slow machine
     // spends its budget on them; the table is sorted back afterwards. A
     // bandwidth target's bounds run right behind it: the raw TCP stream
     // moves between states minutes apart, and a bound measured in another
@@ -339,7 +339,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         } else {
             (left.as_secs_f64() / (per_group * remaining)).clamp(0.1, 1.0)
         };
-        // The cells the issue-5 targets are read from, and their floors
+        // The cells the targets are read from, and their floors
         // and ceilings, run three times as long in four alternated rounds:
         // a 64 B latency ratio taken from 0.08 s moved by 0.1 and more
         // between suite runs on this kind of host, a 1 MiB bandwidth ratio
@@ -518,7 +518,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         }
         println!("{peers_found}");
         println!();
-        println!("issue-5 targets (same-run ratios):");
+        println!("targets (same-run ratios):");
         print!("{targets}");
         println!(
             "latency: one way (round trip / 2), p50; ratio = softrdma / raw sockets of this run \
@@ -680,7 +680,7 @@ fn head_to_head(o: &SuiteOpts, left: Duration) -> Vec<PerfResult> {
     got
 }
 
-/// The latency groups (test, transport) whose cells the issue-5 targets
+/// The latency groups (test, transport) whose cells the targets
 /// and their floors are read from.
 const TARGET_LAT: [(&str, &str); 6] = [
     ("send_lat", "rc"),
@@ -691,7 +691,7 @@ const TARGET_LAT: [(&str, &str); 6] = [
     ("udp_lat", "udp"),
 ];
 
-/// The bandwidth cells (test, transport, size, without CRC) the issue-5
+/// The bandwidth cells (test, transport, size, without CRC) the
 /// targets and their floors and ceilings are read from.
 const TARGET_BW: [(&str, &str, usize, bool); 7] = [
     ("write_bw", "rc", 1 << 20, false),
@@ -703,7 +703,8 @@ const TARGET_BW: [(&str, &str, usize, bool); 7] = [
     ("udp_crc_bw", "udp", 64 << 10, false),
 ];
 
-/// The issue-5 targets as lines `name: ratio (target)`.
+/// The performance targets (same-run ratios, see `docs/performance.md`)
+/// as lines `name: ratio (target)`.
 fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> String {
     let mut s = String::new();
     let mut line = |name: &str, v: Option<f64>, target: &str| {
@@ -1256,7 +1257,7 @@ fn report_md(
     let _ = writeln!(s, "{peers_found}\n");
     let _ = writeln!(
         s,
-        "## Issue-5 targets (ratios of this run)\n\n```text\n{targets}```\n"
+        "## Targets (same-run ratios)\n\n```text\n{targets}```\n"
     );
     let _ = writeln!(s, "## Plots\n");
     for p in plots {
