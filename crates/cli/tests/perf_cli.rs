@@ -521,10 +521,7 @@ fn decode_png(path: &Path) -> (u32, u32, Vec<u8>) {
     buf.truncate(info.buffer_size());
     let px = match info.color_type {
         png::ColorType::Rgb => buf,
-        png::ColorType::Rgba => buf
-            .chunks(4)
-            .flat_map(|c| [c[0], c[1], c[2]])
-            .collect(),
+        png::ColorType::Rgba => buf.chunks(4).flat_map(|c| [c[0], c[1], c[2]]).collect(),
         png::ColorType::Grayscale => buf.iter().flat_map(|&g| [g, g, g]).collect(),
         png::ColorType::GrayscaleAlpha => buf.chunks(2).flat_map(|c| [c[0]; 3]).collect(),
         other => panic!("colour type {other:?} after expansion"),

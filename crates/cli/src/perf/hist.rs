@@ -69,9 +69,7 @@ impl Histogram {
     /// Adds every value of `other`.
     pub(crate) fn merge(&mut self, other: &Histogram) {
         // Same bounds on both sides: adding cannot run out of range.
-        self.h
-            .add(&other.h)
-            .expect("histograms of the same bounds");
+        self.h.add(&other.h).expect("histograms of the same bounds");
         self.sum += other.sum;
         self.min = self.min.min(other.min);
         self.max = self.max.max(other.max);

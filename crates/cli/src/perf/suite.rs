@@ -1061,7 +1061,11 @@ fn write_plots(
             let chart = Chart {
                 title: &title,
                 x_label: "message size (octets)",
-                y_label: if lat { "latency (us)" } else { "Gbit/s" },
+                y_label: if lat {
+                    "one-way latency p50 (µs)"
+                } else {
+                    "bandwidth (Gbit/s)"
+                },
                 log_x: true,
                 log_y: true,
                 series: &series,
@@ -1255,10 +1259,7 @@ fn report_md(
         let _ = writeln!(s, "## Peers\n\n```text\n{}```\n", format_table(peers));
     }
     let _ = writeln!(s, "{peers_found}\n");
-    let _ = writeln!(
-        s,
-        "## Targets (same-run ratios)\n\n```text\n{targets}```\n"
-    );
+    let _ = writeln!(s, "## Targets (same-run ratios)\n\n```text\n{targets}```\n");
     let _ = writeln!(s, "## Plots\n");
     for p in plots {
         let _ = writeln!(s, "![{p}]({p})\n");
