@@ -370,7 +370,7 @@ fn num_label(v: f64) -> String {
     let a = v.abs();
     if a == 0.0 {
         "0".into()
-    } else if !(1e-3..1e6).contains(&a) {
+    } else if !(1e-3..1e7).contains(&a) {
         format!("{v:.0e}")
     } else if a >= 1.0 {
         let s = format!("{v:.2}");

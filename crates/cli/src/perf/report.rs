@@ -174,6 +174,80 @@ impl PerfResult {
     }
 }
 
+/// Whether progress is drawn as a live bar: stderr is a terminal and the
+/// run is not under CI (`CI=true`). Otherwise every progress line is
+/// printed as it is, which is what CI logs read.
+fn interactive() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && !std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// Progress of a run on stderr. Every [`Progress::line`] is printed, the
+/// same text whether stderr is a terminal or not; on a terminal (and not
+/// under CI) an `indicatif` bar below those lines shows how far the run
+/// is (steps done of `len`, or a spinner when `len` is 0) and the step
+/// under way. The bar is redrawn only when something changes (no ticker
+/// thread runs beside the measurements), and cleared by
+/// [`Progress::finish`] or when dropped.
+pub(crate) struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl Progress {
+    /// A progress display for `len` steps (0: unknown, a spinner).
+    pub(crate) fn new(len: u64) -> Progress {
+        use indicatif::{ProgressBar, ProgressFinish, ProgressStyle};
+        let bar = interactive().then(|| {
+            let (bar, template) = if len == 0 {
+                (
+                    ProgressBar::new_spinner(),
+                    "{spinner} [{elapsed_precise}] {wide_msg}",
+                )
+            } else {
+                (
+                    ProgressBar::new(len),
+                    "[{elapsed_precise}] {bar:30} {pos:>3}/{len} {wide_msg}",
+                )
+            };
+            let style = ProgressStyle::with_template(template)
+                .expect("a valid progress template")
+                .progress_chars("#>.");
+            // New bars draw on stderr.
+            bar.with_style(style).with_finish(ProgressFinish::AndClear)
+        });
+        Progress { bar }
+    }
+
+    /// Prints `text` on stderr (above the bar when there is one).
+    pub(crate) fn line(&self, text: &str) {
+        match &self.bar {
+            Some(b) => b.println(text),
+            None => eprintln!("{text}"),
+        }
+    }
+
+    /// Names the step under way (shown on the bar only).
+    pub(crate) fn step(&self, what: &str) {
+        if let Some(b) = &self.bar {
+            b.set_message(what.to_string());
+        }
+    }
+
+    /// One step done.
+    pub(crate) fn inc(&self) {
+        if let Some(b) = &self.bar {
+            b.inc(1);
+        }
+    }
+
+    /// Clears the bar (the printed lines stay).
+    pub(crate) fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
 /// A size in octets the way the table shows it (`64`, `4Ki`, `1Mi`).
 pub(crate) fn fmt_size(n: u64) -> String {
     if n >= 1 << 20 && n.is_multiple_of(1 << 20) {

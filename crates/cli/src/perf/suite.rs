@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::cell::{Kind, WaitMode, TESTS, TRANSPORTS};
 use super::plot::{write_png, Chart, Series};
-use super::report::{format_table, PerfResult};
+use super::report::{format_table, PerfResult, Progress};
 use super::{peers, spawn, usage_error};
 
 /// One child run of the suite.
@@ -305,6 +305,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         o.wait.name(),
         budget.as_secs()
     );
+    let progress = Progress::new(gs.len() as u64);
     for (i, g) in gs.iter().enumerate() {
         let left = budget.saturating_sub(started.elapsed());
         let label = format!(
@@ -313,9 +314,11 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             g.transport,
             if g.no_crc { " no-crc" } else { "" }
         );
-        let bar = progress_bar(i, gs.len());
+        let step = step_label(i, gs.len());
+        progress.step(&label);
         if left < Duration::from_millis(300) {
-            eprintln!("{bar} {label}: skipped (time budget used up)");
+            progress.line(&format!("{step} {label}: skipped (time budget used up)"));
+            progress.inc();
             for &s in &g.sizes {
                 rows.push(PerfResult::failed(
                     g.test,
@@ -400,15 +403,16 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         }
         let bad = got.iter().filter(|r| r.error.is_some()).count();
         failed |= bad > 0;
-        eprintln!(
-            "{bar} {label}: {} ({:.1} s)",
+        progress.line(&format!(
+            "{step} {label}: {} ({:.1} s)",
             if bad == 0 {
                 "ok".to_string()
             } else {
                 format!("{bad} failed")
             },
             t0.elapsed().as_secs_f64()
-        );
+        ));
+        progress.inc();
         if o.json {
             for r in &got {
                 println!("{}", r.to_json());
@@ -416,6 +420,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         }
         rows.extend(got);
     }
+    progress.finish();
     // UD against RC latency, alternated in one child: the cells above run
     // seconds apart, and this machine's TCP latency can change by half in
     // between, so their quotient is no comparison.
@@ -591,15 +596,10 @@ fn run_child(args: &[String], deadline: Duration) -> (Vec<PerfResult>, String) {
     }
 }
 
-fn progress_bar(i: usize, n: usize) -> String {
-    let w = 20;
-    let done = (i + 1) * w / n.max(1);
-    format!(
-        "[{}{}] {:>2}/{n}",
-        "#".repeat(done),
-        ".".repeat(w - done),
-        i + 1
-    )
+/// The step number a group's progress line starts with: `[ 3/26]`.
+fn step_label(i: usize, n: usize) -> String {
+    let w = n.to_string().len();
+    format!("[{:>w$}/{n}]", i + 1)
 }
 
 fn last_line(s: &str) -> Option<String> {
@@ -1346,13 +1346,14 @@ mod tests {
     }
 
     #[test]
-    fn dates_and_bars() {
+    fn dates_and_step_labels() {
         let d = utc_now();
         assert!(
             d.len() == 23 && d.ends_with(" UTC") && d.starts_with("20"),
             "{d}"
         );
-        assert_eq!(progress_bar(0, 2), "[##########..........]  1/2");
+        assert_eq!(step_label(0, 2), "[1/2]");
+        assert_eq!(step_label(2, 26), "[ 3/26]");
     }
 
     #[test]
