@@ -663,6 +663,19 @@ fn quick_suite_writes_report_and_pngs() {
             .is_some_and(|l| l.contains("CPU steal during the run")),
         "{stdout}"
     );
+    // The targets as numbers: every line a name, a kind, and a ratio
+    // that is a number (or null for a missing cell); targets have limits.
+    let tj = std::fs::read_to_string(dir.join("targets.json")).expect("targets.json");
+    let tj: J = serde_json::from_str(&tj).expect("targets.json is JSON");
+    let lines = tj.as_array().expect("an array");
+    assert!(lines.iter().any(|l| l["kind"] == "target"), "{tj}");
+    for l in lines {
+        assert!(l["name"].is_string(), "{l}");
+        assert!(l["ratio"].is_number() || l["ratio"].is_null(), "{l}");
+        if l["kind"] == "target" {
+            assert!(l["limit"].is_number(), "{l}");
+        }
+    }
     let md = std::fs::read_to_string(dir.join("report.md")).expect("report.md");
     for want in [
         "nproc",

@@ -498,7 +498,8 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         .and_then(|(a, b)| a.steal_pct(b));
     let mut soft: Vec<PerfResult> = rows.iter().filter(|r| table_row(r)).cloned().collect();
     soft.sort_by_key(table_order);
-    let targets = targets(&rows, &peer_rows, &h2h);
+    let target_lines = targets(&rows, &peer_rows, &h2h);
+    let targets = targets_text(&target_lines);
     if !o.json {
         println!(
             "softrdma perf suite: loopback, two processes per cell, wait mode {} on both ends, \
@@ -547,6 +548,12 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         &plots,
         (wall, &load_start, steal),
     );
+    let tj = o.out.join("targets.json");
+    let json = serde_json::to_string_pretty(&target_lines).expect("targets serialize");
+    if let Err(e) = std::fs::write(&tj, json + "\n") {
+        eprintln!("softrdma perf suite: cannot write {}: {e}", tj.display());
+        failed = true;
+    }
     let path = o.out.join("report.md");
     if let Err(e) = std::fs::write(&path, md) {
         eprintln!("softrdma perf suite: cannot write {}: {e}", path.display());
@@ -703,13 +710,75 @@ const TARGET_BW: [(&str, &str, usize, bool); 7] = [
     ("udp_crc_bw", "udp", 64 << 10, false),
 ];
 
-/// The performance targets (same-run ratios, see `docs/performance.md`)
-/// as lines `name: ratio (target)`.
-fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> String {
+/// One line of the targets block: a same-run ratio, and the bound it
+/// should keep when it is a target. Written to `targets.json`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+struct TargetLine {
+    /// What is compared (`floor: …`, `ceiling: …` for the bounds).
+    name: String,
+    /// `target`; or, beside the target above it, `floor`, `ceiling`, or
+    /// `detail` (the same figure read another way).
+    kind: &'static str,
+    /// The ratio this run measured; `null` when a cell is missing.
+    ratio: Option<f64>,
+    /// A target's comparison: `<=` or `>=` (`null` beside a target).
+    bound: Option<&'static str>,
+    /// A target's limit (`null` beside a target).
+    limit: Option<f64>,
+    /// Printed indented, under the target it belongs to.
+    #[serde(skip)]
+    indent: bool,
+    /// The bound as printed (`<= 1.10`, `-`).
+    #[serde(skip)]
+    shown: String,
+}
+
+/// The targets block as printed: `name ratio (target BOUND LIMIT)`.
+fn targets_text(lines: &[TargetLine]) -> String {
     let mut s = String::new();
-    let mut line = |name: &str, v: Option<f64>, target: &str| {
-        let v = v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "n/a".into());
+    for l in lines {
+        let v = l
+            .ratio
+            .map(|x| format!("{x:.2}"))
+            .unwrap_or_else(|| "n/a".into());
+        let target = &l.shown;
+        let name = format!("{}{}", if l.indent { "  " } else { "" }, l.name);
         let _ = writeln!(s, "  {name:<52} {v:>6}   (target {target})");
+    }
+    s
+}
+
+/// The performance targets (same-run ratios, see `docs/performance.md`),
+/// each followed by the floors, ceilings and other readings that go with
+/// it.
+fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> Vec<TargetLine> {
+    let mut s = Vec::new();
+    let mut line = |name: &str, v: Option<f64>, target: &str| {
+        let indent = name.starts_with("  ");
+        let name = name.trim_start();
+        let kind = if !indent {
+            "target"
+        } else if name.starts_with("floor:") {
+            "floor"
+        } else if name.starts_with("ceiling:") {
+            "ceiling"
+        } else {
+            "detail"
+        };
+        let (bound, limit) = match target.split_once(' ') {
+            Some(("<=", x)) => (Some("<="), x.parse().ok()),
+            Some((">=", x)) => (Some(">="), x.parse().ok()),
+            _ => (None, None),
+        };
+        s.push(TargetLine {
+            name: name.to_string(),
+            kind,
+            ratio: v,
+            bound,
+            limit,
+            indent,
+            shown: target.to_string(),
+        });
     };
     let ratio = |t: &str, tr: &str, size: u64, crc: Option<bool>| {
         find(rows, t, tr, size, crc).and_then(|r| r.ratio)
@@ -1259,7 +1328,11 @@ fn report_md(
         let _ = writeln!(s, "## Peers\n\n```text\n{}```\n", format_table(peers));
     }
     let _ = writeln!(s, "{peers_found}\n");
-    let _ = writeln!(s, "## Targets (same-run ratios)\n\n```text\n{targets}```\n");
+    let _ = writeln!(
+        s,
+        "## Targets (same-run ratios)\n\n```text\n{targets}```\n\n\
+         The same figures as numbers: `targets.json`.\n"
+    );
     let _ = writeln!(s, "## Plots\n");
     for p in plots {
         let _ = writeln!(s, "![{p}]({p})\n");
@@ -1270,8 +1343,8 @@ fn report_md(
 * Every row is one cell: a test (`send_lat`, `write_bw`, …) over a transport \
 (`rc` = iWARP over TCP, `ud`/`rd` = datagram iWARP over UDP) at one message size, \
 measured on loopback with the two ends in two processes.\n\
-* `*_lat` rows: one-way latency = round trip / 2, p50 and p99 from a log-linear \
-histogram of every round trip. `*_bw` rows: goodput in Gbit/s of message octets and \
+* `*_lat` rows: one-way latency = round trip / 2, p50 and p99 from an HDR \
+histogram (3 significant digits) of every round trip. `*_bw` rows: goodput in Gbit/s of message octets and \
 the message rate.\n\
 * `baseline` / `ratio`: the raw-socket test of the same size and wait mode, measured \
 alternately with the cell (two rounds each; the cells the targets below are read from, \
@@ -1343,6 +1416,36 @@ mod tests {
         );
         // A latency chart of these rows has no line at all.
         assert!(chart_series("ud", false, true, &rows, &[]).is_empty());
+    }
+
+    #[test]
+    fn targets_are_lines_and_numbers() {
+        let mut rc = PerfResult::new("send_lat", "rc", 64, "poll");
+        rc.lat_us_p50 = Some(5.5);
+        rc.ratio = Some(1.04);
+        let lines = targets(&[rc], &[], &[]);
+        let first = &lines[0];
+        assert_eq!(first.kind, "target");
+        assert_eq!(first.ratio, Some(1.04));
+        assert_eq!((first.bound, first.limit), (Some("<="), Some(1.10)));
+        let floor = lines.iter().find(|l| l.kind == "floor").unwrap();
+        assert!(floor.name.starts_with("floor: ") && floor.limit.is_none());
+        let text = targets_text(&lines);
+        assert!(
+            text.lines()
+                .next()
+                .unwrap()
+                .ends_with("1.04   (target <= 1.10)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("    floor: raw TCP ping-pong framed"),
+            "{text}"
+        );
+        let j: serde_json::Value = serde_json::to_value(&lines).unwrap();
+        assert_eq!(j[0]["ratio"], serde_json::json!(1.04));
+        assert_eq!(j[0]["limit"], serde_json::json!(1.10));
+        assert!(j[0].get("shown").is_none());
     }
 
     #[test]
