@@ -592,15 +592,16 @@ fn tcp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
         msgs: sent,
         secs,
         tcp_cc: softrdma_engine::tcp_congestion(&s).ok(),
+        fpdus_per_msg: frames.as_ref().map(|f| f.count() as u64),
         note: match (&frames, crc) {
-            (Some(f), _) if is_mpa_crc_bw(spec) => format!(
-                "RDMA Write FPDUs with CRC32C both ends, {} per message, one readv per FPDU; timed to the receiver's ack",
-                f.count()
-            ),
-            (Some(f), _) => format!(
-                "RDMA Write FPDUs without CRC, {} per message, one readv per FPDU; timed to the receiver's ack",
-                f.count()
-            ),
+            (Some(_), _) if is_mpa_crc_bw(spec) => {
+                "RDMA Write FPDUs with CRC32C both ends, one readv per FPDU; \
+                 timed to the receiver's ack"
+                    .into()
+            }
+            (Some(_), _) => "RDMA Write FPDUs without CRC, one readv per FPDU; \
+                 timed to the receiver's ack"
+                .into(),
             (None, true) => "crc32c both ends; timed to the receiver's ack".into(),
             (None, false) => "timed to the receiver's ack".into(),
         },
@@ -1040,9 +1041,9 @@ fn udp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
         // As for UD: never faster than the sender ran.
         secs: secs.max(send_secs),
         lost: lost_msgs,
+        dgram_payload: Some(spec.payload as u64),
         note: format!(
-            "counted at the receiver; {} octets/datagram{}{}",
-            spec.payload,
+            "counted at the receiver{}{}",
             if s.gso() { ", GSO" } else { "" },
             if crc {
                 ", crc32c both ends + placement copy"

@@ -64,6 +64,12 @@ pub(crate) struct PerfResult {
     /// and connection set-up included), µs; the cell's own figures are
     /// steady state. `null` on every other transport.
     pub first_msg_us: Option<f64>,
+    /// Framed TCP baselines (`tcp_mpa_bw`, `tcp_mpa_crc_bw`): RDMA Write
+    /// FPDUs per message. `null` elsewhere.
+    pub fpdus_per_msg: Option<u64>,
+    /// Raw UDP bandwidth baselines (`udp_bw`, `udp_crc_bw`): message octets
+    /// per datagram. `null` elsewhere.
+    pub dgram_payload: Option<u64>,
     /// Remarks in prose (how it was counted, …); every figure has a field
     /// of its own.
     #[serde(default)]
@@ -296,6 +302,12 @@ pub(crate) fn format_table(rows: &[PerfResult]) -> String {
         }
         if let Some(f) = r.first_msg_us {
             notes.push(format!("first message {f:.1} us"));
+        }
+        if let Some(n) = r.fpdus_per_msg {
+            notes.push(format!("{n} FPDUs/message"));
+        }
+        if let Some(n) = r.dgram_payload {
+            notes.push(format!("{n} octets/datagram"));
         }
         if !r.note.is_empty() {
             notes.push(r.note.clone());
