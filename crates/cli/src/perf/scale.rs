@@ -627,8 +627,8 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
         };
         let path = a.out.join(file);
         match write_png(&chart, &path) {
-            Ok(()) => eprintln!("wrote {}", path.display()),
-            Err(e) => eprintln!("softrdma perf scale: plot {}: {e}", path.display()),
+            Ok(()) => progress(start, &format!("wrote {}", path.display())),
+            Err(e) => progress(start, &format!("plot {}: FAILED: {e}", path.display())),
         }
     }
     progress(
