@@ -47,7 +47,7 @@ fn s<'a>(m: &'a Obj, k: &str) -> Option<&'a str> {
 }
 
 /// Fields every result row has.
-const FIELDS: [&str; 11] = [
+const FIELDS: [&str; 15] = [
     "test",
     "transport",
     "size",
@@ -59,6 +59,10 @@ const FIELDS: [&str; 11] = [
     "baseline",
     "ratio",
     "wait",
+    "lost",
+    "first_msg_us",
+    "fpdus_per_msg",
+    "dgram_payload",
 ];
 
 /// Runs one test/transport in loopback and checks its JSON lines.
