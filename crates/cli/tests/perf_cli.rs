@@ -5,9 +5,10 @@
 //! Correctness only: no figure is compared with anything but its own
 //! baseline arithmetic.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output};
+
+use serde_json::Value as J;
 
 /// One benchmark at a time: both ends busy-poll, and several runs at
 /// once on a 2-core machine only measure the scheduler.
@@ -27,113 +28,26 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-#[derive(Debug, Clone, PartialEq)]
-enum J {
-    S(String),
-    N(f64),
-    B(bool),
-    Null,
-}
+type Obj = serde_json::Map<String, J>;
 
-/// A flat JSON object (scalars only), or None.
-fn parse_obj(line: &str) -> Option<BTreeMap<String, J>> {
-    let b: Vec<char> = line.trim().chars().collect();
-    let mut i = 0;
-    let ws = |i: &mut usize| {
-        while *i < b.len() && b[*i].is_whitespace() {
-            *i += 1;
-        }
-    };
-    let string = |i: &mut usize| -> Option<String> {
-        if b.get(*i) != Some(&'"') {
-            return None;
-        }
-        *i += 1;
-        let mut s = String::new();
-        loop {
-            let c = *b.get(*i)?;
-            *i += 1;
-            match c {
-                '"' => return Some(s),
-                '\\' => {
-                    let e = *b.get(*i)?;
-                    *i += 1;
-                    match e {
-                        'n' => s.push('\n'),
-                        't' => s.push('\t'),
-                        'r' => s.push('\r'),
-                        'u' => {
-                            let h: String = b.get(*i..*i + 4)?.iter().collect();
-                            s.push(char::from_u32(u32::from_str_radix(&h, 16).ok()?)?);
-                            *i += 4;
-                        }
-                        c => s.push(c),
-                    }
-                }
-                c => s.push(c),
-            }
-        }
-    };
-    let mut m = BTreeMap::new();
-    ws(&mut i);
-    if b.get(i) != Some(&'{') {
-        return None;
-    }
-    i += 1;
-    loop {
-        ws(&mut i);
-        let k = string(&mut i)?;
-        ws(&mut i);
-        if b.get(i) != Some(&':') {
-            return None;
-        }
-        i += 1;
-        ws(&mut i);
-        let rest: String = b[i..].iter().take(5).collect();
-        let v = if b.get(i) == Some(&'"') {
-            J::S(string(&mut i)?)
-        } else if rest.starts_with("true") {
-            i += 4;
-            J::B(true)
-        } else if rest.starts_with("false") {
-            i += 5;
-            J::B(false)
-        } else if rest.starts_with("null") {
-            i += 4;
-            J::Null
-        } else {
-            let st = i;
-            while i < b.len() && "0123456789+-.eE".contains(b[i]) {
-                i += 1;
-            }
-            J::N(b[st..i].iter().collect::<String>().parse().ok()?)
-        };
-        m.insert(k, v);
-        ws(&mut i);
-        match b.get(i)? {
-            ',' => i += 1,
-            '}' => return Some(m),
-            _ => return None,
-        }
-    }
-}
-
-fn num(m: &BTreeMap<String, J>, k: &str) -> Option<f64> {
-    match m.get(k) {
-        Some(J::N(x)) => Some(*x),
+/// A JSON object (what `--json` prints), or None.
+fn parse_obj(line: &str) -> Option<Obj> {
+    match serde_json::from_str(line.trim()).ok()? {
+        J::Object(m) => Some(m),
         _ => None,
     }
 }
 
-fn s<'a>(m: &'a BTreeMap<String, J>, k: &str) -> Option<&'a str> {
-    match m.get(k) {
-        Some(J::S(x)) => Some(x),
-        _ => None,
-    }
+fn num(m: &Obj, k: &str) -> Option<f64> {
+    m.get(k)?.as_f64()
 }
 
-/// Every field the issue asks for is present.
-const FIELDS: [&str; 11] = [
+fn s<'a>(m: &'a Obj, k: &str) -> Option<&'a str> {
+    m.get(k)?.as_str()
+}
+
+/// Fields every result row has.
+const FIELDS: [&str; 15] = [
     "test",
     "transport",
     "size",
@@ -145,6 +59,10 @@ const FIELDS: [&str; 11] = [
     "baseline",
     "ratio",
     "wait",
+    "lost",
+    "first_msg_us",
+    "fpdus_per_msg",
+    "dgram_payload",
 ];
 
 /// Runs one test/transport in loopback and checks its JSON lines.
@@ -190,8 +108,8 @@ fn check_cell(test: &str, transport: &str, size: usize) {
     assert_eq!(s(r, "transport"), Some(transport));
     assert_eq!(num(r, "size"), Some(size as f64));
     assert_eq!(s(r, "wait"), Some("poll"));
-    assert_eq!(r.get("verified"), Some(&J::B(true)));
-    assert_eq!(base.get("verified"), Some(&J::B(false)));
+    assert_eq!(r.get("verified"), Some(&J::Bool(true)));
+    assert_eq!(base.get("verified"), Some(&J::Bool(false)));
     assert_eq!(r.get("error"), Some(&J::Null), "{stdout}");
     assert!(num(r, "iters").unwrap() > 0.0);
     assert!(num(r, "msg_rate_mps").unwrap() > 0.0);
@@ -223,7 +141,7 @@ fn check_cell(test: &str, transport: &str, size: usize) {
         "ratio {ratio} != {value} / {bvalue}"
     );
     if transport == "rc" {
-        assert_eq!(r.get("crc"), Some(&J::B(true)));
+        assert_eq!(r.get("crc"), Some(&J::Bool(true)));
     }
 }
 
@@ -297,7 +215,7 @@ fn no_crc_and_event_mode() {
         .filter_map(parse_obj)
         .find(|m| s(m, "test") == Some("write_bw"))
         .expect("a write_bw result");
-    assert_eq!(r.get("crc"), Some(&J::B(false)));
+    assert_eq!(r.get("crc"), Some(&J::Bool(false)));
     let out = softrdma(
         &[
             "perf", "send_lat", "--wait", "event", "--iters", "10", "--verify", "--json",
@@ -595,221 +513,25 @@ fn bad_arguments_exit_2() {
     }
 }
 
-// ---------------------------------------------------------------------------
-// PNG decoding (stored and fixed/dynamic Huffman deflate)
-// ---------------------------------------------------------------------------
-
-struct BitReader<'a> {
-    d: &'a [u8],
-    pos: usize,
-}
-
-impl BitReader<'_> {
-    fn bit(&mut self) -> u32 {
-        let b = (self.d[self.pos / 8] >> (self.pos % 8)) & 1;
-        self.pos += 1;
-        b as u32
-    }
-    fn bits(&mut self, n: u32) -> u32 {
-        (0..n).fold(0, |v, i| v | (self.bit() << i))
-    }
-}
-
-/// Canonical Huffman decode table: (code lengths) → map (len, code) → sym.
-fn huff(lengths: &[u8]) -> BTreeMap<(u8, u32), u16> {
-    let mut bl_count = [0u32; 16];
-    for &l in lengths {
-        bl_count[l as usize] += 1;
-    }
-    bl_count[0] = 0;
-    let mut next = [0u32; 16];
-    let mut code = 0;
-    for bits in 1..16 {
-        code = (code + bl_count[bits - 1]) << 1;
-        next[bits] = code;
-    }
-    let mut m = BTreeMap::new();
-    for (sym, &l) in lengths.iter().enumerate() {
-        if l > 0 {
-            m.insert((l, next[l as usize]), sym as u16);
-            next[l as usize] += 1;
-        }
-    }
-    m
-}
-
-fn decode_sym(r: &mut BitReader, t: &BTreeMap<(u8, u32), u16>) -> u16 {
-    let mut code = 0;
-    for len in 1..=15u8 {
-        code = (code << 1) | r.bit();
-        if let Some(&s) = t.get(&(len, code)) {
-            return s;
-        }
-    }
-    panic!("bad Huffman code");
-}
-
-fn inflate(z: &[u8]) -> Vec<u8> {
-    assert_eq!(z[0] & 0x0F, 8, "deflate");
-    assert_eq!(
-        (u16::from(z[0]) << 8 | u16::from(z[1])) % 31,
-        0,
-        "zlib check"
-    );
-    let mut r = BitReader { d: &z[2..], pos: 0 };
-    let mut out: Vec<u8> = Vec::new();
-    const LB: [u32; 29] = [
-        3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 17, 19, 23, 27, 31, 35, 43, 51, 59, 67, 83, 99, 115,
-        131, 163, 195, 227, 258,
-    ];
-    const LE: [u32; 29] = [
-        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0,
-    ];
-    const DB: [u32; 30] = [
-        1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65, 97, 129, 193, 257, 385, 513, 769, 1025, 1537,
-        2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577,
-    ];
-    const DE: [u32; 30] = [
-        0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12,
-        13, 13,
-    ];
-    loop {
-        let last = r.bit();
-        let ty = r.bits(2);
-        match ty {
-            0 => {
-                r.pos = r.pos.div_ceil(8) * 8;
-                let at = r.pos / 8;
-                let len = u16::from_le_bytes([r.d[at], r.d[at + 1]]) as usize;
-                out.extend_from_slice(&r.d[at + 4..at + 4 + len]);
-                r.pos = (at + 4 + len) * 8;
-            }
-            1 | 2 => {
-                let (lit, dist) = if ty == 1 {
-                    let mut l = vec![8u8; 144];
-                    l.extend(vec![9u8; 112]);
-                    l.extend(vec![7u8; 24]);
-                    l.extend(vec![8u8; 8]);
-                    (huff(&l), huff(&[5u8; 30]))
-                } else {
-                    let hlit = r.bits(5) as usize + 257;
-                    let hdist = r.bits(5) as usize + 1;
-                    let hclen = r.bits(4) as usize + 4;
-                    const ORD: [usize; 19] = [
-                        16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15,
-                    ];
-                    let mut cl = [0u8; 19];
-                    for &o in ORD.iter().take(hclen) {
-                        cl[o] = r.bits(3) as u8;
-                    }
-                    let ct = huff(&cl);
-                    let mut lens = Vec::new();
-                    while lens.len() < hlit + hdist {
-                        match decode_sym(&mut r, &ct) {
-                            s @ 0..=15 => lens.push(s as u8),
-                            16 => {
-                                let p = *lens.last().unwrap();
-                                for _ in 0..3 + r.bits(2) {
-                                    lens.push(p);
-                                }
-                            }
-                            17 => lens.extend(vec![0; 3 + r.bits(3) as usize]),
-                            _ => lens.extend(vec![0; 11 + r.bits(7) as usize]),
-                        }
-                    }
-                    (huff(&lens[..hlit]), huff(&lens[hlit..]))
-                };
-                loop {
-                    let sym = decode_sym(&mut r, &lit);
-                    match sym {
-                        0..=255 => out.push(sym as u8),
-                        256 => break,
-                        _ => {
-                            let i = (sym - 257) as usize;
-                            let len = LB[i] + r.bits(LE[i]);
-                            let d = decode_sym(&mut r, &dist) as usize;
-                            let dist = (DB[d] + r.bits(DE[d])) as usize;
-                            assert!(dist <= out.len(), "distance before the start");
-                            for _ in 0..len {
-                                out.push(out[out.len() - dist]);
-                            }
-                        }
-                    }
-                }
-            }
-            _ => panic!("reserved block type"),
-        }
-        if last == 1 {
-            break;
-        }
-    }
-    let end = r.pos.div_ceil(8);
-    let want = u32::from_be_bytes(r.d[end..end + 4].try_into().unwrap());
-    let (mut a, mut b) = (1u32, 0u32);
-    for &x in &out {
-        a = (a + x as u32) % 65521;
-        b = (b + a) % 65521;
-    }
-    assert_eq!((b << 16) | a, want, "Adler-32");
-    out
-}
-
-fn crc32(d: &[u8]) -> u32 {
-    let mut c = 0xFFFF_FFFFu32;
-    for &b in d {
-        c ^= b as u32;
-        for _ in 0..8 {
-            c = if c & 1 != 0 {
-                0xEDB8_8320 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-        }
-    }
-    !c
-}
-
-/// Decodes a PNG (8-bit RGB, filter 0 rows) fully; returns (w, h, pixels).
+/// Decodes a PNG fully (any colour type, as 8-bit RGB); returns (w, h,
+/// pixels).
 fn decode_png(path: &Path) -> (u32, u32, Vec<u8>) {
-    let d = std::fs::read(path).unwrap();
-    assert_eq!(
-        &d[..8],
-        b"\x89PNG\r\n\x1a\n",
-        "signature of {}",
-        path.display()
-    );
-    let mut at = 8;
-    let (mut w, mut h) = (0, 0);
-    let mut idat = Vec::new();
-    let mut seen_end = false;
-    while at < d.len() {
-        let len = u32::from_be_bytes(d[at..at + 4].try_into().unwrap()) as usize;
-        let kind = &d[at + 4..at + 8];
-        let body = &d[at + 8..at + 8 + len];
-        let crc = u32::from_be_bytes(d[at + 8 + len..at + 12 + len].try_into().unwrap());
-        assert_eq!(crc32(&d[at + 4..at + 8 + len]), crc, "chunk CRC");
-        match kind {
-            b"IHDR" => {
-                w = u32::from_be_bytes(body[0..4].try_into().unwrap());
-                h = u32::from_be_bytes(body[4..8].try_into().unwrap());
-                assert_eq!(&body[8..], &[8, 2, 0, 0, 0], "8-bit RGB");
-            }
-            b"IDAT" => idat.extend_from_slice(body),
-            b"IEND" => seen_end = true,
-            _ => {}
-        }
-        at += 12 + len;
-    }
-    assert!(seen_end);
-    let raw = inflate(&idat);
-    let stride = 1 + 3 * w as usize;
-    assert_eq!(raw.len(), stride * h as usize, "decoded size");
-    let mut px = Vec::with_capacity(3 * (w * h) as usize);
-    for row in raw.chunks(stride) {
-        assert_eq!(row[0], 0, "filter type");
-        px.extend_from_slice(&row[1..]);
-    }
-    (w, h, px)
+    let f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut dec = png::Decoder::new(std::io::BufReader::new(f));
+    dec.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
+    let mut reader = dec.read_info().expect("PNG header");
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).expect("PNG data");
+    buf.truncate(info.buffer_size());
+    let px = match info.color_type {
+        png::ColorType::Rgb => buf,
+        png::ColorType::Rgba => buf.chunks(4).flat_map(|c| [c[0], c[1], c[2]]).collect(),
+        png::ColorType::Grayscale => buf.iter().flat_map(|&g| [g, g, g]).collect(),
+        png::ColorType::GrayscaleAlpha => buf.chunks(2).flat_map(|c| [c[0]; 3]).collect(),
+        other => panic!("colour type {other:?} after expansion"),
+    };
+    assert_eq!(px.len(), 3 * (info.width * info.height) as usize);
+    (info.width, info.height, px)
 }
 
 /// `perf suite --quick --budget BUDGET` into a fresh folder named after
@@ -874,7 +596,7 @@ fn quick_suite_writes_report_and_pngs() {
             "no working {tr} cell:\n{stdout}"
         );
     }
-    assert!(stdout.contains("issue-5 targets"), "{stdout}");
+    assert!(stdout.contains("targets (same-run ratios):"), "{stdout}");
     // The reference rows, each against its raw baseline.
     for (row, raw, what) in [
         ("tcp_crc_bw", "tcp_bw", "CRC ceiling"),
@@ -945,6 +667,19 @@ fn quick_suite_writes_report_and_pngs() {
             .is_some_and(|l| l.contains("CPU steal during the run")),
         "{stdout}"
     );
+    // The targets as numbers: every line a name, a kind, and a ratio
+    // that is a number (or null for a missing cell); targets have limits.
+    let tj = std::fs::read_to_string(dir.join("targets.json")).expect("targets.json");
+    let tj: J = serde_json::from_str(&tj).expect("targets.json is JSON");
+    let lines = tj.as_array().expect("an array");
+    assert!(lines.iter().any(|l| l["kind"] == "target"), "{tj}");
+    for l in lines {
+        assert!(l["name"].is_string(), "{l}");
+        assert!(l["ratio"].is_number() || l["ratio"].is_null(), "{l}");
+        if l["kind"] == "target" {
+            assert!(l["limit"].is_number(), "{l}");
+        }
+    }
     let md = std::fs::read_to_string(dir.join("report.md")).expect("report.md");
     for want in [
         "nproc",

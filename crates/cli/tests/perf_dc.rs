@@ -1,12 +1,13 @@
-//! `softrdma perf --transport dc` (issue 7): every test DC has, in
-//! loopback (two processes), tiny iteration counts, `--verify --json`;
-//! the JSON fields are sane and the note carries the first-message
-//! latency apart from the steady-state figure. Write-Record over DC is
+//! `softrdma perf --transport dc`: every test DC has, in loopback (two
+//! processes), tiny iteration counts, `--verify --json`; the JSON fields
+//! are sane and `first_msg_us` carries the first-message latency, as a
+//! number, apart from the steady-state figure. Write-Record over DC is
 //! refused (exit 2). Correctness only: no timing is compared with
 //! anything.
 
-use std::collections::BTreeMap;
 use std::process::{Command, Output};
+
+use serde_json::Value;
 
 /// One benchmark at a time (both ends busy-poll).
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -19,123 +20,22 @@ fn softrdma(args: &[&str]) -> Output {
         .expect("run softrdma")
 }
 
-#[derive(Debug, Clone, PartialEq)]
-enum V {
-    S(String),
-    N(f64),
-    B(bool),
-    Null,
-}
+type Obj = serde_json::Map<String, Value>;
 
-/// Parses one flat JSON object of scalars (what `--json` prints).
-fn parse(line: &str) -> Option<BTreeMap<String, V>> {
-    let c: Vec<char> = line.trim().chars().collect();
-    let mut i = 0usize;
-    let skip = |i: &mut usize| {
-        while c.get(*i).is_some_and(|x| x.is_whitespace()) {
-            *i += 1;
-        }
-    };
-    let text = |i: &mut usize| -> Option<String> {
-        (c.get(*i) == Some(&'"')).then_some(())?;
-        *i += 1;
-        let mut s = String::new();
-        loop {
-            match *c.get(*i)? {
-                '"' => {
-                    *i += 1;
-                    return Some(s);
-                }
-                '\\' => {
-                    let e = *c.get(*i + 1)?;
-                    *i += 2;
-                    match e {
-                        'n' => s.push('\n'),
-                        't' => s.push('\t'),
-                        'u' => {
-                            let h: String = c.get(*i..*i + 4)?.iter().collect();
-                            s.push(char::from_u32(u32::from_str_radix(&h, 16).ok()?)?);
-                            *i += 4;
-                        }
-                        x => s.push(x),
-                    }
-                }
-                x => {
-                    s.push(x);
-                    *i += 1;
-                }
-            }
-        }
-    };
-    let mut m = BTreeMap::new();
-    skip(&mut i);
-    (c.get(i) == Some(&'{')).then_some(())?;
-    i += 1;
-    loop {
-        skip(&mut i);
-        if c.get(i) == Some(&'}') {
-            return Some(m);
-        }
-        let k = text(&mut i)?;
-        skip(&mut i);
-        (c.get(i) == Some(&':')).then_some(())?;
-        i += 1;
-        skip(&mut i);
-        let v = match *c.get(i)? {
-            '"' => V::S(text(&mut i)?),
-            't' if c[i..].starts_with(&['t', 'r', 'u', 'e']) => {
-                i += 4;
-                V::B(true)
-            }
-            'f' if c[i..].starts_with(&['f', 'a', 'l', 's', 'e']) => {
-                i += 5;
-                V::B(false)
-            }
-            'n' if c[i..].starts_with(&['n', 'u', 'l', 'l']) => {
-                i += 4;
-                V::Null
-            }
-            _ => {
-                let st = i;
-                while c
-                    .get(i)
-                    .is_some_and(|x| x.is_ascii_digit() || "+-.eE".contains(*x))
-                {
-                    i += 1;
-                }
-                V::N(c[st..i].iter().collect::<String>().parse().ok()?)
-            }
-        };
-        m.insert(k, v);
-        skip(&mut i);
-        match c.get(i)? {
-            ',' => i += 1,
-            '}' => return Some(m),
-            _ => return None,
-        }
-    }
-}
-
-fn num(m: &BTreeMap<String, V>, k: &str) -> Option<f64> {
-    match m.get(k) {
-        Some(V::N(x)) => Some(*x),
+/// One JSON object (what `--json` prints), or None.
+fn parse(line: &str) -> Option<Obj> {
+    match serde_json::from_str(line.trim()).ok()? {
+        Value::Object(m) => Some(m),
         _ => None,
     }
 }
 
-fn s<'a>(m: &'a BTreeMap<String, V>, k: &str) -> Option<&'a str> {
-    match m.get(k) {
-        Some(V::S(x)) => Some(x),
-        _ => None,
-    }
+fn num(m: &Obj, k: &str) -> Option<f64> {
+    m.get(k)?.as_f64()
 }
 
-/// The first-message latency in a DC note, µs.
-fn first_msg(note: &str) -> Option<f64> {
-    note.split_whitespace()
-        .find_map(|w| w.strip_prefix("first_msg_us="))?
-        .parse()
-        .ok()
+fn s<'a>(m: &'a Obj, k: &str) -> Option<&'a str> {
+    m.get(k)?.as_str()
 }
 
 fn check(test: &str, size: usize) {
@@ -172,18 +72,18 @@ fn check(test: &str, size: usize) {
     assert_eq!(s(r, "test"), Some(test));
     assert_eq!(s(r, "transport"), Some("dc"));
     assert_eq!(num(r, "size"), Some(size as f64));
-    assert_eq!(r.get("verified"), Some(&V::B(true)), "{stdout}");
-    assert_eq!(r.get("error"), Some(&V::Null), "{stdout}");
+    assert_eq!(r.get("verified"), Some(&Value::Bool(true)), "{stdout}");
+    assert_eq!(r.get("error"), Some(&Value::Null), "{stdout}");
     assert!(num(r, "iters").unwrap_or(0.0) > 0.0, "{stdout}");
     assert!(num(r, "msg_rate_mps").unwrap_or(0.0) > 0.0, "{stdout}");
     let value = if bw {
-        assert_eq!(r.get("lat_us_p50"), Some(&V::Null), "{stdout}");
+        assert_eq!(r.get("lat_us_p50"), Some(&Value::Null), "{stdout}");
         num(r, "bw_gbps").expect("bw_gbps")
     } else {
         let p50 = num(r, "lat_us_p50").expect("lat_us_p50");
         let p99 = num(r, "lat_us_p99").expect("lat_us_p99");
         assert!(p99 >= p50, "{stdout}");
-        assert_eq!(r.get("bw_gbps"), Some(&V::Null), "{stdout}");
+        assert_eq!(r.get("bw_gbps"), Some(&Value::Null), "{stdout}");
         p50
     };
     assert!(value > 0.0, "{stdout}");
@@ -193,11 +93,21 @@ fn check(test: &str, size: usize) {
         (ratio - value / bvalue).abs() <= 1e-9 * ratio.abs().max(1.0),
         "ratio {ratio} != {value} / {bvalue}"
     );
-    // First-message latency apart from the steady-state figure: present,
-    // positive, finite, and below the invitation timeout plus slack.
-    let note = s(r, "note").expect("note");
-    let first = first_msg(note).unwrap_or_else(|| panic!("no first_msg_us in {note:?}"));
+    // First-message latency apart from the steady-state figure: a JSON
+    // number of its own, positive, finite, and below the invitation
+    // timeout plus slack; the note says what it measured.
+    let first = r
+        .get("first_msg_us")
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("first_msg_us is not a number: {stdout}"));
+    assert!(r["first_msg_us"].is_number(), "{stdout}");
     assert!(first > 0.0 && first < 10e6, "first message {first} us");
+    assert!(
+        s(r, "note").is_some_and(|n| n.contains("first_msg_us")),
+        "{stdout}"
+    );
+    // The raw TCP baseline row has no such figure.
+    assert_eq!(base.get("first_msg_us"), Some(&Value::Null), "{stdout}");
 }
 
 #[test]

@@ -37,19 +37,23 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// The value of `"key":` in a flat JSON object line.
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let pat = format!("\"{key}\":");
-    let rest = &line[line.find(&pat)? + pat.len()..];
-    let end = rest.find([',', '}']).unwrap_or(rest.len());
-    Some(rest[..end].trim_matches('"'))
+/// The value of `key` in a JSON object line, as text (strings without
+/// their quotes); `None` when absent or not an object.
+fn field(line: &str, key: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    match v.get(key)? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    }
 }
 
+/// The number `key` of a JSON object line (it must be a JSON number).
 fn num(line: &str, key: &str) -> f64 {
-    field(line, key)
+    let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}"));
+    v.get(key)
         .unwrap_or_else(|| panic!("no {key} in {line}"))
-        .parse()
-        .unwrap_or_else(|e| panic!("{key} in {line}: {e}"))
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} in {line} is not a number"))
 }
 
 #[test]
@@ -78,7 +82,7 @@ fn scale_small_run_reports_every_point() {
     let mut seen = Vec::new();
     for l in &lines {
         assert!(field(l, "error").is_none(), "failed point: {l}");
-        let t = field(l, "transport").unwrap().to_string();
+        let t = field(l, "transport").unwrap();
         let n = num(l, "n");
         seen.push((t.clone(), n as usize));
         for k in ["rss_before", "rss_setup", "rss_idle"] {

@@ -46,7 +46,7 @@
 //!   reports it as a ratio to `tcp_bw` of the same run.
 //! * `udp_crc_bw`: `udp_bw` with the work every datagram iWARP receiver
 //!   must do on top: a CRC32C trailer on every datagram (mandatory in the
-//!   wire format, `docs/datagram.md`), computed by the sender and checked
+//!   datagram wire format), computed by the sender and checked
 //!   by the receiver, which also copies each datagram's payload to its
 //!   place in a 1 MiB target ring (placement; a datagram's payload cannot
 //!   be received straight into its destination, which only its header
@@ -67,10 +67,10 @@
 //! datagram QPs use, so the ratio compares protocol work, not system
 //! call counts. A ping-pong whose messages are one datagram each (64 B)
 //! is the exception: its sockets have no GRO and a poll is a plain
-//! `recvfrom`, as any raw UDP ping-pong makes it (before session 10 each
-//! poll was a one-buffer `recvmmsg` that also zeroed sixteen message
-//! headers: 3.43-3.48 µs one way where a minimal `recv_from` ping-pong
-//! took 2.99-3.22, so UD's latency ratio read 8-14 % too well). The
+//! `recvfrom`, as any raw UDP ping-pong makes it (a one-buffer `recvmmsg`
+//! per poll, which also zeroes sixteen message headers, costs some 0.4 µs
+//! one way more than a minimal `recv_from` ping-pong and would make UD's
+//! latency ratio read 8-14 % too well; see `docs/performance.md`). The
 //! sockets get the engine's buffer sizes (4 MiB each way), so the raw
 //! blast and the QPs lose to the same receive buffer.
 //!
@@ -144,8 +144,8 @@ pub(crate) fn write_full(s: &mut TcpStream, buf: &[u8], w: &mut Watch) -> io::Re
 /// Busy-waits until a TCP socket a write found full has room again, by
 /// asking the kernel (`softrdma_engine::tcp_has_room`) rather than
 /// retrying the write: on this loopback a 1 MiB stream whose writer spins
-/// on refused writes moves less (by 4-20 % in alternated pairs,
-/// `docs/datagram.md` §12.13), and the baseline is to show what kernel
+/// on refused writes moves less (by 4-20 % in alternated pairs, see
+/// `docs/performance.md`), and the baseline is to show what kernel
 /// sockets can do.
 pub(crate) fn wait_room(s: &TcpStream, w: &mut Watch) -> io::Result<()> {
     while !softrdma_engine::tcp_has_room(s) {
@@ -592,15 +592,16 @@ fn tcp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
         msgs: sent,
         secs,
         tcp_cc: softrdma_engine::tcp_congestion(&s).ok(),
+        fpdus_per_msg: frames.as_ref().map(|f| f.count() as u64),
         note: match (&frames, crc) {
-            (Some(f), _) if is_mpa_crc_bw(spec) => format!(
-                "RDMA Write FPDUs with CRC32C both ends, {} per message, one readv per FPDU; timed to the receiver's ack",
-                f.count()
-            ),
-            (Some(f), _) => format!(
-                "RDMA Write FPDUs without CRC, {} per message, one readv per FPDU; timed to the receiver's ack",
-                f.count()
-            ),
+            (Some(_), _) if is_mpa_crc_bw(spec) => {
+                "RDMA Write FPDUs with CRC32C both ends, one readv per FPDU; \
+                 timed to the receiver's ack"
+                    .into()
+            }
+            (Some(_), _) => "RDMA Write FPDUs without CRC, one readv per FPDU; \
+                 timed to the receiver's ack"
+                .into(),
             (None, true) => "crc32c both ends; timed to the receiver's ack".into(),
             (None, false) => "timed to the receiver's ack".into(),
         },
@@ -1040,9 +1041,9 @@ fn udp_bw(spec: &Spec, ctrl: &mut Ctrl, to: SocketAddr) -> io::Result<Measured> 
         // As for UD: never faster than the sender ran.
         secs: secs.max(send_secs),
         lost: lost_msgs,
+        dgram_payload: Some(spec.payload as u64),
         note: format!(
-            "counted at the receiver; {} octets/datagram{}{}",
-            spec.payload,
+            "counted at the receiver{}{}",
             if s.gso() { ", GSO" } else { "" },
             if crc {
                 ", crc32c both ends + placement copy"

@@ -506,6 +506,12 @@ pub(crate) struct Measured {
     pub secs: f64,
     /// Messages lost.
     pub lost: u64,
+    /// DC: the first message's latency, µs (see `PerfResult::first_msg_us`).
+    pub first_msg_us: Option<f64>,
+    /// Framed TCP baselines: FPDUs per message.
+    pub fpdus_per_msg: Option<u64>,
+    /// Raw UDP baselines: message octets per datagram.
+    pub dgram_payload: Option<u64>,
     /// How it was counted.
     pub note: String,
     /// MPA CRC in effect (RC).
@@ -527,6 +533,9 @@ impl Measured {
         self.msgs += o.msgs;
         self.secs += o.secs;
         self.lost += o.lost;
+        self.first_msg_us = self.first_msg_us.or(o.first_msg_us);
+        self.fpdus_per_msg = self.fpdus_per_msg.or(o.fpdus_per_msg);
+        self.dgram_payload = self.dgram_payload.or(o.dgram_payload);
         if self.note.is_empty() {
             self.note = o.note;
         }
@@ -546,6 +555,9 @@ impl Measured {
             None => r.set_bandwidth(self.octets, self.msgs, self.secs),
         }
         r.lost = self.lost;
+        r.first_msg_us = self.first_msg_us;
+        r.fpdus_per_msg = self.fpdus_per_msg;
+        r.dgram_payload = self.dgram_payload;
         r.note = self.note;
         r.crc = self.crc;
         if self.tcp_cc.is_some() {

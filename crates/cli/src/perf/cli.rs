@@ -129,7 +129,8 @@ pub struct TestArgs {
     /// Transport of the softrdma side.
     ///
     /// dc also reports its first-message latency (connection made on
-    /// demand) in the note. A baseline takes none.
+    /// demand): the table's note, the JSON field `first_msg_us`. A
+    /// baseline takes none.
     #[arg(short = 't', long, value_name = "TRANSPORT", value_parser = transport_names())]
     pub transport: Option<String>,
 

@@ -711,8 +711,8 @@ fn report(
             .out
             .join(format!("loss_{}.png", size_name(size).replace(' ', "")));
         match write_png(&chart, &path) {
-            Ok(()) => eprintln!("wrote {}", path.display()),
-            Err(e) => eprintln!("softrdma perf loss: plot {}: {e}", path.display()),
+            Ok(()) => progress(start, &format!("wrote {}", path.display())),
+            Err(e) => progress(start, &format!("plot {}: FAILED: {e}", path.display())),
         }
     }
     progress(

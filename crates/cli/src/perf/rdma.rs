@@ -494,7 +494,8 @@ pub(crate) fn run(spec: &Spec, ctrl: &mut Ctrl) -> io::Result<Measured> {
     r.map(|m| match first {
         Some(t) => Measured {
             crc,
-            note: super::dc::note(t, &m.note),
+            first_msg_us: Some(super::dc::micros(t)),
+            note: super::dc::note(&m.note),
             ..m
         },
         None => Measured { crc, ..m },

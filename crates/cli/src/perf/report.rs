@@ -9,13 +9,16 @@
 //! the baseline is the raw-socket test of the same size measured in the
 //! same run ([`PerfResult::set_baseline`]).
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
 
 use super::hist::Histogram;
 
-/// One measured cell (or a failed one: `error` set).
-#[derive(Clone, Debug, Default, PartialEq)]
+/// One measured cell (or a failed one: `error` set). Its JSON form (field
+/// names as here, in this order) is what `--json` prints and the suite
+/// reads back from its children.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct PerfResult {
     /// Test name (`send_lat`, `tcp_bw`, `fi_pingpong`, …).
     pub test: String,
@@ -24,6 +27,7 @@ pub(crate) struct PerfResult {
     /// Message size, octets.
     pub size: u64,
     /// Measured iterations (round trips or messages).
+    #[serde(default)]
     pub iters: u64,
     /// One-way latency, median, µs (latency tests).
     pub lat_us_p50: Option<f64>,
@@ -42,6 +46,7 @@ pub(crate) struct PerfResult {
     /// This figure / the baseline's.
     pub ratio: Option<f64>,
     /// How both ends waited: `poll` or `event`.
+    #[serde(default)]
     pub wait: String,
     /// MPA CRC (RC only).
     pub crc: Option<bool>,
@@ -49,10 +54,25 @@ pub(crate) struct PerfResult {
     /// raw TCP baseline's read from its socket); `None` for datagram rows.
     pub tcp_cc: Option<String>,
     /// Every byte was checked (`--verify`).
+    #[serde(default)]
     pub verified: bool,
     /// Messages lost (datagram transports and UDP) and retried or skipped.
+    #[serde(default)]
     pub lost: u64,
-    /// Remarks (how it was counted, …).
+    /// DC only: latency of the first message to a target the initiator
+    /// had no connection to (an 8 B Read, post to completion, invitation
+    /// and connection set-up included), µs; the cell's own figures are
+    /// steady state. `null` on every other transport.
+    pub first_msg_us: Option<f64>,
+    /// Framed TCP baselines (`tcp_mpa_bw`, `tcp_mpa_crc_bw`): RDMA Write
+    /// FPDUs per message. `null` elsewhere.
+    pub fpdus_per_msg: Option<u64>,
+    /// Raw UDP bandwidth baselines (`udp_bw`, `udp_crc_bw`): message octets
+    /// per datagram. `null` elsewhere.
+    pub dgram_payload: Option<u64>,
+    /// Remarks in prose (how it was counted, …); every figure has a field
+    /// of its own.
+    #[serde(default)]
     pub note: String,
     /// Why the cell failed.
     pub error: Option<String>,
@@ -146,231 +166,90 @@ impl PerfResult {
         };
     }
 
-    /// One JSON object on one line.
+    /// One JSON object on one line (every field, `null` where a figure is
+    /// missing or not finite).
     pub(crate) fn to_json(&self) -> String {
-        let mut s = String::from("{");
-        let mut first = true;
-        let mut field = |k: &str, v: String| {
-            if !first {
-                s.push(',');
-            }
-            first = false;
-            let _ = write!(s, "\"{k}\":{v}");
-        };
-        let num = |v: Option<f64>| match v {
-            Some(x) if x.is_finite() => format!("{x}"),
-            _ => "null".into(),
-        };
-        field("test", json_str(&self.test));
-        field("transport", json_str(&self.transport));
-        field("size", self.size.to_string());
-        field("iters", self.iters.to_string());
-        field("lat_us_p50", num(self.lat_us_p50));
-        field("lat_us_p99", num(self.lat_us_p99));
-        field("lat_us_mean", num(self.lat_us_mean));
-        field("bw_gbps", num(self.bw_gbps));
-        field("msg_rate_mps", num(self.msg_rate_mps));
-        field(
-            "baseline",
-            self.baseline
-                .as_deref()
-                .map(json_str)
-                .unwrap_or("null".into()),
-        );
-        field("baseline_value", num(self.baseline_value));
-        field("ratio", num(self.ratio));
-        field("wait", json_str(&self.wait));
-        field(
-            "crc",
-            self.crc.map(|b| b.to_string()).unwrap_or("null".into()),
-        );
-        field(
-            "tcp_cc",
-            self.tcp_cc
-                .as_deref()
-                .map(json_str)
-                .unwrap_or("null".into()),
-        );
-        field("verified", self.verified.to_string());
-        field("lost", self.lost.to_string());
-        field("note", json_str(&self.note));
-        field(
-            "error",
-            self.error.as_deref().map(json_str).unwrap_or("null".into()),
-        );
-        s.push('}');
-        s
+        serde_json::to_string(self).expect("a PerfResult always serializes")
     }
 
     /// Parses what [`PerfResult::to_json`] wrote (`None` if it is not such
-    /// an object).
+    /// an object: `test`, `transport` and `size` are required, the other
+    /// fields default when missing).
     pub(crate) fn from_json(line: &str) -> Option<PerfResult> {
-        let m = parse_flat_json(line)?;
-        let s = |k: &str| match m.get(k) {
-            Some(Json::Str(s)) => Some(s.clone()),
-            _ => None,
-        };
-        let n = |k: &str| match m.get(k) {
-            Some(Json::Num(x)) => Some(*x),
-            _ => None,
-        };
-        Some(PerfResult {
-            test: s("test")?,
-            transport: s("transport")?,
-            size: n("size")? as u64,
-            iters: n("iters").unwrap_or(0.0) as u64,
-            lat_us_p50: n("lat_us_p50"),
-            lat_us_p99: n("lat_us_p99"),
-            lat_us_mean: n("lat_us_mean"),
-            bw_gbps: n("bw_gbps"),
-            msg_rate_mps: n("msg_rate_mps"),
-            baseline: s("baseline"),
-            baseline_value: n("baseline_value"),
-            ratio: n("ratio"),
-            wait: s("wait").unwrap_or_default(),
-            crc: match m.get("crc") {
-                Some(Json::Bool(b)) => Some(*b),
-                _ => None,
-            },
-            tcp_cc: s("tcp_cc"),
-            verified: matches!(m.get("verified"), Some(Json::Bool(true))),
-            lost: n("lost").unwrap_or(0.0) as u64,
-            note: s("note").unwrap_or_default(),
-            error: s("error"),
-        })
+        serde_json::from_str(line.trim()).ok()
     }
 }
 
-/// `s` as a JSON string literal.
-pub(crate) fn json_str(s: &str) -> String {
-    let mut o = String::with_capacity(s.len() + 2);
-    o.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            '\n' => o.push_str("\\n"),
-            '\r' => o.push_str("\\r"),
-            '\t' => o.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(o, "\\u{:04x}", c as u32);
-            }
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
+/// Whether progress is drawn as a live bar: stderr is a terminal and the
+/// run is not under CI (`CI=true`). Otherwise every progress line is
+/// printed as it is, which is what CI logs read.
+fn interactive() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && !std::env::var("CI").is_ok_and(|v| v == "true")
 }
 
-/// A JSON scalar.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Json {
-    /// A string.
-    Str(String),
-    /// A number.
-    Num(f64),
-    /// true/false.
-    Bool(bool),
-    /// null.
-    Null,
+/// Progress of a run on stderr. Every [`Progress::line`] is printed, the
+/// same text whether stderr is a terminal or not; on a terminal (and not
+/// under CI) an `indicatif` bar below those lines shows how far the run
+/// is (steps done of `len`, or a spinner when `len` is 0) and the step
+/// under way. The bar is redrawn only when something changes (no ticker
+/// thread runs beside the measurements), and cleared by
+/// [`Progress::finish`] or when dropped.
+pub(crate) struct Progress {
+    bar: Option<indicatif::ProgressBar>,
 }
 
-/// Parses one flat JSON object (scalar values only).
-pub(crate) fn parse_flat_json(line: &str) -> Option<BTreeMap<String, Json>> {
-    let b = line.trim().as_bytes();
-    let mut i = 0;
-    let ws = |i: &mut usize| {
-        while *i < b.len() && (b[*i] as char).is_ascii_whitespace() {
-            *i += 1;
-        }
-    };
-    let string = |i: &mut usize| -> Option<String> {
-        if b.get(*i) != Some(&b'"') {
-            return None;
-        }
-        *i += 1;
-        let mut out = String::new();
-        loop {
-            let c = *b.get(*i)?;
-            *i += 1;
-            match c {
-                b'"' => return Some(out),
-                b'\\' => {
-                    let e = *b.get(*i)?;
-                    *i += 1;
-                    match e {
-                        b'n' => out.push('\n'),
-                        b'r' => out.push('\r'),
-                        b't' => out.push('\t'),
-                        b'u' => {
-                            let h = std::str::from_utf8(b.get(*i..*i + 4)?).ok()?;
-                            out.push(char::from_u32(u32::from_str_radix(h, 16).ok()?)?);
-                            *i += 4;
-                        }
-                        c => out.push(c as char),
-                    }
-                }
-                _ => {
-                    // Copy a whole UTF-8 sequence.
-                    let start = *i - 1;
-                    let mut end = *i;
-                    while end < b.len() && (b[end] & 0xC0) == 0x80 {
-                        end += 1;
-                    }
-                    out.push_str(std::str::from_utf8(&b[start..end]).ok()?);
-                    *i = end;
-                }
-            }
-        }
-    };
-    let mut m = BTreeMap::new();
-    ws(&mut i);
-    if b.get(i) != Some(&b'{') {
-        return None;
+impl Progress {
+    /// A progress display for `len` steps (0: unknown, a spinner).
+    pub(crate) fn new(len: u64) -> Progress {
+        use indicatif::{ProgressBar, ProgressFinish, ProgressStyle};
+        let bar = interactive().then(|| {
+            let (bar, template) = if len == 0 {
+                (
+                    ProgressBar::new_spinner(),
+                    "{spinner} [{elapsed_precise}] {wide_msg}",
+                )
+            } else {
+                (
+                    ProgressBar::new(len),
+                    "[{elapsed_precise}] {bar:30} {pos:>3}/{len} {wide_msg}",
+                )
+            };
+            let style = ProgressStyle::with_template(template)
+                .expect("a valid progress template")
+                .progress_chars("#>.");
+            // New bars draw on stderr.
+            bar.with_style(style).with_finish(ProgressFinish::AndClear)
+        });
+        Progress { bar }
     }
-    i += 1;
-    ws(&mut i);
-    if b.get(i) == Some(&b'}') {
-        return Some(m);
-    }
-    loop {
-        ws(&mut i);
-        let k = string(&mut i)?;
-        ws(&mut i);
-        if b.get(i) != Some(&b':') {
-            return None;
+
+    /// Prints `text` on stderr (above the bar when there is one).
+    pub(crate) fn line(&self, text: &str) {
+        match &self.bar {
+            Some(b) => b.println(text),
+            None => eprintln!("{text}"),
         }
-        i += 1;
-        ws(&mut i);
-        let v = match b.get(i)? {
-            b'"' => Json::Str(string(&mut i)?),
-            b't' if b[i..].starts_with(b"true") => {
-                i += 4;
-                Json::Bool(true)
-            }
-            b'f' if b[i..].starts_with(b"false") => {
-                i += 5;
-                Json::Bool(false)
-            }
-            b'n' if b[i..].starts_with(b"null") => {
-                i += 4;
-                Json::Null
-            }
-            _ => {
-                let start = i;
-                while i < b.len() && matches!(b[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
-                {
-                    i += 1;
-                }
-                Json::Num(std::str::from_utf8(&b[start..i]).ok()?.parse().ok()?)
-            }
-        };
-        m.insert(k, v);
-        ws(&mut i);
-        match b.get(i)? {
-            b',' => i += 1,
-            b'}' => return Some(m),
-            _ => return None,
+    }
+
+    /// Names the step under way (shown on the bar only).
+    pub(crate) fn step(&self, what: &str) {
+        if let Some(b) = &self.bar {
+            b.set_message(what.to_string());
+        }
+    }
+
+    /// One step done.
+    pub(crate) fn inc(&self) {
+        if let Some(b) = &self.bar {
+            b.inc(1);
+        }
+    }
+
+    /// Clears the bar (the printed lines stay).
+    pub(crate) fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
         }
     }
 }
@@ -420,6 +299,15 @@ pub(crate) fn format_table(rows: &[PerfResult]) -> String {
         }
         if r.lost > 0 {
             notes.push(format!("lost {}", r.lost));
+        }
+        if let Some(f) = r.first_msg_us {
+            notes.push(format!("first message {f:.1} us"));
+        }
+        if let Some(n) = r.fpdus_per_msg {
+            notes.push(format!("{n} FPDUs/message"));
+        }
+        if let Some(n) = r.dgram_payload {
+            notes.push(format!("{n} octets/datagram"));
         }
         if !r.note.is_empty() {
             notes.push(r.note.clone());
@@ -507,6 +395,7 @@ mod tests {
         }
         r.set_latency(&h);
         r.crc = Some(false);
+        r.first_msg_us = Some(812.5);
         r.note = "quote \" and \\ and\nnewline é".into();
         let mut b = PerfResult::new("tcp_lat", "tcp", 64, "poll");
         b.set_latency(&h);
@@ -518,9 +407,19 @@ mod tests {
         assert_eq!(PerfResult::from_json(&f.to_json()), Some(f.clone()));
         assert!(PerfResult::from_json("not json").is_none());
         assert!(PerfResult::from_json("{\"test\":1}").is_none());
-        let t = format_table(&[r, f]);
+        let t = format_table(&[r, f.clone()]);
         assert!(t.contains("ERROR: it broke"), "{t}");
         assert!(t.contains("1.00x"), "{t}");
+        assert!(t.contains("first message 812.5 us"), "{t}");
+        // Missing figures are null, not absent; the DC figure is a number.
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(v["first_msg_us"], serde_json::json!(812.5));
+        assert!(v["bw_gbps"].is_null());
+        let v: serde_json::Value = serde_json::from_str(&f.to_json()).unwrap();
+        assert!(v["first_msg_us"].is_null());
+        let mut nan = PerfResult::new("send_bw", "ud", 64, "poll");
+        nan.bw_gbps = Some(f64::NAN);
+        assert!(nan.to_json().contains("\"bw_gbps\":null"));
         assert_eq!(fmt_size(65536), "64Ki");
         assert_eq!(fmt_size(1 << 20), "1Mi");
         assert_eq!(fmt_size(100), "100");

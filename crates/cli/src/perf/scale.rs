@@ -260,6 +260,69 @@ impl Point {
     }
 }
 
+/// One line of `scale.jsonl` (and of `--json`): a point's figures, or
+/// its error.
+#[derive(serde::Serialize)]
+struct JsonRow<'a> {
+    test: &'static str,
+    transport: &'a str,
+    n: usize,
+    #[serde(flatten)]
+    figures: Option<JsonFigures>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+}
+
+/// The figures of a point that worked (memory in octets).
+#[derive(serde::Serialize)]
+struct JsonFigures {
+    setup_s: f64,
+    rss_before: u64,
+    rss_setup: u64,
+    rss_idle: u64,
+    per_peer_setup_bytes: f64,
+    per_peer_idle_bytes: f64,
+    per_peer_heap_idle_bytes: f64,
+    fds_before: u64,
+    fds_idle: u64,
+    live_peers: u64,
+    expired: u64,
+    resent: u64,
+    idle_poll_ns: u64,
+}
+
+/// `x` to `digits` decimals (the precision the figures are worth).
+fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}
+
+/// The JSON line of a point of `transport` at `n` endpoints.
+fn json_line(transport: &str, n: usize, result: &Result<Point, String>) -> String {
+    let row = JsonRow {
+        test: "scale",
+        transport,
+        n,
+        figures: result.as_ref().ok().map(|p| JsonFigures {
+            setup_s: round(p.setup_s, 6),
+            rss_before: p.rss0,
+            rss_setup: p.rss_setup,
+            rss_idle: p.rss_idle,
+            per_peer_setup_bytes: round(p.per_peer_setup(n), 1),
+            per_peer_idle_bytes: round(p.per_peer_idle(n), 1),
+            per_peer_heap_idle_bytes: round(p.per_peer_heap_idle(n), 1),
+            fds_before: p.fds0,
+            fds_idle: p.fds_idle,
+            live_peers: p.live_peers,
+            expired: p.expired,
+            resent: p.resent,
+            idle_poll_ns: p.idle_poll_ns,
+        }),
+        error: result.as_ref().err().map(String::as_str),
+    };
+    serde_json::to_string(&row).expect("a scale row always serializes") + "\n"
+}
+
 fn run(a: &Args) -> Result<bool, String> {
     let start = Instant::now();
     std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
@@ -435,6 +498,7 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
     let mut jsonl = String::new();
     for r in rows {
         let t = &TRANSPORTS[r.transport];
+        jsonl.push_str(&json_line(t.kind.key(), r.n, &r.result));
         match &r.result {
             Ok(p) => {
                 let state = match t.kind {
@@ -487,29 +551,6 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
                     p.resent,
                     p.idle_poll_ns
                 );
-                let _ = writeln!(
-                    jsonl,
-                    "{{\"test\":\"scale\",\"transport\":\"{}\",\"n\":{},\"setup_s\":{:.6},\
-                     \"rss_before\":{},\"rss_setup\":{},\"rss_idle\":{},\
-                     \"per_peer_setup_bytes\":{:.1},\"per_peer_idle_bytes\":{:.1},\"per_peer_heap_idle_bytes\":{:.1},\
-                     \"fds_before\":{},\"fds_idle\":{},\"live_peers\":{},\"expired\":{},\"resent\":{},\
-                     \"idle_poll_ns\":{}}}",
-                    t.kind.key(),
-                    r.n,
-                    p.setup_s,
-                    p.rss0,
-                    p.rss_setup,
-                    p.rss_idle,
-                    p.per_peer_setup(r.n),
-                    p.per_peer_idle(r.n),
-                    p.per_peer_heap_idle(r.n),
-                    p.fds0,
-                    p.fds_idle,
-                    p.live_peers,
-                    p.expired,
-                    p.resent,
-                    p.idle_poll_ns
-                );
             }
             Err(e) => {
                 let _ = writeln!(
@@ -525,13 +566,6 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
                     t.kind.key(),
                     r.n,
                     e.replace([',', '\n'], ";")
-                );
-                let _ = writeln!(
-                    jsonl,
-                    "{{\"test\":\"scale\",\"transport\":\"{}\",\"n\":{},\"error\":\"{}\"}}",
-                    t.kind.key(),
-                    r.n,
-                    e.replace(['"', '\\'], "'")
                 );
             }
         }
@@ -589,8 +623,8 @@ fn report(a: &Args, rows: &[Row], start: Instant, load_before: &str) -> Result<(
         };
         let path = a.out.join(file);
         match write_png(&chart, &path) {
-            Ok(()) => eprintln!("wrote {}", path.display()),
-            Err(e) => eprintln!("softrdma perf scale: plot {}: {e}", path.display()),
+            Ok(()) => progress(start, &format!("wrote {}", path.display())),
+            Err(e) => progress(start, &format!("plot {}: FAILED: {e}", path.display())),
         }
     }
     progress(

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::cell::{Kind, WaitMode, TESTS, TRANSPORTS};
 use super::plot::{write_png, Chart, Series};
-use super::report::{format_table, PerfResult};
+use super::report::{format_table, PerfResult, Progress};
 use super::{peers, spawn};
 
 /// One child run of the suite.
@@ -29,7 +29,7 @@ struct Group {
     transport: &'static str,
     sizes: Vec<usize>,
     no_crc: bool,
-    /// A cell an issue-5 target (or its floor or ceiling) is read from:
+    /// A cell a target (or its floor or ceiling) is read from:
     /// run three times as long in four alternated rounds.
     target: bool,
 }
@@ -129,7 +129,7 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
             });
         }
     }
-    // RC Write bandwidth without MPA CRC (issue 5 target).
+    // RC Write bandwidth without MPA CRC (a target of its own).
     g.insert(
         0,
         Group {
@@ -198,7 +198,7 @@ fn groups(o: &SuiteOpts) -> Vec<Group> {
         no_crc: false,
         target: false,
     });
-    // The cells of the issue-5 targets first, so that a slow machine
+    // The cells of the targets first, so that a slow machine
     // spends its budget on them; the table is sorted back afterwards. A
     // bandwidth target's bounds run right behind it: the raw TCP stream
     // moves between states minutes apart, and a bound measured in another
@@ -309,6 +309,7 @@ pub(crate) fn main(o: SuiteOpts) -> ExitCode {
         o.wait.name(),
         budget.as_secs()
     );
+    let progress = Progress::new(gs.len() as u64);
     for (i, g) in gs.iter().enumerate() {
         let left = budget.saturating_sub(started.elapsed());
         let label = format!(
@@ -317,9 +318,11 @@ pub(crate) fn main(o: SuiteOpts) -> ExitCode {
             g.transport,
             if g.no_crc { " no-crc" } else { "" }
         );
-        let bar = progress_bar(i, gs.len());
+        let step = step_label(i, gs.len());
+        progress.step(&label);
         if left < Duration::from_millis(300) {
-            eprintln!("{bar} {label}: skipped (time budget used up)");
+            progress.line(&format!("{step} {label}: skipped (time budget used up)"));
+            progress.inc();
             for &s in &g.sizes {
                 rows.push(PerfResult::failed(
                     g.test,
@@ -343,7 +346,7 @@ pub(crate) fn main(o: SuiteOpts) -> ExitCode {
         } else {
             (left.as_secs_f64() / (per_group * remaining)).clamp(0.1, 1.0)
         };
-        // The cells the issue-5 targets are read from, and their floors
+        // The cells the targets are read from, and their floors
         // and ceilings, run three times as long in four alternated rounds:
         // a 64 B latency ratio taken from 0.08 s moved by 0.1 and more
         // between suite runs on this kind of host, a 1 MiB bandwidth ratio
@@ -404,15 +407,16 @@ pub(crate) fn main(o: SuiteOpts) -> ExitCode {
         }
         let bad = got.iter().filter(|r| r.error.is_some()).count();
         failed |= bad > 0;
-        eprintln!(
-            "{bar} {label}: {} ({:.1} s)",
+        progress.line(&format!(
+            "{step} {label}: {} ({:.1} s)",
             if bad == 0 {
                 "ok".to_string()
             } else {
                 format!("{bad} failed")
             },
             t0.elapsed().as_secs_f64()
-        );
+        ));
+        progress.inc();
         if o.json {
             for r in &got {
                 println!("{}", r.to_json());
@@ -420,6 +424,7 @@ pub(crate) fn main(o: SuiteOpts) -> ExitCode {
         }
         rows.extend(got);
     }
+    progress.finish();
     // UD against RC latency, alternated in one child: the cells above run
     // seconds apart, and this machine's TCP latency can change by half in
     // between, so their quotient is no comparison.
@@ -497,7 +502,8 @@ pub(crate) fn main(o: SuiteOpts) -> ExitCode {
         .and_then(|(a, b)| a.steal_pct(b));
     let mut soft: Vec<PerfResult> = rows.iter().filter(|r| table_row(r)).cloned().collect();
     soft.sort_by_key(table_order);
-    let targets = targets(&rows, &peer_rows, &h2h);
+    let target_lines = targets(&rows, &peer_rows, &h2h);
+    let targets = targets_text(&target_lines);
     if !o.json {
         println!(
             "softrdma perf suite: loopback, two processes per cell, wait mode {} on both ends, \
@@ -522,7 +528,7 @@ pub(crate) fn main(o: SuiteOpts) -> ExitCode {
         }
         println!("{peers_found}");
         println!();
-        println!("issue-5 targets (same-run ratios):");
+        println!("targets (same-run ratios):");
         print!("{targets}");
         println!(
             "latency: one way (round trip / 2), p50; ratio = softrdma / raw sockets of this run \
@@ -546,6 +552,12 @@ pub(crate) fn main(o: SuiteOpts) -> ExitCode {
         &plots,
         (wall, &load_start, steal),
     );
+    let tj = o.out.join("targets.json");
+    let json = serde_json::to_string_pretty(&target_lines).expect("targets serialize");
+    if let Err(e) = std::fs::write(&tj, json + "\n") {
+        eprintln!("softrdma perf suite: cannot write {}: {e}", tj.display());
+        failed = true;
+    }
     let path = o.out.join("report.md");
     if let Err(e) = std::fs::write(&path, md) {
         eprintln!("softrdma perf suite: cannot write {}: {e}", path.display());
@@ -595,15 +607,10 @@ fn run_child(args: &[String], deadline: Duration) -> (Vec<PerfResult>, String) {
     }
 }
 
-fn progress_bar(i: usize, n: usize) -> String {
-    let w = 20;
-    let done = (i + 1) * w / n.max(1);
-    format!(
-        "[{}{}] {:>2}/{n}",
-        "#".repeat(done),
-        ".".repeat(w - done),
-        i + 1
-    )
+/// The step number a group's progress line starts with: `[ 3/26]`.
+fn step_label(i: usize, n: usize) -> String {
+    let w = n.to_string().len();
+    format!("[{:>w$}/{n}]", i + 1)
 }
 
 fn last_line(s: &str) -> Option<String> {
@@ -684,7 +691,7 @@ fn head_to_head(o: &SuiteOpts, left: Duration) -> Vec<PerfResult> {
     got
 }
 
-/// The latency groups (test, transport) whose cells the issue-5 targets
+/// The latency groups (test, transport) whose cells the targets
 /// and their floors are read from.
 const TARGET_LAT: [(&str, &str); 6] = [
     ("send_lat", "rc"),
@@ -695,7 +702,7 @@ const TARGET_LAT: [(&str, &str); 6] = [
     ("udp_lat", "udp"),
 ];
 
-/// The bandwidth cells (test, transport, size, without CRC) the issue-5
+/// The bandwidth cells (test, transport, size, without CRC) the
 /// targets and their floors and ceilings are read from.
 const TARGET_BW: [(&str, &str, usize, bool); 7] = [
     ("write_bw", "rc", 1 << 20, false),
@@ -707,12 +714,75 @@ const TARGET_BW: [(&str, &str, usize, bool); 7] = [
     ("udp_crc_bw", "udp", 64 << 10, false),
 ];
 
-/// The issue-5 targets as lines `name: ratio (target)`.
-fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> String {
+/// One line of the targets block: a same-run ratio, and the bound it
+/// should keep when it is a target. Written to `targets.json`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+struct TargetLine {
+    /// What is compared (`floor: …`, `ceiling: …` for the bounds).
+    name: String,
+    /// `target`; or, beside the target above it, `floor`, `ceiling`, or
+    /// `detail` (the same figure read another way).
+    kind: &'static str,
+    /// The ratio this run measured; `null` when a cell is missing.
+    ratio: Option<f64>,
+    /// A target's comparison: `<=` or `>=` (`null` beside a target).
+    bound: Option<&'static str>,
+    /// A target's limit (`null` beside a target).
+    limit: Option<f64>,
+    /// Printed indented, under the target it belongs to.
+    #[serde(skip)]
+    indent: bool,
+    /// The bound as printed (`<= 1.10`, `-`).
+    #[serde(skip)]
+    shown: String,
+}
+
+/// The targets block as printed: `name ratio (target BOUND LIMIT)`.
+fn targets_text(lines: &[TargetLine]) -> String {
     let mut s = String::new();
-    let mut line = |name: &str, v: Option<f64>, target: &str| {
-        let v = v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "n/a".into());
+    for l in lines {
+        let v = l
+            .ratio
+            .map(|x| format!("{x:.2}"))
+            .unwrap_or_else(|| "n/a".into());
+        let target = &l.shown;
+        let name = format!("{}{}", if l.indent { "  " } else { "" }, l.name);
         let _ = writeln!(s, "  {name:<52} {v:>6}   (target {target})");
+    }
+    s
+}
+
+/// The performance targets (same-run ratios, see `docs/performance.md`),
+/// each followed by the floors, ceilings and other readings that go with
+/// it.
+fn targets(rows: &[PerfResult], peers: &[PerfResult], h2h: &[PerfResult]) -> Vec<TargetLine> {
+    let mut s = Vec::new();
+    let mut line = |name: &str, v: Option<f64>, target: &str| {
+        let indent = name.starts_with("  ");
+        let name = name.trim_start();
+        let kind = if !indent {
+            "target"
+        } else if name.starts_with("floor:") {
+            "floor"
+        } else if name.starts_with("ceiling:") {
+            "ceiling"
+        } else {
+            "detail"
+        };
+        let (bound, limit) = match target.split_once(' ') {
+            Some(("<=", x)) => (Some("<="), x.parse().ok()),
+            Some((">=", x)) => (Some(">="), x.parse().ok()),
+            _ => (None, None),
+        };
+        s.push(TargetLine {
+            name: name.to_string(),
+            kind,
+            ratio: v,
+            bound,
+            limit,
+            indent,
+            shown: target.to_string(),
+        });
     };
     let ratio = |t: &str, tr: &str, size: u64, crc: Option<bool>| {
         find(rows, t, tr, size, crc).and_then(|r| r.ratio)
@@ -1064,7 +1134,11 @@ fn write_plots(
             let chart = Chart {
                 title: &title,
                 x_label: "message size (octets)",
-                y_label: if lat { "latency (us)" } else { "Gbit/s" },
+                y_label: if lat {
+                    "one-way latency p50 (µs)"
+                } else {
+                    "bandwidth (Gbit/s)"
+                },
                 log_x: true,
                 log_y: true,
                 series: &series,
@@ -1260,7 +1334,8 @@ fn report_md(
     let _ = writeln!(s, "{peers_found}\n");
     let _ = writeln!(
         s,
-        "## Issue-5 targets (ratios of this run)\n\n```text\n{targets}```\n"
+        "## Targets (same-run ratios)\n\n```text\n{targets}```\n\n\
+         The same figures as numbers: `targets.json`.\n"
     );
     let _ = writeln!(s, "## Plots\n");
     for p in plots {
@@ -1272,8 +1347,8 @@ fn report_md(
 * Every row is one cell: a test (`send_lat`, `write_bw`, …) over a transport \
 (`rc` = iWARP over TCP, `ud`/`rd` = datagram iWARP over UDP) at one message size, \
 measured on loopback with the two ends in two processes.\n\
-* `*_lat` rows: one-way latency = round trip / 2, p50 and p99 from a log-linear \
-histogram of every round trip. `*_bw` rows: goodput in Gbit/s of message octets and \
+* `*_lat` rows: one-way latency = round trip / 2, p50 and p99 from an HDR \
+histogram (3 significant digits) of every round trip. `*_bw` rows: goodput in Gbit/s of message octets and \
 the message rate.\n\
 * `baseline` / `ratio`: the raw-socket test of the same size and wait mode, measured \
 alternately with the cell (two rounds each; the cells the targets below are read from, \
@@ -1348,13 +1423,44 @@ mod tests {
     }
 
     #[test]
-    fn dates_and_bars() {
+    fn targets_are_lines_and_numbers() {
+        let mut rc = PerfResult::new("send_lat", "rc", 64, "poll");
+        rc.lat_us_p50 = Some(5.5);
+        rc.ratio = Some(1.04);
+        let lines = targets(&[rc], &[], &[]);
+        let first = &lines[0];
+        assert_eq!(first.kind, "target");
+        assert_eq!(first.ratio, Some(1.04));
+        assert_eq!((first.bound, first.limit), (Some("<="), Some(1.10)));
+        let floor = lines.iter().find(|l| l.kind == "floor").unwrap();
+        assert!(floor.name.starts_with("floor: ") && floor.limit.is_none());
+        let text = targets_text(&lines);
+        assert!(
+            text.lines()
+                .next()
+                .unwrap()
+                .ends_with("1.04   (target <= 1.10)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("    floor: raw TCP ping-pong framed"),
+            "{text}"
+        );
+        let j: serde_json::Value = serde_json::to_value(&lines).unwrap();
+        assert_eq!(j[0]["ratio"], serde_json::json!(1.04));
+        assert_eq!(j[0]["limit"], serde_json::json!(1.10));
+        assert!(j[0].get("shown").is_none());
+    }
+
+    #[test]
+    fn dates_and_step_labels() {
         let d = utc_now();
         assert!(
             d.len() == 23 && d.ends_with(" UTC") && d.starts_with("20"),
             "{d}"
         );
-        assert_eq!(progress_bar(0, 2), "[##########..........]  1/2");
+        assert_eq!(step_label(0, 2), "[1/2]");
+        assert_eq!(step_label(2, 26), "[ 3/26]");
     }
 
     #[test]

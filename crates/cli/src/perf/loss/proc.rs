@@ -346,9 +346,20 @@ pub fn load_note() -> String {
     )
 }
 
-/// Prints a progress line on stderr, prefixed with the elapsed time.
+/// Prints a progress line on stderr, prefixed with the elapsed time; on
+/// a terminal a spinner below the lines shows the step under way (see
+/// [`crate::perf::report::Progress`]), cleared when the step starts with
+/// `done`.
 pub fn progress(start: Instant, what: &str) {
-    eprintln!("[{:6.1} s] {what}", start.elapsed().as_secs_f64());
+    use std::sync::OnceLock;
+    static SPINNER: OnceLock<crate::perf::report::Progress> = OnceLock::new();
+    let p = SPINNER.get_or_init(|| crate::perf::report::Progress::new(0));
+    p.line(&format!("[{:6.1} s] {what}", start.elapsed().as_secs_f64()));
+    if what.starts_with("done") {
+        p.finish();
+    } else {
+        p.step(what);
+    }
 }
 
 #[cfg(test)]
