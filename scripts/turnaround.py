@@ -25,8 +25,8 @@ Usage (root):
         --no-baseline &
     sleep 0.7
     perf record -e raw_syscalls:sys_enter,raw_syscalls:sys_exit -a \
-        -o /tmp/sc.data -- sleep 0.3
-    perf script -i /tmp/sc.data --ns -F comm,tid,time,event,trace \
+        -o sc.data -- sleep 0.3
+    perf script -i sc.data --ns -F comm,tid,time,event,trace \
         | scripts/turnaround.py [COMM_PREFIX]
 
 COMM_PREFIX (default `softrdma`) selects the processes by name.

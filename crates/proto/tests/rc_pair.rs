@@ -1651,7 +1651,7 @@ impl io::Write for Batches {
 /// without CRC nothing is read twice and a 1 MiB Write of 17 FPDUs of
 /// 64 986 octets goes in two calls, 16 FPDUs and one — fewer system calls
 /// for the same octets (RC `write_bw` 1 MiB without CRC: faster in 8 of 8
-/// alternated runs, `docs/datagram.md` §12.18).
+/// alternated runs; `docs/engine.md`, "RC: transmit and receive").
 #[test]
 fn transmit_batches_are_bounded_in_octets_only_with_crc() {
     const MSG: u32 = 1 << 20;
