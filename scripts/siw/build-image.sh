@@ -58,8 +58,7 @@ fi
 GUEST_PKGS=kmod,iproute2,ibverbs-providers,ibverbs-utils,rdmacm-utils
 BUILD_PKGS=make,libc6-dev,kmod,libelf1t64,libssl3t64,zlib1g,pahole
 # Modules the guest loads (modprobe resolves their dependencies at build time).
-MODULES="siw ib_uverbs rdma_ucm rdma_cm iw_cm ib_cm ib_core crc32c_generic
-  virtio_pci virtio_net 9p 9pnet_virtio"
+MODULES="siw ib_uverbs rdma_ucm rdma_cm iw_cm ib_cm ib_core crc32c_generic virtio_pci virtio_net 9p 9pnet_virtio"
 # Bump when the way siw.ko is built changes.
 SIW_RECIPE=1
 
@@ -71,6 +70,7 @@ host_mirror() {
   local f u
   for f in /etc/apt/sources.list.d/*.sources; do
     [ -r "$f" ] || continue
+    # shellcheck disable=SC2013 # one URI per word
     for u in $(sed -n 's/^URIs:[[:space:]]*//Ip' "$f"); do
       u=${u%/}
       case $u in *://*/debian) echo "$u"; return 0 ;; esac
@@ -220,7 +220,7 @@ if stale guest-root "$G_KEY"; then
 fi
 
 # ------------------------------------------------------------ 5. initramfs
-I_KEY="$S_KEY | $G_KEY | modules=$(echo $MODULES) | init=$(sha256sum < "$HERE/guest/init" | cut -c1-16)"
+I_KEY="$S_KEY | $G_KEY | modules=$MODULES | init=$(sha256sum < "$HERE/guest/init" | cut -c1-16)"
 if stale image "$I_KEY" || [ ! -f "$IMG/initramfs.cpio" ]; then
   [ "$MODE" = check ] && { echo "image missing"; exit 1; }
   need_root
@@ -261,8 +261,9 @@ if stale image "$I_KEY" || [ ! -f "$IMG/initramfs.cpio" ]; then
     echo "suite:    $SUITE ($MIRROR)"
     echo "kernel:   linux-image-$KVER $PKGVER"
     echo "siw.ko:   linux-source-$MAJMIN $PKGVER drivers/infiniband/sw/siw, built with $GCC out of tree (pristine, knobs)"
-    echo "modules:  $(wc -l < "$W/modules.list") ($(echo $MODULES) and dependencies)"
+    echo "modules:  $(wc -l < "$W/modules.list") ($MODULES and dependencies)"
     echo "guest:    debootstrap minbase + $GUEST_PKGS"
+    # shellcheck disable=SC2016 # a dpkg-query format, not a shell expression
     chroot "$GR" dpkg-query -W -f '          ${Package} ${Version}\n' ibverbs-providers ibverbs-utils rdmacm-utils iproute2 libibverbs1 librdmacm1t64 2>/dev/null || true
     echo "init:     sha256 $(sha256sum < "$HERE/guest/init" | cut -d' ' -f1)"
     (cd "$IMG" && sha256sum vmlinuz initramfs.cpio)

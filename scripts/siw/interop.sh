@@ -121,10 +121,10 @@ NET="user,id=n0,net=10.0.2.0/24,host=10.0.2.2"
 QEMU=(qemu-system-x86_64 -accel tcg -M pc -cpu max -smp 2 -m 1024
   -nodefaults -no-user-config -nographic -no-reboot -serial stdio -monitor none
   -kernel "$IMG/vmlinuz" -initrd "$IMG/initramfs.cpio" -append "$APPEND"
-  -netdev "$NET" -device virtio-net-pci,netdev=n0,romfile=
+  -netdev "$NET" -device "virtio-net-pci,netdev=n0,romfile="
   -object "filter-dump,id=cap,netdev=n0,file=$OUT/guest.pcap"
   -fsdev "local,id=out,path=$OUT,security_model=none"
-  -device virtio-9p-pci,fsdev=out,mount_tag=out)
+  -device "virtio-9p-pci,fsdev=out,mount_tag=out")
 printf '%q ' "${QEMU[@]}" >"$OUT/qemu.cmdline"
 printf '%q ' "${HOST_CMD[@]}" >"$OUT/host.cmdline"
 
@@ -135,6 +135,7 @@ stop_group() {  # PGID: TERM, then KILL what is left (timeout made it a group le
   for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 -- "-$1" 2>/dev/null || return 0; sleep 0.2; done
   kill -KILL -- "-$1" 2>/dev/null
 }
+# shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() { stop_group "$HPID"; stop_group "$QPID"; }
 trap cleanup EXIT
 trap 'say interrupted; exit 130' INT TERM

@@ -23,7 +23,7 @@ client=("$bin" rping -c -a 127.0.0.1 -p 7174 -C 1 -v -V)
 server=("$bin" rping -s -a 127.0.0.1 -p 27174 -v)
 deb_client=("$bin" run -- rping -c -a 127.0.0.1 -p 7174 -C 1 -v)
 deb_server=("$bin" run -- rping -s -a 127.0.0.1 -p 27174 -v -C 1)
-knobs=(-v knobs -o mpa_crc_required=1,peer_to_peer=1)
+knobs=(-v knobs -o "mpa_crc_required=1,peer_to_peer=1")
 names=(
     host-to-guest/siw-defaults guest-to-host/siw-defaults
     host-to-guest/crc-p2p-knobs guest-to-host/crc-p2p-knobs
