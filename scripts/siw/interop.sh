@@ -152,6 +152,7 @@ run_guest() {
   BOOT_FAILED=0 HRC="" QPID="" HPID=""
   t0=$(now)
   deadline=$((t0 + TIMEOUT * 1000)) boot_deadline=$((t0 + BOOT_TIMEOUT * 1000))
+  : >"$OUT/console.log"
   timeout -k 5 "$TIMEOUT" "${QEMU[@]}" </dev/null >"$OUT/console.log" 2>&1 &
   QPID=$!
   if [ "$CONSOLE" = 1 ]; then tail -n +1 -f --pid="$QPID" "$OUT/console.log" >&2 & fi
@@ -221,7 +222,7 @@ say "$VERDICT: guest status $GUEST, host command exit ${HRC:-not run}${BOOT_S:+,
 [ "${HRC:-}" = 124 ] && say "  the host command hit its ${HOST_TIMEOUT}s limit"
 say "  logs: $OUT/{host.log,scenario.log,console.log,env.txt,dmesg.txt}; capture: $OUT/guest.pcap"
 if [ "$VERDICT" != PASS ]; then
-  for f in host.log scenario.log console.log; do
+  for f in host.log scenario.log console.log "failed-boot-$BOOTS.console.log"; do
     [ -s "$OUT/$f" ] || continue
     echo "----- $OUT/$f (last lines)" >&2
     tail -n 20 "$OUT/$f" >&2
