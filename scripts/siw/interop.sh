@@ -23,7 +23,8 @@
 #                      whose protocol constants are module parameters
 #   -o NAME=V[,...]    module parameters for -v knobs, e.g.
 #                      mpa_crc_required=1,peer_to_peer=1
-#   -O DIR             run directory (default $SOFTRDMA_SIW_HOME/runs/TIME-SCENARIO)
+#   -O DIR             run directory (default $SOFTRDMA_SIW_HOME/runs/TIME-PID-SCENARIO;
+#                      the newest 100 of those are kept)
 #   -c                 copy the guest console to stderr while it runs
 #
 # environment:
@@ -107,6 +108,11 @@ for p in 7174 27174; do
   port_listening $p && die 3 "TCP port $p is in use on this host (the scenarios need it)"
 done
 
+# keep the newest 100 run directories (about 70 KB each); names sort by time
+shopt -s nullglob
+old=("$SOFTRDMA_SIW_HOME"/runs/*/)
+[ ${#old[@]} -gt 100 ] && rm -rf "${old[@]:0:${#old[@]}-100}"
+shopt -u nullglob
 [ -n "$OUT" ] || OUT=$SOFTRDMA_SIW_HOME/runs/$(date +%Y%m%d-%H%M%S)-$$-$SCENARIO
 mkdir -p "$OUT" || die 3 "cannot create $OUT"
 OUT=$(cd "$OUT" && pwd)
