@@ -197,18 +197,18 @@ run_guest() {
   done
   stop_group "$QPID"
   wait "$QPID" 2>/dev/null
-  QPID=""
-  if [ -n "$HPID" ]; then  # the guest ended first
-    stop_group "$HPID"
+  QRC=$? QPID=""
+  if [ -n "$HPID" ]; then  # the guest ended before the host command did
+    kill -0 "$HPID" 2>/dev/null && say "the guest stopped first: ending the host command" && stop_group "$HPID"
     wait "$HPID" 2>/dev/null
-    HPID="" HRC=${HRC:-killed}
+    HRC=$? HPID=""
   fi
   [ $ready = 0 ] && ! grep -q 'siw FAILED' "$OUT/console.log" && BOOT_FAILED=1
   return 0
 }
 
 say "$SCENARIO, siw $VARIANT${SIWOPTS:+ ($SIWOPTS)}: run directory $OUT"
-BOOT_S="" BOOT_FAILED=0
+BOOT_S="" BOOT_FAILED=0 QRC=""
 for ((boot = 1; boot <= BOOTS; boot++)); do
   run_guest
   [ $BOOT_FAILED = 1 ] || break
@@ -226,6 +226,7 @@ else
 fi
 say "$VERDICT: guest status $GUEST, host command exit ${HRC:-not run}${BOOT_S:+, siw ready after ${BOOT_S}s}, total $(ms "$T_START")s"
 [ "${HRC:-}" = 124 ] && say "  the host command hit its ${HOST_TIMEOUT}s limit"
+[ "$QRC" = 124 ] && [ $BOOT_FAILED = 0 ] && say "  the guest hit its ${TIMEOUT}s limit (SOFTRDMA_SIW_TIMEOUT)"
 say "  logs: $OUT/{host.log,scenario.log,console.log,env.txt,dmesg.txt}; capture: $OUT/guest.pcap"
 if [ "$VERDICT" != PASS ]; then
   for f in host.log scenario.log console.log "failed-boot-$BOOTS.console.log"; do
