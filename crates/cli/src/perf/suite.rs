@@ -732,12 +732,13 @@ struct TargetLine {
     /// Printed indented, under the target it belongs to.
     #[serde(skip)]
     indent: bool,
-    /// The bound as printed (`<= 1.10`, `-`).
+    /// The bound as printed (`<= 1.10`; `-` beside a target).
     #[serde(skip)]
     shown: String,
 }
 
-/// The targets block as printed: `name ratio (target BOUND LIMIT)`.
+/// The targets block as printed: `name ratio (target BOUND LIMIT)`, the
+/// lines beside a target without the parenthesis.
 fn targets_text(lines: &[TargetLine]) -> String {
     let mut s = String::new();
     for l in lines {
@@ -745,9 +746,14 @@ fn targets_text(lines: &[TargetLine]) -> String {
             .ratio
             .map(|x| format!("{x:.2}"))
             .unwrap_or_else(|| "n/a".into());
-        let target = &l.shown;
         let name = format!("{}{}", if l.indent { "  " } else { "" }, l.name);
-        let _ = writeln!(s, "  {name:<52} {v:>6}   (target {target})");
+        // Floors, ceilings and details bound or explain the target above
+        // them; they have no target of their own.
+        let target = match l.bound {
+            Some(_) => format!("   (target {})", l.shown),
+            None => String::new(),
+        };
+        let _ = writeln!(s, "  {name:<52} {v:>6}{target}");
     }
     s
 }
@@ -1442,6 +1448,9 @@ mod tests {
                 .ends_with("1.04   (target <= 1.10)"),
             "{text}"
         );
+        // A floor is printed without a target of its own.
+        let floor_line = text.lines().find(|l| l.contains("floor: ")).unwrap();
+        assert!(!floor_line.contains("(target"), "{text}");
         assert!(
             text.contains("    floor: raw TCP ping-pong framed"),
             "{text}"
