@@ -405,6 +405,37 @@ mod tests {
     }
 
     #[test]
+    fn a_qp_view_needs_the_qp_right_too() {
+        let reg = Registry::new();
+        let mut buf = vec![0u8; 16];
+        let all = Access::LOCAL_WRITE | REMOTE_RIGHTS;
+        // SAFETY: `buf` outlives the registration (the registry is dropped first).
+        let s = unsafe { reg.register(buf.as_mut_ptr(), 16, 0, all, 0) }.unwrap();
+        // The QP grants remote write and read, not atomics.
+        let rw = Access::REMOTE_WRITE | Access::REMOTE_READ;
+        reg.with_qp_view(0, rw, |v| {
+            assert_eq!(
+                v.remote_atomic(s, 8, AtomicOp::FetchAdd(1)),
+                Err(MemError::AccessRights)
+            );
+            v.remote_write(s, 0, &[7]).unwrap();
+            assert_eq!(v.remote_read(s, 0, 1).map(|d| d[0]), Ok(7));
+            // Local access does not depend on the QP's remote rights.
+            v.local_write(s, 1, &[9]).unwrap();
+        });
+        reg.with_qp_view(0, Access(0), |v| {
+            assert_eq!(v.remote_write(s, 0, &[1]), Err(MemError::AccessRights));
+            assert_eq!(v.remote_read(s, 0, 1).err(), Some(MemError::AccessRights));
+            assert_eq!(v.local_read(s, 1, 1).map(|d| d[0]), Ok(9));
+        });
+        reg.with_view(0, |v| {
+            assert_eq!(v.remote_atomic(s, 8, AtomicOp::FetchAdd(1)), Ok(0));
+        });
+        drop(reg);
+        assert_eq!(buf[0], 7);
+    }
+
+    #[test]
     fn keys_differ_on_reuse_and_invalidate_applies() {
         let reg = Registry::new();
         let mut buf = vec![0u8; 16];
