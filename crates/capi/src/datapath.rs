@@ -439,8 +439,8 @@ pub fn poll_filtered(c: &CqObj, out: &mut [Completion]) -> usize {
         // Compact, dropping held-back flushes.
         let mut w = got;
         for r in got..got + n {
-            let x = out[r];
-            if !hold_back(&x) {
+            let mut x = out[r];
+            if !hold_back(&mut x, &c.engine) {
                 out[w] = x;
                 w += 1;
             }
@@ -453,12 +453,13 @@ pub fn poll_filtered(c: &CqObj, out: &mut [Completion]) -> usize {
     got
 }
 
-/// True (and the completion kept on its QP) for a receive flush of an
-/// IB-style QP that the application has not moved to ERR.
-fn hold_back(x: &Completion) -> bool {
-    if x.wc.status != WcStatus::WrFlushErr
-        || !matches!(x.wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
-    {
+/// True (and the completion kept back) for a flush of an IB-style QP that
+/// the application has not moved to ERR: a receive flush is kept on its
+/// QP, a send-side flush in [`HELD_SENDS`]. A UC QP's send-side flush is
+/// turned into the success it would be in IB (nothing acknowledges UC).
+fn hold_back(x: &mut Completion, cq: &std::sync::Arc<engine::Cq>) -> bool {
+    let recv = matches!(x.wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+    if x.wc.status == WcStatus::Success {
         return false;
     }
     let Some(qp) = qp_by_num(x.qp_num) else {
@@ -469,11 +470,125 @@ fn hold_back(x: &Completion) -> bool {
     if !q.ib_style.load(std::sync::atomic::Ordering::Acquire) || q.state() == IBV_QPS_ERR {
         return false;
     }
+    if !recv {
+        if q.qp_type == IBV_QPT_UC && x.wc.status == WcStatus::WrFlushErr {
+            // UC has no acknowledgements: a send to a peer QP that is
+            // gone leaves the wire and completes (IB drops it silently).
+            x.wc.status = WcStatus::Success;
+            return false;
+        }
+        return hold_send(q, x, cq);
+    }
+    if x.wc.status != WcStatus::WrFlushErr {
+        return false;
+    }
     q.deferred
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .push(*x);
     true
+}
+
+/// Send-side completions held back per IB-style QP (by QP number).
+///
+/// Why: when the peer destroys its QP, the TCP connection under an
+/// IB-style RC QP closes and the engine flushes the sends still queued at
+/// once (iWARP semantics). In IB nothing tells the requester that the
+/// peer QP is gone: it retransmits until its retry budget is spent (the
+/// QP's `timeout` and `retry_cnt`: 4.096 µs × 2^timeout per try, `retry_cnt`
+/// retries), then completes the oldest send with `IBV_WC_RETRY_EXC_ERR`
+/// and flushes the rest. Benchmarks such as qperf stop both ends on their
+/// own timers and destroy their QPs without a handshake, so the side that
+/// stops a few milliseconds later must not see errors in the meantime.
+/// A send-side error other than a flush (the QP's own failure) releases
+/// the QP at once: its flushes follow it unheld, as in IB.
+static HELD_SENDS: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<u32, HeldSends>>,
+> = std::sync::LazyLock::new(Default::default);
+
+enum HeldSends {
+    /// Flushes waiting for the retry budget to run out.
+    Held {
+        wcs: Vec<Completion>,
+        cq: std::sync::Arc<engine::Cq>,
+    },
+    /// Send-side completions of this QP pass unheld from now on.
+    Released,
+}
+
+/// IB's transport timer: 4.096 µs × 2^`timeout` (0 is infinite: taken as
+/// the largest value, 31), times the tries (`retry_cnt` + 1).
+fn retry_budget(timeout: u8, retry_cnt: u8) -> Duration {
+    let t = if timeout == 0 { 31 } else { timeout.min(31) };
+    let one = Duration::from_nanos(4096u64 << t);
+    one * (u32::from(retry_cnt.min(7)) + 1)
+}
+
+fn held_sends() -> std::sync::MutexGuard<'static, std::collections::HashMap<u32, HeldSends>> {
+    HELD_SENDS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Holds a send-side flush of the IB-style QP `q` (see [`HELD_SENDS`]).
+fn hold_send(q: &QpObj, x: &Completion, cq: &std::sync::Arc<engine::Cq>) -> bool {
+    let qpn = q.qpn();
+    let mut h = held_sends();
+    if x.wc.status != WcStatus::WrFlushErr {
+        h.insert(qpn, HeldSends::Released);
+        return false;
+    }
+    match h.get_mut(&qpn) {
+        Some(HeldSends::Released) => false,
+        Some(HeldSends::Held { wcs, .. }) => {
+            wcs.push(*x);
+            true
+        }
+        None => {
+            let (timeout, retry_cnt) = {
+                let r = q.remembered.lock().unwrap_or_else(|e| e.into_inner());
+                (r.attr.timeout, r.attr.retry_cnt)
+            };
+            let budget = retry_budget(timeout, retry_cnt);
+            let spawned = std::thread::Builder::new()
+                .name("softrdma-retry".into())
+                .spawn(move || {
+                    std::thread::sleep(budget);
+                    release_held_sends(qpn, true);
+                });
+            if spawned.is_err() {
+                return false;
+            }
+            h.insert(
+                qpn,
+                HeldSends::Held {
+                    wcs: vec![*x],
+                    cq: cq.clone(),
+                },
+            );
+            true
+        }
+    }
+}
+
+/// Hands the held send-side completions of QP `qpn` to its send CQ (the
+/// oldest as `IBV_WC_RETRY_EXC_ERR` when `retry_exceeded`, the rest as
+/// flushes); later ones pass unheld.
+pub fn release_held_sends(qpn: u32, retry_exceeded: bool) {
+    let mut h = held_sends();
+    let Some(HeldSends::Held { mut wcs, cq }) = h.insert(qpn, HeldSends::Released) else {
+        return;
+    };
+    drop(h);
+    if retry_exceeded {
+        if let Some(first) = wcs.first_mut() {
+            first.wc.status = WcStatus::RetryExcErr;
+        }
+    }
+    cq.inject(&wcs);
+}
+
+/// Forgets QP `qpn`'s held send-side completions (the QP is destroyed).
+pub fn forget_held_sends(qpn: u32) {
+    held_sends().remove(&qpn);
 }
 
 /// `ops.poll_cq`.

@@ -17,6 +17,12 @@
 //! `EOPNOTSUPP` (create a new QP). UD/RD QPs need no connection: the
 //! transitions only record the state; sends need RTS, receives any state
 //! but RESET, as in verbs.
+//!
+//! An RC QP's `qp_access_flags` (`IBV_QP_ACCESS_FLAGS`) are enforced as in
+//! verbs: a peer's RDMA Write, RDMA Read or atomic needs its
+//! `IBV_ACCESS_REMOTE_*` right in the QP's flags as well as in the memory
+//! region, and fails with a remote access error otherwise. A QP whose flags
+//! were never set (rdma_cm's iWARP QPs) grants all three.
 
 use std::cell::UnsafeCell;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -757,6 +763,15 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
 /// told apart and this call always blocks. Applications that set
 /// `O_NONBLOCK` poll(2) the fd first and call this once it is readable,
 /// which then returns at once.
+///
+/// Signals: rdma-core's call is a blocking `read(2)` of the channel fd,
+/// which a signal handler installed without `SA_RESTART` interrupts
+/// (-1, `errno = EINTR`); qperf ends every test that way (its `SIGALRM`
+/// handler sets a flag, and the blocked wait must return to see it). The
+/// wait here is a poll(2), which any handled signal interrupts; it
+/// returns `EINTR` when some caught signal has a handler without
+/// `SA_RESTART` (the one that fired cannot be told apart), and resumes
+/// waiting otherwise, as the restarted `read(2)` would.
 pub unsafe extern "C" fn ibv_get_cq_event(
     channel: *mut ibv_comp_channel,
     cq: *mut *mut ibv_cq,
@@ -766,8 +781,15 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         // SAFETY: a channel of ours.
         let ch = unsafe { channel_from_raw(channel) }.ok_or(libc::EINVAL)?;
         loop {
-            let Some(id) = ch.engine.get_event(None) else {
-                continue;
+            let id = match ch.engine.get_event_interruptible() {
+                Ok(id) => id,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
+                    if interrupting_handler_installed() {
+                        return Err(libc::EINTR);
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EIO)),
             };
             // A CQ destroyed since it fired is skipped.
             let Some(c) = cq_by_id(id) else { continue };
@@ -782,6 +804,26 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             return Ok(0);
         }
     })
+}
+
+/// True when some asynchronous signal is caught by a handler installed
+/// without `SA_RESTART` (a blocking `read(2)` would then fail with `EINTR`
+/// when that signal arrives). Fault signals are left out: they do not
+/// arrive while a thread sleeps in a system call.
+fn interrupting_handler_installed() -> bool {
+    let faults = [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE];
+    (1..libc::SIGRTMAX())
+        .filter(|s| !faults.contains(s))
+        .any(|sig| {
+            // SAFETY: all-zero is a valid sigaction to be filled in.
+            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: queries only (no new action); `old` is a live out-struct.
+            let r = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) };
+            r == 0
+                && old.sa_sigaction != libc::SIG_DFL
+                && old.sa_sigaction != libc::SIG_IGN
+                && old.sa_flags & libc::SA_RESTART == 0
+        })
 }
 
 /// `ibv_ack_cq_events`.
@@ -1174,6 +1216,7 @@ pub fn modify_qp_internal(q: &QpObj, a: &ibv_qp_attr, mask: c_int) -> Result<(),
                 (_, IBV_QPS_ERR) => {
                     rc.disconnect();
                     q.release_deferred();
+                    datapath::release_held_sends(q.qpn(), false);
                 }
                 (IBV_QPS_RESET | IBV_QPS_INIT, IBV_QPS_RESET | IBV_QPS_INIT) => {}
                 (_, IBV_QPS_RESET) => {
@@ -1223,6 +1266,11 @@ pub fn modify_qp_internal(q: &QpObj, a: &ibv_qp_attr, mask: c_int) -> Result<(),
                 _ => {}
             },
             QpKind::Dgram(_) => {}
+        }
+    }
+    if mask & IBV_QP_ACCESS_FLAGS != 0 {
+        if let QpKind::Rc(rc) = &q.kind {
+            rc.set_remote_access(a.qp_access_flags);
         }
     }
     remember(q, a, mask);
@@ -1352,6 +1400,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // SAFETY: created by Box::into_raw in create_qp_internal, destroyed once.
         let q = unsafe { Box::from_raw(qp as *mut QpObj) };
         unregister_qp(q.qpn());
+        datapath::forget_held_sends(q.qpn());
         if let QpKind::Rc(rc) = &q.kind {
             rc.disconnect();
         }
@@ -1372,8 +1421,10 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 // Address handles and multicast
 // ---------------------------------------------------------------------
 
-/// `ibv_create_ah`: the destination is the GID's address (loopback for
-/// an AH without a GRH).
+/// `ibv_create_ah`: the destination is the GID's address. An AH without
+/// a GRH (a LID only, as qperf and other IB programs make them) names a
+/// peer on this host: the address of the PD's own device, where that
+/// device's datagram QPs are bound (for `softrdma_lo`, loopback).
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     guard_ptr(|| {
         // SAFETY: the application's attributes or NULL.
@@ -1381,7 +1432,9 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         let ip = if a.is_global != 0 {
             ip_of_gid(&a.grh.dgid).ok_or(libc::EINVAL)?
         } else {
-            IpAddr::V4(Ipv4Addr::LOCALHOST)
+            // SAFETY: the application's PD or NULL.
+            let p = unsafe { pd_from_raw(pd) }.ok_or(libc::EINVAL)?;
+            ctx_of(p.pd.context)?.dev.ip
         };
         // SAFETY: the application's PD or NULL (EINVAL).
         unsafe { create_ah(pd, ip, None) }

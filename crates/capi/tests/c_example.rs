@@ -110,3 +110,16 @@ fn busy_pd_cq_srq_refuse_to_go() {
         ],
     );
 }
+
+#[test]
+fn cq_event_wait_and_signals() {
+    compile_and_run(
+        "tests/c/cq_event_signal.c",
+        &[
+            "cq_event_signal: EINTR without SA_RESTART",
+            "cq_event_signal: SA_RESTART waits for the event",
+            "cq_event_signal: UD to a LID-only AH arrives",
+            "cq_event_signal: OK",
+        ],
+    );
+}

@@ -236,6 +236,18 @@ impl CompChannel {
         }
     }
 
+    /// The id of the next CQ that fired, waiting for ever unless a signal
+    /// arrives first: then an [`std::io::ErrorKind::Interrupted`] error
+    /// (what `ibv_get_cq_event` reports as `EINTR`).
+    pub fn get_event_interruptible(&self) -> std::io::Result<u64> {
+        loop {
+            if let Some(c) = self.try_get_event() {
+                return Ok(c);
+            }
+            self.efd.wait_interruptible(None)?;
+        }
+    }
+
     /// The id of the next CQ that fired, without waiting.
     pub fn try_get_event(&self) -> Option<u64> {
         let mut q = self.fired.lock().unwrap_or_else(|p| p.into_inner());
@@ -585,6 +597,12 @@ impl Cq {
         if !batch.is_empty() {
             self.push_batch(batch);
         }
+    }
+
+    /// Adds completions that a layer above the engine held back and now
+    /// hands over, firing the channel of an armed CQ as a QP's would.
+    pub fn inject(&self, batch: &[Completion]) {
+        self.push(batch);
     }
 
     fn push_batch(&self, batch: &[Completion]) {

@@ -160,10 +160,23 @@ impl Registry {
     /// is read-locked for the duration, so regions cannot be deregistered
     /// while the view exists.
     pub fn with_view<R>(&self, pd: u32, f: impl FnOnce(&mut View<'_>) -> R) -> R {
+        self.with_qp_view(pd, REMOTE_RIGHTS, f)
+    }
+
+    /// [`Registry::with_view`] for a QP that grants only the remote rights
+    /// in `qp_rights`: a peer's access needs its right both in the region
+    /// and here (verbs checks the QP's access flags and the MR's).
+    pub fn with_qp_view<R>(
+        &self,
+        pd: u32,
+        qp_rights: Access,
+        f: impl FnOnce(&mut View<'_>) -> R,
+    ) -> R {
         let t = self.table.read().unwrap_or_else(|e| e.into_inner());
         let mut v = View {
             table: &t,
             pd,
+            qp_rights,
             invalidations: [0; 4],
             n_inval: 0,
         };
@@ -204,11 +217,17 @@ impl Registry {
     }
 }
 
+/// Every remote right: what a view grants when no QP narrows it.
+pub const REMOTE_RIGHTS: Access =
+    Access(Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0 | Access::REMOTE_ATOMIC.0);
+
 /// A [`Memory`] view of one protection domain, valid while the registry is
 /// read-locked. Invalidations are recorded and applied when the view ends.
 pub struct View<'t> {
     table: &'t Table,
     pd: u32,
+    /// The remote rights of the QP this view serves.
+    qp_rights: Access,
     invalidations: [u32; 4],
     n_inval: usize,
 }
@@ -234,7 +253,8 @@ impl View<'_> {
     /// after every check.
     fn resolve(&self, stag: u32, addr: u64, len: u64, need: Access) -> Result<*mut u8, MemError> {
         let r = self.lookup(stag)?;
-        if !r.access.contains(need) {
+        let remote = Access(need.0 & REMOTE_RIGHTS.0);
+        if !r.access.contains(need) || !self.qp_rights.contains(remote) {
             return Err(MemError::AccessRights);
         }
         let off = addr.checked_sub(r.iova).ok_or(MemError::BaseBounds)?;
@@ -382,6 +402,37 @@ mod tests {
             unsafe { reg.register(buf.as_mut_ptr(), 1, 0, Access::REMOTE_WRITE, 7) },
             Err(RegError::BadAccess)
         );
+    }
+
+    #[test]
+    fn a_qp_view_needs_the_qp_right_too() {
+        let reg = Registry::new();
+        let mut buf = vec![0u8; 16];
+        let all = Access::LOCAL_WRITE | REMOTE_RIGHTS;
+        // SAFETY: `buf` outlives the registration (the registry is dropped first).
+        let s = unsafe { reg.register(buf.as_mut_ptr(), 16, 0, all, 0) }.unwrap();
+        // The QP grants remote write and read, not atomics.
+        let rw = Access::REMOTE_WRITE | Access::REMOTE_READ;
+        reg.with_qp_view(0, rw, |v| {
+            assert_eq!(
+                v.remote_atomic(s, 8, AtomicOp::FetchAdd(1)),
+                Err(MemError::AccessRights)
+            );
+            v.remote_write(s, 0, &[7]).unwrap();
+            assert_eq!(v.remote_read(s, 0, 1).map(|d| d[0]), Ok(7));
+            // Local access does not depend on the QP's remote rights.
+            v.local_write(s, 1, &[9]).unwrap();
+        });
+        reg.with_qp_view(0, Access(0), |v| {
+            assert_eq!(v.remote_write(s, 0, &[1]), Err(MemError::AccessRights));
+            assert_eq!(v.remote_read(s, 0, 1).err(), Some(MemError::AccessRights));
+            assert_eq!(v.local_read(s, 1, 1).map(|d| d[0]), Ok(9));
+        });
+        reg.with_view(0, |v| {
+            assert_eq!(v.remote_atomic(s, 8, AtomicOp::FetchAdd(1)), Ok(0));
+        });
+        drop(reg);
+        assert_eq!(buf[0], 7);
     }
 
     #[test]

@@ -39,10 +39,11 @@
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
+use softrdma_proto::memory::Access;
 use softrdma_proto::rc::{
     CqKind, DirectRx, PostError, RcConfig, RcEvent, RcQp, RcState, RecvQueue,
 };
@@ -50,7 +51,7 @@ use softrdma_proto::wr::{RecvWr, SendWr, MAX_SGE};
 use softrdma_wire::rdmap::{Layer, TerminateCause};
 
 use crate::cq::{AsyncEvent, Completion, Cq, Direct};
-use crate::mr::View;
+use crate::mr::{View, REMOTE_RIGHTS};
 use crate::progress::Parking;
 use crate::srq::Srq;
 use crate::sys::{self, NoSigPipe};
@@ -162,6 +163,8 @@ pub struct QpShared {
     park: Parking,
     /// Raises no QP async events ([`Qp::set_internal`]).
     internal: AtomicBool,
+    /// The remote rights the QP grants ([`Qp::set_remote_access`]).
+    remote_access: AtomicU32,
     core: Mutex<QpCore>,
 }
 
@@ -308,6 +311,7 @@ impl Qp {
             bound: OnceLock::new(),
             park: Parking::default(),
             internal: AtomicBool::new(false),
+            remote_access: AtomicU32::new(REMOTE_RIGHTS.0),
             core: Mutex::new(QpCore {
                 link: None,
                 early_rq: RecvQueue::new(caps.max_recv_wr),
@@ -388,6 +392,17 @@ impl Qp {
         self.inner.internal.store(true, Ordering::Relaxed);
     }
 
+    /// Sets the remote operations the QP accepts (the `IBV_ACCESS_REMOTE_*`
+    /// bits of `ibv_modify_qp`'s `qp_access_flags`; other bits are
+    /// ignored). A peer's RDMA Write, RDMA Read or atomic needs its right
+    /// here as well as in the memory region, as in verbs; a QP accepts all
+    /// three until this is called.
+    pub fn set_remote_access(&self, flags: u32) {
+        self.inner
+            .remote_access
+            .store(flags & REMOTE_RIGHTS.0, Ordering::Relaxed);
+    }
+
     /// The transport state.
     pub fn link_state(&self) -> QpLinkState {
         let c = self.inner.lock();
@@ -444,9 +459,13 @@ impl Qp {
             let pd = self.inner.pd;
             let rc = &mut link.rc;
             let sock = &mut link.sock;
-            let res = self.inner.shared.registry.with_view(pd, |v| {
-                rc.post_send_and_transmit(wr, v, &mut NoSigPipe(sock))
-            })?;
+            let res =
+                self.inner
+                    .shared
+                    .registry
+                    .with_qp_view(pd, self.inner.remote_rights(), |v| {
+                        rc.post_send_and_transmit(wr, v, &mut NoSigPipe(sock))
+                    })?;
             self.inner.transmitted(link, res);
         }
         self.inner.flush(c);
@@ -587,6 +606,11 @@ impl Qp {
 }
 
 impl QpShared {
+    /// The remote rights the QP grants ([`Qp::set_remote_access`]).
+    fn remote_rights(&self) -> Access {
+        Access(self.remote_access.load(Ordering::Relaxed))
+    }
+
     /// The SRQ receives come from: the one of creation, or the one bound
     /// later ([`Qp::bind_receive`]).
     fn srq_ref(&self) -> Option<&Arc<Srq>> {
@@ -628,7 +652,9 @@ impl QpShared {
         let res = self
             .shared
             .registry
-            .with_view(pd, |v| rc.poll_transmit(v, &mut NoSigPipe(sock)));
+            .with_qp_view(pd, self.remote_rights(), |v| {
+                rc.poll_transmit(v, &mut NoSigPipe(sock))
+            });
         self.transmitted(link, res);
     }
 
@@ -697,7 +723,9 @@ impl QpShared {
                     let r = self
                         .shared
                         .registry
-                        .with_view(pd, |v| read_direct(fd, v, &d, &mut rxbuf[..tail], rc));
+                        .with_qp_view(pd, self.remote_rights(), |v| {
+                            read_direct(fd, v, &d, &mut rxbuf[..tail], rc)
+                        });
                     match r {
                         Some(r) => {
                             used = Some(d);
@@ -773,12 +801,14 @@ impl QpShared {
                         let mut q = srq.lock();
                         self.shared
                             .registry
-                            .with_view(pd, |v| rc.rx_stash_filled_with_srq(stashed, v, &mut q))
+                            .with_qp_view(pd, self.remote_rights(), |v| {
+                                rc.rx_stash_filled_with_srq(stashed, v, &mut q)
+                            })
                     }
                     None => self
                         .shared
                         .registry
-                        .with_view(pd, |v| rc.rx_stash_filled(stashed, v)),
+                        .with_qp_view(pd, self.remote_rights(), |v| rc.rx_stash_filled(stashed, v)),
                 };
                 debug_assert!(ok, "rx_stash_space offered the room");
             }
@@ -792,12 +822,14 @@ impl QpShared {
                         let mut q = srq.lock();
                         self.shared
                             .registry
-                            .with_view(pd, |v| rc.handle_bytes_with_srq(data, v, &mut q));
+                            .with_qp_view(pd, self.remote_rights(), |v| {
+                                rc.handle_bytes_with_srq(data, v, &mut q)
+                            });
                     }
                     None => self
                         .shared
                         .registry
-                        .with_view(pd, |v| rc.handle_bytes(data, v)),
+                        .with_qp_view(pd, self.remote_rights(), |v| rc.handle_bytes(data, v)),
                 }
                 // Keep reading header-sized pieces only while they lead to
                 // direct placement: the run ends after a few FPDUs in a

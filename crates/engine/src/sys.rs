@@ -452,12 +452,26 @@ impl EventFd {
     /// Blocks until the counter is non-zero (or `timeout` passes; `None`
     /// waits for ever), then clears it. Returns false on timeout.
     pub fn wait(&self, timeout: Option<std::time::Duration>) -> bool {
+        loop {
+            match self.wait_interruptible(timeout) {
+                Ok(got) => return got,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// Like [`EventFd::wait`], but a signal delivered while waiting ends
+    /// the wait with an [`io::ErrorKind::Interrupted`] error (as a blocking
+    /// `read(2)` on the descriptor would for a handler installed without
+    /// `SA_RESTART`). `Ok(false)` on timeout.
+    pub fn wait_interruptible(&self, timeout: Option<std::time::Duration>) -> io::Result<bool> {
         let ms = timeout
             .map(|d| d.as_millis().min(i32::MAX as u128) as i32)
             .unwrap_or(-1);
         loop {
             if self.drain() > 0 {
-                return true;
+                return Ok(true);
             }
             let mut p = libc::pollfd {
                 fd: self.fd.as_raw_fd(),
@@ -467,10 +481,10 @@ impl EventFd {
             // SAFETY: one live pollfd.
             let r = unsafe { libc::poll(&mut p, 1, ms) };
             if r == 0 {
-                return false;
+                return Ok(false);
             }
-            if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                return false;
+            if r < 0 {
+                return Err(io::Error::last_os_error());
             }
         }
     }

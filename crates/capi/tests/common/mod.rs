@@ -86,7 +86,7 @@ pub fn need(prog: &str) {
         .unwrap_or(false);
     assert!(
         found,
-        "{prog} is not installed: run scripts/install-test-deps.sh (ibverbs-utils, rdmacm-utils, perftest)"
+        "{prog} is not installed: run scripts/install-test-deps.sh (ibverbs-utils, rdmacm-utils, perftest, qperf)"
     );
 }
 
