@@ -629,7 +629,7 @@ pub unsafe extern "C" fn softrdma_rdma_set_option(
 /// `rdma_migrate_id`.
 ///
 /// # Safety
-/// `id` and `ch` live.
+/// `id` live; `ch` NULL or live.
 pub unsafe extern "C" fn softrdma_rdma_migrate_id(
     id: *mut rdma_cm_id,
     ch: *mut rdma_event_channel,

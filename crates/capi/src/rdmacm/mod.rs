@@ -1381,13 +1381,26 @@ pub fn init_qp_attr(obj: &IdObj, attr: &mut ibv_qp_attr) -> Res<c_int> {
 }
 
 /// `rdma_migrate_id`: later events of the id go to `chan`; events already
-/// queued for it follow it.
+/// queued for it follow it. As rdma_migrate_id(3): a NULL `chan` makes
+/// the id synchronous (on a channel of its own; `EINVAL` if it already
+/// is), and a synchronous id moved to an application's channel is
+/// asynchronous from then on (its held event is freed, its own channel
+/// closed).
 ///
 /// # Safety
-/// `chan` is a live channel.
+/// `chan` is NULL or a live channel.
 pub unsafe fn migrate(obj: &mut IdObj, chan: *mut ChanObj) -> Res<()> {
-    // SAFETY: contract.
-    let c = unsafe { chan.as_ref() }.ok_or(libc::EINVAL)?;
+    let was_sync = obj.sync();
+    let (chan, made) = if chan.is_null() {
+        if was_sync {
+            return Err(libc::EINVAL);
+        }
+        (create_channel()?, true)
+    } else {
+        (chan, false)
+    };
+    // SAFETY: contract, or just created.
+    let c = unsafe { &*chan };
     let old = obj.chan();
     c.shared.adopt(&old);
     *lock(&obj.chan) = c.shared.clone();
@@ -1402,6 +1415,21 @@ pub unsafe fn migrate(obj: &mut IdObj, chan: *mut ChanObj) -> Res<()> {
     };
     for p in mine {
         c.shared.push(p);
+    }
+    if was_sync {
+        if let Some(h) = lock(&obj.st).held.take() {
+            obj.id.event = std::ptr::null_mut();
+            // SAFETY: an event we allocated and held.
+            unsafe { free_event(h as *mut rdma_cm_event) };
+        }
+        // The old channel lives on while adopted (its engine events are
+        // pumped by the new one); only the application-facing object goes.
+        // SAFETY: the channel create_id made for this id, dropped once.
+        drop(unsafe { Box::from_raw(obj.own_chan) });
+        obj.own_chan = std::ptr::null_mut();
+    }
+    if made {
+        obj.own_chan = chan;
     }
     Ok(())
 }
