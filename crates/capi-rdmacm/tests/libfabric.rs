@@ -138,16 +138,18 @@ fn pingpong(provider: &str, ep: &str, addr: &str) {
     let (sd, cd) = pair("fi_pingpong", &server, &client, port);
     for (who, d) in [("server", &sd), ("client", &cd)] {
         let what = format!("fi_pingpong -p {provider} -e {ep} {who} ({addr})");
-        d.assert_ok(&what, &["bytes", "iters"]);
-        let sizes: Vec<&str> = d
+        d.assert_ok(&what, &["bytes", "#sent", "#ack"]);
+        // Rows: size, sent, "=acked", ...; every message acknowledged.
+        let rows: Vec<Vec<&str>> = d
             .stdout
             .lines()
-            .filter_map(|l| l.split_whitespace().next())
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .filter(|c| c.len() > 2 && c[2].strip_prefix('=') == Some(c[1]))
             .collect();
         for want in ["64", "256", "1k", "4k", "64k", "1m"] {
             assert!(
-                sizes.contains(&want),
-                "{what}: no result row for {want}:\n{}",
+                rows.iter().any(|c| c[0] == want),
+                "{what}: no complete result row for {want}:\n{}",
                 d.stdout
             );
         }
