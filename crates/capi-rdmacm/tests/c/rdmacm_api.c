@@ -70,9 +70,15 @@ static void passive_cm(struct rdma_event_channel *ch, enum rdma_port_space ps, i
 	CHECK(rdma_listen(l, 4) == 0, "listen");
 	CHECK(rdma_get_src_port(l) == htons(p), "src port %u", ntohs(rdma_get_src_port(l)));
 	OK("listening, rdma_get_src_port");
+	CHECK(!l->verbs, "a listener bound to loopback has no device");
 	e = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
 	id = e->id;
 	CHECK(e->listen_id == l, "listen_id");
+	{
+		struct ibv_context **devs = rdma_get_devices(NULL);
+		CHECK(devs && id->verbs == devs[0], "loopback request on the first device");
+		rdma_free_devices(devs);
+	}
 	CHECK(e->param.conn.private_data_len >= 5 &&
 	      memcmp(e->param.conn.private_data, "hello", 5) == 0, "request private data");
 	OK("connect request carries the initiator's private data");
@@ -346,7 +352,49 @@ int main(int argc, char **argv)
 	CHECK(rdma_getaddrinfo("127.0.0.1", "7174", &hints, &res) == 0, "getaddrinfo active");
 	CHECK(res->ai_dst_addr && !res->ai_src_addr && res->ai_qp_type == IBV_QPT_UD, "active result");
 	rdma_freeaddrinfo(res);
-	CHECK(rdma_getaddrinfo("not-an-address", "1", &hints, &res) != 0, "bad numeric host");
+	CHECK(rdma_getaddrinfo("not-an-address", "1", &hints, &res) == -1, "bad numeric host");
+	/* Neither node nor service: the result comes from the hints. */
+	struct sockaddr_in hs = addr(0), hd = addr(7174);
+	memset(&hints, 0, sizeof hints);
+	hints.ai_family = AF_INET;
+	hints.ai_qp_type = IBV_QPT_RC;
+	hints.ai_port_space = RDMA_PS_TCP;
+	hints.ai_src_addr = (struct sockaddr *)&hs;
+	hints.ai_src_len = sizeof hs;
+	hints.ai_dst_addr = (struct sockaddr *)&hd;
+	hints.ai_dst_len = sizeof hd;
+	CHECK(rdma_getaddrinfo(NULL, NULL, &hints, &res) == 0, "getaddrinfo from hints");
+	CHECK(res->ai_family == AF_INET && res->ai_qp_type == IBV_QPT_RC &&
+	      res->ai_port_space == RDMA_PS_TCP && !(res->ai_flags & RAI_PASSIVE) &&
+	      res->ai_src_len == sizeof hs && res->ai_dst_len == sizeof hd &&
+	      memcmp(res->ai_src_addr, &hs, sizeof hs) == 0 &&
+	      memcmp(res->ai_dst_addr, &hd, sizeof hd) == 0, "result from hints");
+	rdma_freeaddrinfo(res);
+	CHECK(rdma_getaddrinfo(NULL, NULL, NULL, &res) == -1 && errno == EINVAL, "no input");
+	/* An active lookup without a source takes the hints' one. */
+	memset(&hints, 0, sizeof hints);
+	hints.ai_flags = RAI_NUMERICHOST;
+	hints.ai_src_addr = (struct sockaddr *)&hs;
+	hints.ai_src_len = sizeof hs;
+	CHECK(rdma_getaddrinfo("127.0.0.1", "7174", &hints, &res) == 0, "getaddrinfo with source");
+	CHECK(res->ai_dst_addr && res->ai_src_len == sizeof hs &&
+	      res->ai_qp_type == IBV_QPT_RC && res->ai_port_space == RDMA_PS_TCP,
+	      "active result with the hints' source");
+	rdma_freeaddrinfo(res);
+	/* Loopback binds no device (as the wildcard); resolving toward it
+	 * attaches the first device, the same one on both ends. */
+	struct rdma_cm_id *lb;
+	struct ibv_context **devs = rdma_get_devices(NULL);
+	CHECK(devs && devs[0], "rdma_get_devices");
+	CHECK(rdma_create_id(NULL, &lb, NULL, RDMA_PS_TCP) == 0, "create_id");
+	CHECK(rdma_bind_addr(lb, (struct sockaddr *)&hs) == 0 && !lb->verbs, "bind loopback: no device");
+	rdma_destroy_id(lb);
+	CHECK(rdma_create_id(NULL, &lb, NULL, RDMA_PS_TCP) == 0, "create_id");
+	CHECK(rdma_resolve_addr(lb, NULL, (struct sockaddr *)&hd, 2000) == 0, "resolve loopback");
+	CHECK(lb->verbs == devs[0], "loopback resolves to the first device (%s, first %s)",
+	      ibv_get_device_name(lb->verbs->device), ibv_get_device_name(devs[0]->device));
+	rdma_destroy_id(lb);
+	rdma_free_devices(devs);
 	struct rdma_event_channel *ch = rdma_create_event_channel();
 	CHECK(ch, "channel");
 	CHECK(fcntl(ch->fd, F_SETFL, O_NONBLOCK) == 0, "channel O_NONBLOCK");
@@ -356,7 +404,7 @@ int main(int argc, char **argv)
 	struct rdma_cm_id *bad;
 	CHECK(rdma_create_id(NULL, &bad, NULL, (enum rdma_port_space)0x7777) == -1 && errno == EINVAL,
 	      "unknown port space");
-	OK("event names, rdma_getaddrinfo, non-blocking channel, bad port space");
+	OK("event names, rdma_getaddrinfo, loopback devices, non-blocking channel, bad port space");
 	int f = rsocket(AF_INET, SOCK_STREAM, 0);
 	struct pollfd fp = { .fd = f, .events = POLLIN };
 	CHECK(f >= 0 && rpoll(&fp, 1, 5000) == 1 && (fp.revents & POLLHUP), "fresh rsocket");

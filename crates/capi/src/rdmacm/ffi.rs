@@ -387,10 +387,10 @@ pub extern "C" fn softrdma_rdma_event_str(event: c_int) -> *const c_char {
     })
 }
 
-/// `rdma_getaddrinfo`.
+/// `rdma_getaddrinfo`: 0, or -1 with `errno` ([`addrinfo`]).
 ///
 /// # Safety
-/// As getaddrinfo(3).
+/// As rdma_getaddrinfo(3).
 pub unsafe extern "C" fn softrdma_rdma_getaddrinfo(
     node: *const c_char,
     service: *const c_char,
@@ -398,9 +398,7 @@ pub unsafe extern "C" fn softrdma_rdma_getaddrinfo(
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
     // SAFETY: contract.
-    guard(libc::EAI_SYSTEM, || unsafe {
-        addrinfo::getaddrinfo(node, service, hints, res)
-    })
+    guard_neg(|| ok(unsafe { addrinfo::getaddrinfo(node, service, hints, res) }))
 }
 
 /// `rdma_freeaddrinfo`.
@@ -631,7 +629,7 @@ pub unsafe extern "C" fn softrdma_rdma_set_option(
 /// `rdma_migrate_id`.
 ///
 /// # Safety
-/// `id` and `ch` live.
+/// `id` live; `ch` NULL or live.
 pub unsafe extern "C" fn softrdma_rdma_migrate_id(
     id: *mut rdma_cm_id,
     ch: *mut rdma_event_channel,

@@ -33,10 +33,19 @@
 //! (`rdma_create_ep`, `rdma_get_request`): each call waits for its own
 //! event, which stays readable through `id->event` until the next call.
 //!
+//! # Addresses and devices
+//!
 //! Address and route resolution complete at once (there is no ARP or
 //! path query to wait for): the local address is the one the kernel's
 //! routing picks toward the destination, and its device is this
-//! library's device for that address.
+//! library's device for that address. Loopback addresses follow the
+//! kernel's rdma_cm: binding to one (like the wildcard) attaches no
+//! device, and resolving toward one (or toward the wildcard) attaches the
+//! first device with an active port, which is the first non-loopback
+//! device when there is one; a connection request arriving over loopback
+//! is on that device too. Applications that keep only devices with a
+//! non-loopback interface (libfabric's verbs provider) thus find
+//! `id->verbs` among them for loopback traffic as well.
 
 pub mod addrinfo;
 pub mod ffi;
@@ -434,9 +443,10 @@ impl IdObj {
         !self.own_chan.is_null()
     }
 
-    /// Records the local address and picks the device for it.
+    /// Records the local address and picks the device for it
+    /// ([`cm_device`]).
     fn set_src(&mut self, a: SocketAddr) -> Res<()> {
-        let dev = crate::device::device_for_ip(a.ip()).ok_or(libc::EADDRNOTAVAIL)?;
+        let dev = cm_device(a.ip()).ok_or(libc::EADDRNOTAVAIL)?;
         self.id.verbs = objects::device_context(dev)?;
         self.id.port_num = 1;
         write_storage(&mut self.id.route.addr.src_addr, &a);
@@ -765,7 +775,34 @@ fn emit(obj: &mut IdObj, event: i32, status: i32, param: Param, private_data: Ve
 // Addresses
 // ----------------------------------------------------------------------
 
-/// `rdma_bind_addr`.
+/// Whether rdma_cm treats `ip` as "any address" for device purposes: the
+/// wildcard and the loopback addresses (no RDMA device runs on the
+/// loopback interface as such; the kernel's rdma_cm has the same rule).
+fn any_addr(ip: IpAddr) -> bool {
+    let ip = ip.to_canonical();
+    ip.is_unspecified() || ip.is_loopback()
+}
+
+/// The device rdma_cm attaches to an id whose local address is `ip`: the
+/// device of the interface with that address; for a loopback (or
+/// wildcard) address, the first device with an active port (all of ours
+/// are), which is the first non-loopback device when there is one, as
+/// the kernel's rdma_cm binds loopback traffic to the first active
+/// device. The peer of a loopback connection gets the same device, so
+/// both ends of it name one device.
+fn cm_device(ip: IpAddr) -> Option<&'static crate::device::DevObj> {
+    if any_addr(ip) {
+        return crate::device::devices().first();
+    }
+    crate::device::device_for_ip(ip)
+}
+
+/// `rdma_bind_addr`. A wildcard or loopback address binds no device
+/// (`id->verbs` stays NULL until a connection request or address
+/// resolution picks one), as rdma_bind_addr(3) documents for the
+/// wildcard and the kernel's rdma_cm does for loopback; any other address
+/// binds the device of the interface that has it (`EADDRNOTAVAIL` when
+/// none has).
 pub fn bind_addr(obj: &mut IdObj, a: SocketAddr) -> Res<()> {
     if lock(&obj.st).engine.is_some() {
         return Err(libc::EINVAL);
@@ -773,8 +810,7 @@ pub fn bind_addr(obj: &mut IdObj, a: SocketAddr) -> Res<()> {
     if a.ip().to_canonical().is_multicast() {
         return Err(libc::EADDRNOTAVAIL);
     }
-    if a.ip().is_unspecified() {
-        // Bound to every address: no device until a connection arrives.
+    if any_addr(a.ip()) {
         write_storage(&mut obj.id.route.addr.src_addr, &a);
         lock(&obj.st).src = Some(a);
         return Ok(());
@@ -783,13 +819,21 @@ pub fn bind_addr(obj: &mut IdObj, a: SocketAddr) -> Res<()> {
 }
 
 /// `rdma_resolve_addr`: completes at once with `ADDR_RESOLVED` (or
-/// `ADDR_ERROR` if no device has the local address).
+/// `ADDR_ERROR` if no device has the local address). The local address
+/// is the given source, else the bound one, else (a wildcard) the
+/// address the kernel's routing picks toward `dst` (`dst` itself when it
+/// is a loopback address or one of this host's); its device is
+/// [`cm_device`]'s.
 pub fn resolve_addr(obj: &mut IdObj, src: Option<SocketAddr>, dst: SocketAddr) -> Res<()> {
     let bound = lock(&obj.st).src;
     let local = match (src, bound) {
         (Some(s), _) if !s.ip().is_unspecified() => s.ip(),
         (_, Some(s)) if !s.ip().is_unspecified() => s.ip(),
         _ if dst.ip().is_loopback() => dst.ip(),
+        _ if dst.ip().is_unspecified() => match dst {
+            SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            SocketAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        },
         _ => softrdma_engine::ibconn::local_addr_toward(dst.ip())
             .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
     };
@@ -1337,13 +1381,26 @@ pub fn init_qp_attr(obj: &IdObj, attr: &mut ibv_qp_attr) -> Res<c_int> {
 }
 
 /// `rdma_migrate_id`: later events of the id go to `chan`; events already
-/// queued for it follow it.
+/// queued for it follow it. As rdma_migrate_id(3): a NULL `chan` makes
+/// the id synchronous (on a channel of its own; `EINVAL` if it already
+/// is), and a synchronous id moved to an application's channel is
+/// asynchronous from then on (its held event is freed, its own channel
+/// closed).
 ///
 /// # Safety
-/// `chan` is a live channel.
+/// `chan` is NULL or a live channel.
 pub unsafe fn migrate(obj: &mut IdObj, chan: *mut ChanObj) -> Res<()> {
-    // SAFETY: contract.
-    let c = unsafe { chan.as_ref() }.ok_or(libc::EINVAL)?;
+    let was_sync = obj.sync();
+    let (chan, made) = if chan.is_null() {
+        if was_sync {
+            return Err(libc::EINVAL);
+        }
+        (create_channel()?, true)
+    } else {
+        (chan, false)
+    };
+    // SAFETY: contract, or just created.
+    let c = unsafe { &*chan };
     let old = obj.chan();
     c.shared.adopt(&old);
     *lock(&obj.chan) = c.shared.clone();
@@ -1358,6 +1415,21 @@ pub unsafe fn migrate(obj: &mut IdObj, chan: *mut ChanObj) -> Res<()> {
     };
     for p in mine {
         c.shared.push(p);
+    }
+    if was_sync {
+        if let Some(h) = lock(&obj.st).held.take() {
+            obj.id.event = std::ptr::null_mut();
+            // SAFETY: an event we allocated and held.
+            unsafe { free_event(h as *mut rdma_cm_event) };
+        }
+        // The old channel lives on while adopted (its engine events are
+        // pumped by the new one); only the application-facing object goes.
+        // SAFETY: the channel create_id made for this id, dropped once.
+        drop(unsafe { Box::from_raw(obj.own_chan) });
+        obj.own_chan = std::ptr::null_mut();
+    }
+    if made {
+        obj.own_chan = chan;
     }
     Ok(())
 }
