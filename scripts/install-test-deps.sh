@@ -22,6 +22,7 @@ APT_PACKAGES=(
     perftest # softrdma-capi: unmodified ib_{send,write,read}_{lat,bw}, ib_atomic_lat
     libibverbs-dev # softrdma-capi: layout test compiles C against Debian's infiniband/verbs.h
     librdmacm-dev # softrdma-capi: layout test compiles C against Debian's rdma/rdma_cma.h
+    libfabric-bin # softrdma-capi-rdmacm: fi_info / fi_pingpong over libfabric's verbs provider
     qperf # softrdma-capi: unmodified qperf RC/UC/UD/RDMA/atomic tests over our libraries
     pkg-config # scripts/test-install.sh: builds C programs against an installed prefix
     gdb # softrdma-capi: a program killed at its deadline has its threads' stacks printed first
