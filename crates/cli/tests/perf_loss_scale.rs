@@ -101,10 +101,13 @@ fn scale_small_run_reports_every_point() {
         // Live heap per idle peer (mallinfo2): present on glibc; UD and an
         // expired RD peer keep no state, so nothing near a peer's worth of
         // buffers (an RC QP's is ~16 KiB) stays behind per peer at N = 100.
+        // Quiet, UD reads 0 B and RD ~10 B; a loaded machine has been seen
+        // to leave ~1 KiB (RD peers still expiring when the idle period
+        // ends), so the bound is a quarter of an RC QP's buffers.
         let heap = num(l, "per_peer_heap_idle_bytes");
         if n >= 100.0 && matches!(t.as_str(), "ud" | "rd") {
             assert!(
-                heap < 1024.0,
+                heap < 4096.0,
                 "{t}: {heap} B of live heap per idle peer: {l}"
             );
         }
