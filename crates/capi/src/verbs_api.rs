@@ -1182,6 +1182,16 @@ pub unsafe extern "C" fn ibv_modify_qp(
     })
 }
 
+/// Applies `IBV_QP_ACCESS_FLAGS`, when the mask has it, to an RC QP: the
+/// remote operations its peer may perform from now on.
+fn set_access_flags(q: &QpObj, a: &ibv_qp_attr, mask: c_int) {
+    if mask & IBV_QP_ACCESS_FLAGS != 0 {
+        if let QpKind::Rc(rc) = &q.kind {
+            rc.set_remote_access(a.qp_access_flags);
+        }
+    }
+}
+
 /// The state machine behind `ibv_modify_qp`.
 pub fn modify_qp_internal(q: &QpObj, a: &ibv_qp_attr, mask: c_int) -> Result<(), c_int> {
     let from = if mask & IBV_QP_CUR_STATE != 0 {
@@ -1203,7 +1213,9 @@ pub fn modify_qp_internal(q: &QpObj, a: &ibv_qp_attr, mask: c_int) -> Result<(),
         // it through INIT/RTR/RTS with `rdma_init_qp_attr`'s iWARP
         // attributes). The connection is rdma_cm's and already runs: the
         // transition changes nothing (siw ignores it too) and the QP stays
-        // in RTS.
+        // in RTS. Its access flags still take effect (rping moved it to
+        // INIT with none before connecting, and grants them only here).
+        set_access_flags(q, a, mask);
         remember(q, a, mask);
         return Ok(());
     }
@@ -1268,11 +1280,7 @@ pub fn modify_qp_internal(q: &QpObj, a: &ibv_qp_attr, mask: c_int) -> Result<(),
             QpKind::Dgram(_) => {}
         }
     }
-    if mask & IBV_QP_ACCESS_FLAGS != 0 {
-        if let QpKind::Rc(rc) = &q.kind {
-            rc.set_remote_access(a.qp_access_flags);
-        }
-    }
+    set_access_flags(q, a, mask);
     remember(q, a, mask);
     if mask & IBV_QP_STATE != 0 {
         q.set_state(to);
