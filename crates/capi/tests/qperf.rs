@@ -1,7 +1,8 @@
 //! Debian's unmodified `qperf` over softrdma's libibverbs.so.1, through
 //! `softrdma run`: a server and a client process on loopback, every RDMA
 //! test qperf has (XRC aside: Debian's build has none), at message sizes
-//! from 1 octet to 1 MiB, in qperf's default connection mode.
+//! from 1 octet to 1 MiB, in qperf's default connection mode, and the RC
+//! tests that do not stream also over rdma_cm (`-cm1`).
 //!
 //! That mode is IB-style: each side sends its LID, QPN, PSN, rkey and
 //! address over qperf's own TCP socket and moves its QP with
@@ -31,9 +32,15 @@ const SIZES: &[&str] = &["1", "1K", "64K", "1M"];
 /// server; checks that both exit 0, nothing failed, and each run printed
 /// a figure.
 fn qperf(tests: &[&str], sizes: &[&str]) {
+    qperf_with(&[], tests, sizes);
+}
+
+/// [`qperf`] with client options `opts` (e.g. `-cm1`) before the tests.
+fn qperf_with(opts: &[&str], tests: &[&str], sizes: &[&str]) {
     let port = free_port().to_string();
     let server = ["-lp", port.as_str()];
     let mut client = vec!["127.0.0.1", "-lp", port.as_str(), "-t", SECS];
+    client.extend_from_slice(opts);
     let runs = if sizes.is_empty() {
         client.extend_from_slice(tests);
         tests.len()
@@ -123,6 +130,24 @@ fn qperf_rc_atomics() {
     // value returned, with `-m / 8` atomics in flight.
     qperf(&["rc_compare_swap_mr", "rc_fetch_add_mr"], &[]);
     qperf(&["ver_rc_compare_swap", "ver_rc_fetch_add"], &["8", "64K"]);
+}
+
+/// `-cm1`: the RC QPs are connected through rdma_cm (iWARP: TCP + MPA)
+/// instead of IB-style. The server binds its rdma_cm id to port 0 and
+/// sends the client the port `rdma_get_src_port` reports before it
+/// listens, so the bind must choose the port, as the kernel's does.
+#[test]
+fn qperf_rdma_cm() {
+    qperf_with(
+        &["-cm1"],
+        &[
+            "rc_lat",
+            "rc_rdma_write_lat",
+            "rc_rdma_read_lat",
+            "rc_rdma_read_bw",
+        ],
+        &["1", "64K"],
+    );
 }
 
 /// Streaming tests: the sender posts up to 1024 messages ahead, and the
