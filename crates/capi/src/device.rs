@@ -24,6 +24,9 @@ pub const VENDOR_PART_ID: u32 = 1;
 pub const MAX_QP_WR: i32 = 16384;
 /// Most RDMA Reads/atomics in flight per QP, each direction.
 pub const MAX_RD_ATOM: i32 = 16;
+
+/// The most entries a CQ may have (`max_cqe`).
+pub const MAX_CQE: i32 = 1 << 20;
 /// The active MTU reported (`IBV_MTU_4096`): UD messages are segmented, so
 /// this is a message-size promise, not a datagram size.
 pub const ACTIVE_MTU: i32 = IBV_MTU_4096;
@@ -201,7 +204,7 @@ pub fn device_attr(d: &DevObj) -> ibv_device_attr {
         max_sge: softrdma_proto::wr::MAX_SGE as i32,
         max_sge_rd: softrdma_proto::wr::MAX_SGE as i32,
         max_cq: 1 << 16,
-        max_cqe: 1 << 20,
+        max_cqe: MAX_CQE,
         max_mr: (1 << 24) - 2,
         max_pd: 1 << 20,
         max_qp_rd_atom: MAX_RD_ATOM,

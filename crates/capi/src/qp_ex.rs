@@ -460,7 +460,13 @@ pub unsafe extern "C" fn create_cq_ex(
         }
         // SAFETY: the application's context and channel.
         let c = unsafe {
-            crate::verbs_api::create_cq_internal(ctx, a.cqe as c_int, a.cq_context, a.channel)
+            crate::verbs_api::create_cq_internal(
+                ctx,
+                a.cqe.try_into().unwrap_or(-1),
+                a.cq_context,
+                a.channel,
+                a.comp_vector.into(),
+            )
         }?;
         Ok(c as *mut ibv_cq_ex)
     })

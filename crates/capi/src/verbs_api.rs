@@ -677,9 +677,17 @@ pub unsafe fn create_cq_internal(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
+    comp_vector: i64,
 ) -> Result<*mut CqObj, c_int> {
     ctx_of(ctx)?;
-    if !(1..=1 << 20).contains(&cqe) {
+    // ibv_create_cq(3): EINVAL for a cqe outside [1, max_cqe] or a
+    // comp_vector outside [0, num_comp_vectors).
+    if !(1..=device::MAX_CQE).contains(&cqe) {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: `ctx` is one of ours (checked above), live.
+    let vectors = i64::from(unsafe { (*ctx).num_comp_vectors });
+    if !(0..vectors).contains(&comp_vector) {
         return Err(libc::EINVAL);
     }
     // SAFETY: per the contract.
@@ -709,11 +717,12 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     guard_ptr(|| {
         // SAFETY: the application's objects.
-        unsafe { create_cq_internal(ctx, cqe, cq_context, channel) }.map(|p| p as *mut ibv_cq)
+        unsafe { create_cq_internal(ctx, cqe, cq_context, channel, comp_vector.into()) }
+            .map(|p| p as *mut ibv_cq)
     })
 }
 

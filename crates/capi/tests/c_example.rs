@@ -13,6 +13,8 @@
 //!   CQ with a completion channel, one DCI): Send+imm, Write, Read and
 //!   fetch-add as one chain, per-WR destinations, a wrong DC key, bad
 //!   arguments;
+//! * `tests/c/errors.c`: the documented errors of `ibv_create_cq` and
+//!   `ibv_create_cq_ex` (cqe, comp_vector);
 //! * `tests/c/busy.c`: rdma-core's `EBUSY` rules: a PD with an MR, AH,
 //!   SRQ, QP, DCT or DCI, a CQ with a QP, DCT or DCI, an SRQ with a QP or
 //!   DCT cannot go (and stays usable); once its users are destroyed it can.
@@ -62,6 +64,17 @@ fn write_record_example_compiles_and_runs() {
             "write_record: RD QP",
             "3000 octets placed and logged",
             "write_record: OK",
+        ],
+    );
+}
+
+#[test]
+fn create_cq_refuses_bad_cqe_and_comp_vector() {
+    compile_and_run(
+        "tests/c/errors.c",
+        &[
+            "errors: invalid cqe and comp_vector refused with EINVAL",
+            "errors: OK",
         ],
     );
 }
