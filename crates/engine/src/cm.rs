@@ -391,6 +391,32 @@ fn connect_inner<F: FnOnce()>(
     }
 }
 
+/// A TCP port held for a listener to come (`rdma_bind_addr` to port 0,
+/// which chooses the port before `rdma_listen`): a socket bound to it with
+/// `SO_REUSEADDR` that never listens, so no other program can take the
+/// port while [`Listener::bind`] (whose listeners also reuse addresses)
+/// still can. Dropping it lets the port go.
+#[derive(Debug)]
+pub struct PortReservation {
+    /// Held for its descriptor: the bound socket is the reservation.
+    _sock: TcpListener,
+    addr: SocketAddr,
+}
+
+impl PortReservation {
+    /// Holds a port on `addr`'s address (port 0: the kernel chooses one).
+    pub fn new(addr: SocketAddr) -> io::Result<PortReservation> {
+        let sock = crate::sys::bound_tcp_socket(addr)?;
+        let addr = sock.local_addr()?;
+        Ok(PortReservation { _sock: sock, addr })
+    }
+
+    /// The address held, with its port.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
 /// A passive endpoint: a TCP listener for MPA connection requests.
 #[derive(Debug)]
 pub struct Listener {

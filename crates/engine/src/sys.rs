@@ -6,7 +6,7 @@
 //! the call (or fills a socket address for one).
 
 use std::io;
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// The writing side of a TCP stream that never raises SIGPIPE: `sendmsg`
@@ -204,21 +204,8 @@ pub(crate) fn probe_tcp_congestion(name: &str) -> io::Result<()> {
     })
 }
 
-/// A TCP socket connecting to `addr` without blocking (`EINPROGRESS`),
-/// with congestion control `cc` set before its SYN (so the system's
-/// default is never initialised on it: bbr, once initialised, leaves the
-/// kernel's pacing on after a switch).
-pub(crate) fn nb_connect(addr: SocketAddr, cc: Option<&str>) -> io::Result<TcpStream> {
-    let domain = if addr.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    let sock = TcpStream::from(tcp_socket(domain)?);
-    let fd = sock.as_raw_fd();
-    if let Some(cc) = cc {
-        set_tcp_congestion(fd, cc)?;
-    }
+/// `addr` as the kernel takes it: a sockaddr_storage and its length.
+fn sockaddr_of(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: all-zero octets are a valid sockaddr_storage.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let len = match addr {
@@ -250,14 +237,54 @@ pub(crate) fn nb_connect(addr: SocketAddr, cc: Option<&str>) -> io::Result<TcpSt
             std::mem::size_of::<libc::sockaddr_in6>()
         }
     };
-    // SAFETY: `ss` holds a sockaddr of `len` octets of `fd`'s family.
-    let r = unsafe {
-        libc::connect(
-            fd,
-            (&ss as *const libc::sockaddr_storage).cast(),
-            len as libc::socklen_t,
-        )
+    (ss, len as libc::socklen_t)
+}
+
+/// A TCP socket bound to `addr` with `SO_REUSEADDR`, not listening: it
+/// holds the port (port 0: one the kernel chooses) against other programs,
+/// while a listener of ours with `SO_REUSEADDR` may still bind it.
+pub(crate) fn bound_tcp_socket(addr: SocketAddr) -> io::Result<TcpListener> {
+    let domain = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
     };
+    let sock = tcp_socket(domain)?;
+    crate::udp::set_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+    let (ss, len) = sockaddr_of(addr);
+    // SAFETY: `ss` holds a sockaddr of `len` octets of the socket's family.
+    if unsafe {
+        libc::bind(
+            sock.as_raw_fd(),
+            (&ss as *const libc::sockaddr_storage).cast(),
+            len,
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // Never listened on: the std type only serves `local_addr`.
+    Ok(TcpListener::from(sock))
+}
+
+/// A TCP socket connecting to `addr` without blocking (`EINPROGRESS`),
+/// with congestion control `cc` set before its SYN (so the system's
+/// default is never initialised on it: bbr, once initialised, leaves the
+/// kernel's pacing on after a switch).
+pub(crate) fn nb_connect(addr: SocketAddr, cc: Option<&str>) -> io::Result<TcpStream> {
+    let domain = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    let sock = TcpStream::from(tcp_socket(domain)?);
+    let fd = sock.as_raw_fd();
+    if let Some(cc) = cc {
+        set_tcp_congestion(fd, cc)?;
+    }
+    let (ss, len) = sockaddr_of(addr);
+    // SAFETY: `ss` holds a sockaddr of `len` octets of `fd`'s family.
+    let r = unsafe { libc::connect(fd, (&ss as *const libc::sockaddr_storage).cast(), len) };
     if r < 0 {
         let e = io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EINPROGRESS) {

@@ -300,7 +300,7 @@ pub(crate) struct IdSt {
     pub ud_listener: Option<sidr::Listener>,
     /// The port `rdma_bind_addr` chose for a port-0 bind, held by a bound
     /// (not listening) socket until `rdma_listen` opens the listener on it.
-    pub reserved: Option<std::os::fd::OwnedFd>,
+    pub reserved: Option<softrdma_engine::cm::PortReservation>,
     /// UD: the SIDR request this (child) id holds.
     pub ud_request: Option<std::net::TcpStream>,
     /// Multicast groups joined: (group, the QP was attached).
@@ -819,8 +819,9 @@ pub fn bind_addr(obj: &mut IdObj, a: SocketAddr) -> Res<()> {
         return Err(libc::EADDRNOTAVAIL);
     }
     let (a, reserved) = if a.port() == 0 {
-        let (fd, port) = reserve_port(a)?;
-        (SocketAddr::new(a.ip(), port), Some(fd))
+        let r = softrdma_engine::cm::PortReservation::new(a)
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EADDRINUSE))?;
+        (r.addr(), Some(r))
     } else {
         (a, None)
     };
@@ -834,76 +835,6 @@ pub fn bind_addr(obj: &mut IdObj, a: SocketAddr) -> Res<()> {
     obj.set_src(a)?;
     lock(&obj.st).reserved = reserved;
     Ok(())
-}
-
-/// Binds a TCP socket to `a` (port 0) with `SO_REUSEADDR` and returns it
-/// with the port the kernel chose. It never listens: the listener that
-/// `rdma_listen` opens later (also with `SO_REUSEADDR`) may bind the same
-/// port while it stays open, and no other program can.
-fn reserve_port(a: SocketAddr) -> Res<(std::os::fd::OwnedFd, u16)> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    let domain = match a {
-        SocketAddr::V4(_) => libc::AF_INET,
-        SocketAddr::V6(_) => libc::AF_INET6,
-    };
-    let errno = || {
-        std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EINVAL)
-    };
-    // SAFETY: no pointers; a new descriptor or -1.
-    let raw = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(errno());
-    }
-    // SAFETY: `raw` was just opened and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let one: libc::c_int = 1;
-    // SAFETY: `one` is a live c_int and its size is passed.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_REUSEADDR,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(errno());
-    }
-    let (ss, len) = crate::rsocket::sockaddr_of(&a);
-    // SAFETY: `ss` is a live sockaddr_storage holding `len` valid octets.
-    if unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&ss as *const libc::sockaddr_storage).cast(),
-            len,
-        )
-    } != 0
-    {
-        return Err(errno());
-    }
-    // SAFETY: all-zero is a valid sockaddr_storage.
-    let mut out: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut out_len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    // SAFETY: `out` is a live sockaddr_storage of `out_len` octets.
-    if unsafe {
-        libc::getsockname(
-            fd.as_raw_fd(),
-            (&mut out as *mut libc::sockaddr_storage).cast(),
-            &mut out_len,
-        )
-    } != 0
-    {
-        return Err(errno());
-    }
-    // sin_port and sin6_port sit at the same offset, in network order.
-    // SAFETY: getsockname wrote a sockaddr_in or sockaddr_in6 of `domain`.
-    let port = u16::from_be(unsafe {
-        (*(&out as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>()).sin_port
-    });
-    Ok((fd, port))
 }
 
 /// `rdma_resolve_addr`: completes at once with `ADDR_RESOLVED` (or
