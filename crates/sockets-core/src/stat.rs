@@ -216,6 +216,45 @@ struct Header {
     rows: AtomicU32,
     pid: AtomicU32,
     overflow: AtomicU32,
+    /// Connections carried over RC so far.
+    rc_conns: AtomicU64,
+    /// Connections (client or server ends) left to the kernel so far.
+    kernel_conns: AtomicU64,
+    /// Octets sent and received over RC so far.
+    rc_tx_bytes: AtomicU64,
+    rc_rx_bytes: AtomicU64,
+}
+
+/// A process's totals since it started (rows come and go with sockets).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Connections carried over RC.
+    pub rc_conns: u64,
+    /// Connection ends left to the kernel.
+    pub kernel_conns: u64,
+    /// Octets the application sent over RC.
+    pub rc_tx_bytes: u64,
+    /// Octets the application received over RC.
+    pub rc_rx_bytes: u64,
+}
+
+impl Totals {
+    /// One line, `key=value` pairs (`SOFTRDMA_SOCKETS_REPORT`).
+    pub fn line(&self, pid: u32) -> String {
+        format!(
+            "pid={pid} rc_conns={} kernel_conns={} rc_tx_bytes={} rc_rx_bytes={}",
+            self.rc_conns, self.kernel_conns, self.rc_tx_bytes, self.rc_rx_bytes
+        )
+    }
+}
+
+fn header_totals(h: &Header) -> Totals {
+    Totals {
+        rc_conns: h.rc_conns.load(Ordering::Relaxed),
+        kernel_conns: h.kernel_conns.load(Ordering::Relaxed),
+        rc_tx_bytes: h.rc_tx_bytes.load(Ordering::Relaxed),
+        rc_rx_bytes: h.rc_rx_bytes.load(Ordering::Relaxed),
+    }
 }
 
 /// A row in shared memory; see the module docs.
@@ -388,11 +427,31 @@ impl Slot {
         self.idx.map(|i| row_at(self.base as *mut u8, i))
     }
 
-    /// Sets the state and the reason.
+    fn header(&self) -> Option<&Header> {
+        // SAFETY: `base` is a live mapping whose header is atomics.
+        self.idx.map(|_| unsafe { &*(self.base as *const Header) })
+    }
+
+    /// Sets the state and the reason. The first move of a client or
+    /// server end to [`State::Rc`] or [`State::Kernel`] counts in the
+    /// process's [`Totals`].
     pub fn set_state(&self, state: State, reason: Reason) {
         if let Some(r) = self.row() {
-            r.state.store(state as u8, Ordering::Relaxed);
+            let old = r.state.swap(state as u8, Ordering::Relaxed);
             r.reason.store(reason as u8, Ordering::Relaxed);
+            let role = r.role.load(Ordering::Relaxed);
+            let end = role == Role::Client as u8 || role == Role::Server as u8;
+            if let (Some(h), true) = (self.header(), end && old != state as u8) {
+                match state {
+                    State::Rc => {
+                        h.rc_conns.fetch_add(1, Ordering::Relaxed);
+                    }
+                    State::Kernel if old != State::Rc as u8 => {
+                        h.kernel_conns.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {}
+                }
+            }
         }
     }
 
@@ -433,6 +492,9 @@ impl Slot {
             r.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
             r.tx_msgs.fetch_add(msgs, Ordering::Relaxed);
         }
+        if let Some(h) = self.header() {
+            h.rc_tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        }
     }
 
     /// Counts `bytes` received in `msgs` messages.
@@ -440,6 +502,9 @@ impl Slot {
         if let Some(r) = self.row() {
             r.rx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
             r.rx_msgs.fetch_add(msgs, Ordering::Relaxed);
+        }
+        if let Some(h) = self.header() {
+            h.rc_rx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         }
     }
 
@@ -495,10 +560,10 @@ fn decode(r: &RawRow) -> Option<Row> {
     })
 }
 
-/// The live rows of process `pid`'s table, by descriptor. `NotFound` if
+/// Process `pid`'s totals and live rows (by descriptor). `NotFound` if
 /// the process keeps none (not interposed, statistics off, or gone — a
 /// file whose process is gone is removed).
-pub fn snapshot(pid: u32) -> io::Result<Vec<Row>> {
+pub fn snapshot(pid: u32) -> io::Result<(Totals, Vec<Row>)> {
     let path = path_of(pid);
     // SAFETY: kill with signal 0 only checks that the process exists.
     let alive = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0
@@ -538,7 +603,7 @@ pub fn snapshot(pid: u32) -> io::Result<Vec<Row>> {
     } else {
         let mut rows: Vec<Row> = (0..ROWS).filter_map(|i| decode(row_at(base, i))).collect();
         rows.sort_by_key(|r| r.fd);
-        Ok(rows)
+        Ok((header_totals(h), rows))
     };
     // SAFETY: unmapping the mapping made above; no reference outlives it
     // (rows were copied into owned values).
@@ -558,10 +623,34 @@ pub fn remove_own() {
     }
 }
 
-/// The rows of this process (`SOFTRDMA_SOCKETS_STATS=exit` prints them).
-pub fn own_rows() -> Vec<Row> {
-    let Some(t) = table() else { return Vec::new() };
-    (0..ROWS).filter_map(|i| decode(row_at(t.base, i))).collect()
+/// This process's totals and live rows.
+pub fn own() -> (Totals, Vec<Row>) {
+    let Some(t) = table() else {
+        return (Totals::default(), Vec::new());
+    };
+    // SAFETY: the header of our own live mapping.
+    let h = unsafe { &*(t.base as *const Header) };
+    (
+        header_totals(h),
+        (0..ROWS).filter_map(|i| decode(row_at(t.base, i))).collect(),
+    )
+}
+
+/// At exit: appends this process's [`Totals::line`] to the file named by
+/// `SOFTRDMA_SOCKETS_REPORT` (if set) and removes the table file.
+pub fn at_exit() {
+    if let Some(path) = std::env::var_os("SOFTRDMA_SOCKETS_REPORT").filter(|p| !p.is_empty()) {
+        let (t, _) = own();
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            use std::io::Write as _;
+            let _ = writeln!(f, "{}", t.line(std::process::id()));
+        }
+    }
+    remove_own();
 }
 
 /// In a forked child: later rows go to a table of the child's own. Rows
