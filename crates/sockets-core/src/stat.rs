@@ -292,8 +292,6 @@ unsafe impl Send for Table {}
 unsafe impl Sync for Table {}
 
 static TABLE: OnceLock<Option<Table>> = OnceLock::new();
-/// The table of a forked child (the parent's file is not the child's).
-
 fn path_of(pid: u32) -> PathBuf {
     crate::registry::dir().join(format!("stat.{pid}"))
 }
