@@ -830,6 +830,7 @@ impl Sock {
         let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
         let want: usize = bufs.iter().map(|b| b.len()).sum();
         let deadline = self.deadline(false);
+        let mut spin: Option<Instant> = None;
         let mut done = 0usize;
         loop {
             let mut inner = self.lock();
@@ -900,11 +901,10 @@ impl Sock {
                             Err(libc::EAGAIN)
                         });
                     }
-                    conn.arm();
-                    if conn.progress() || conn.readable_bytes() > 0 || conn.at_eof() {
+                    if spinning(&mut spin) {
                         continue;
                     }
-                    (conn.wait_fd(), libc::POLLIN)
+                    conn.wait()
                 }
             };
             drop(inner);
@@ -929,9 +929,6 @@ impl Sock {
                     return Out::Done(if done > 0 { Ok(done) } else { Err(e) });
                 }
             }
-            if let Phase::Rc(conn) = &self.lock().phase {
-                conn.clear_event();
-            }
         }
     }
 
@@ -946,6 +943,7 @@ impl Sock {
         let nonblock = self.nonblocking() || flags & libc::MSG_DONTWAIT != 0;
         let want: usize = bufs.iter().map(|b| b.len()).sum();
         let deadline = self.deadline(true);
+        let mut spin: Option<Instant> = None;
         let mut done = 0usize;
         loop {
             let mut inner = self.lock();
@@ -1013,11 +1011,10 @@ impl Sock {
                             Err(libc::EAGAIN)
                         });
                     }
-                    conn.arm();
-                    if conn.progress() || conn.writable() {
+                    if spinning(&mut spin) {
                         continue;
                     }
-                    (conn.wait_fd(), libc::POLLIN)
+                    conn.wait()
                 }
             };
             drop(inner);
@@ -1040,9 +1037,6 @@ impl Sock {
                 Err(e) => {
                     return Out::Done(if done > 0 { Ok(done) } else { Err(e) });
                 }
-            }
-            if let Phase::Rc(conn) = &self.lock().phase {
-                conn.clear_event();
             }
         }
     }
@@ -1070,11 +1064,11 @@ impl Sock {
         Out::Done(Ok(()))
     }
 
-    /// Readiness for `poll`/`select`/`epoll`; `Ready::events` is 0 for a
-    /// plain socket (the caller asks the kernel). With `arm` set to the
-    /// caller's interest, the CQ is armed when none of it holds, so that
-    /// [`Ready::wait`] fires on the next completion.
-    pub fn ready(&self, fd: c_int, arm: Option<i16>) -> Ready {
+    /// Readiness for `poll`/`select`/`epoll` after making what progress
+    /// there is; `Ready::events` is 0 for a plain socket (the caller asks
+    /// the kernel). [`Ready::wait`] is what a caller that finds nothing
+    /// waits on (level-triggered: it holds while progress can be made).
+    pub fn ready(&self, fd: c_int) -> Ready {
         if self.is_inherited() {
             return Ready {
                 events: libc::POLLERR | libc::POLLHUP,
@@ -1109,26 +1103,11 @@ impl Sock {
                     self.gen.fetch_add(1, Ordering::Relaxed);
                     ev = rc_events(conn, lowat, shut_rd);
                 }
-                let interest = arm.map(|i| i | libc::POLLERR | libc::POLLHUP);
-                if interest.is_some_and(|i| ev & i == 0) {
-                    conn.arm();
-                    if conn.progress() {
-                        self.gen.fetch_add(1, Ordering::Relaxed);
-                    }
-                    ev = rc_events(conn, lowat, shut_rd);
-                }
                 Ready {
                     events: ev,
-                    wait: Some((conn.wait_fd(), libc::POLLIN)),
+                    wait: Some(conn.wait()),
                 }
             }
-        }
-    }
-
-    /// Clears the wake-up descriptor after a wait (RC).
-    pub fn clear_wait(&self) {
-        if let Phase::Rc(conn) = &self.lock().phase {
-            conn.clear_event();
         }
     }
 
@@ -1195,6 +1174,37 @@ impl Sock {
     /// Records that descriptor `fd` now names the socket (`dup2` targets).
     pub fn set_fd(&self, fd: c_int) {
         self.lock().slot.set_fd(fd);
+    }
+}
+
+/// How long a blocking call polls before it sleeps
+/// (`SOFTRDMA_SOCKETS_SPIN_US`, default 20 µs; 0: sleep at once). While a
+/// caller polls, the answer of a peer that replies within that time
+/// reaches it without waking the progress thread and then this thread.
+pub fn spin_budget() -> Duration {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let us = std::env::var("SOFTRDMA_SOCKETS_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(20);
+        Duration::from_micros(us)
+    })
+}
+
+/// True while a blocking call's spin budget lasts (started on first use).
+fn spinning(until: &mut Option<Instant>) -> bool {
+    let budget = spin_budget();
+    if budget.is_zero() {
+        return false;
+    }
+    let now = Instant::now();
+    let end = *until.get_or_insert(now + budget);
+    if now < end {
+        std::hint::spin_loop();
+        true
+    } else {
+        false
     }
 }
 

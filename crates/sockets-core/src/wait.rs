@@ -5,9 +5,9 @@
 //! end of stream), not its kernel socket's, whose traffic is iWARP. So
 //! the calls ask each carried socket itself ([`Sock::ready`]), the kernel
 //! for the rest, and to block they wait in the kernel on every kernel
-//! descriptor plus each carried socket's wake-up descriptor (its
-//! completion channel, armed first; its kernel socket while the MPA
-//! exchange runs), then ask again.
+//! descriptor plus each carried socket's wake-up descriptor (the
+//! connection's own TCP socket: whatever arrives on it, or room to write
+//! what the QP holds, is progress the next look makes), then ask again.
 //!
 //! An epoll set keeps carried sockets out of the kernel set: they live in
 //! a shadow list ([`EpollSet`]) with the application's events and
@@ -77,41 +77,34 @@ pub fn poll(
     let deadline = deadline_of(timeout_ms);
     loop {
         // Carried sockets now; plain ones (and those that turned plain)
-        // go to the kernel.
+        // go to the kernel, with each carried socket's wake-up
+        // descriptor when there is nothing to report yet.
         let mut kern: Vec<pollfd> = fds.to_vec();
         let mut mine = vec![0i16; fds.len()];
         let mut any = false;
+        let mut extra = Vec::new();
         for (i, s) in &carried {
             if s.is_pass() {
                 continue;
             }
-            let r = s.ready(fds[*i].fd, None);
+            let r = s.ready(fds[*i].fd);
             kern[*i].fd = -1;
             mine[*i] = r.events & (fds[*i].events | ALWAYS);
             any |= mine[*i] != 0;
-        }
-        let timeout = if any { 0 } else { remaining_ms(deadline) };
-        let mut extra = Vec::new();
-        if timeout != 0 {
-            for (i, s) in &carried {
-                if s.is_pass() {
-                    continue;
-                }
-                let r = s.ready(fds[*i].fd, Some(fds[*i].events));
-                mine[*i] = r.events & (fds[*i].events | ALWAYS);
-                any |= mine[*i] != 0;
-                if let Some((fd, ev)) = r.wait {
-                    extra.push(pollfd {
-                        fd,
-                        events: ev,
-                        revents: 0,
-                    });
-                }
+            if let Some((fd, ev)) = r.wait {
+                extra.push(pollfd {
+                    fd,
+                    events: ev,
+                    revents: 0,
+                });
             }
         }
-        let n_kern = kern.len();
+        let timeout = if any { 0 } else { remaining_ms(deadline) };
+        if any {
+            extra.clear();
+        }
         kern.extend(extra);
-        let r = block(&mut kern, if any { 0 } else { timeout });
+        let r = block(&mut kern, timeout);
         if r < 0 {
             return r;
         }
@@ -129,12 +122,6 @@ pub fn poll(
         }
         if count > 0 || timeout == 0 {
             return count;
-        }
-        let woke = kern[n_kern..].iter().any(|p| p.revents != 0);
-        if woke {
-            for (_, s) in &carried {
-                s.clear_wait();
-            }
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return 0;
@@ -403,13 +390,13 @@ impl EpollSet {
     }
 
     /// Reports ready shadowed sockets into `out`; moves sockets that
-    /// turned plain into the kernel set. With `arm`, arms every socket
-    /// and registers its wake-up descriptor in the private set.
-    fn scan(&self, out: &mut [epoll_event], arm: bool) -> usize {
+    /// turned plain into the kernel set. With `register`, brings each
+    /// socket's wake-up descriptor in the private set up to date.
+    fn scan(&self, out: &mut [epoll_event], register: bool) -> usize {
         let mut sh = self.shadow.lock().unwrap_or_else(|e| e.into_inner());
         self.forget_closed(&mut sh);
         let mut n = 0;
-        let q = if arm { self.q() } else { -1 };
+        let q = if register { self.q() } else { -1 };
         let mut i = 0;
         while i < sh.len() {
             if sh[i].sock.is_pass() {
@@ -434,11 +421,8 @@ impl EpollSet {
             if s.disabled {
                 continue;
             }
-            // An edge-triggered entry whose events hold but were reported
-            // waits for the next change: arm whatever holds now.
             let et = s.events & libc::EPOLLET as u32 != 0;
-            let interest = if et { 0 } else { s.events as i16 };
-            let r = s.sock.ready(s.fd, arm.then_some(interest));
+            let r = s.sock.ready(s.fd);
             let gen = s.sock.gen.load(Ordering::Relaxed);
             let mask = (s.events as i16 as i32 | libc::EPOLLERR | libc::EPOLLHUP) as i16;
             let ev = r.events & mask;
@@ -453,10 +437,8 @@ impl EpollSet {
                     s.disabled = true;
                 }
             }
-            if arm && q >= 0 {
-                let want = r
-                    .wait
-                    .map(|(fd, e)| (fd, e as u16 as u32 | libc::EPOLLET as u32));
+            if register && q >= 0 {
+                let want = r.wait.map(|(fd, e)| (fd, e as u16 as u32));
                 if want != s.q_reg {
                     // SAFETY: our own private set and the sockets' own
                     // wake-up descriptors.
@@ -520,8 +502,8 @@ impl EpollSet {
             if n > 0 || timeout_ms == 0 {
                 return n as c_int;
             }
-            // Arm, then look again: a completion between the look and the
-            // arming would otherwise be missed.
+            // Register the wake-up descriptors (level-triggered: one
+            // that holds wakes the wait at once), looking once more.
             let n = self.scan(outs, true);
             if n > 0 {
                 return n as c_int;
@@ -541,13 +523,6 @@ impl EpollSet {
                 let e = errno();
                 set_errno(e);
                 return -1;
-            }
-            for ev in &evs[..r as usize] {
-                if ev.u64 != Q_APP {
-                    if let Some(s) = crate::table::sock(ev.u64 as c_int) {
-                        s.clear_wait();
-                    }
-                }
             }
             if r == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
                 return 0;
