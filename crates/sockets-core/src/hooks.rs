@@ -637,6 +637,21 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
         if let Some(r) = unsafe { set.ctl(op, fd, ev) } {
             return r;
         }
+        // SAFETY: forwarding the caller's arguments.
+        let r = unsafe { (real().epoll_ctl)(epfd, op, fd, ev) };
+        if r == 0 {
+            if let Some(s) = table::sock(fd) {
+                let (events, data) = if ev.is_null() {
+                    (0, 0)
+                } else {
+                    // SAFETY: the caller's event, non-null.
+                    let e = unsafe { std::ptr::read_unaligned(ev) };
+                    (e.events, e.u64)
+                };
+                s.note_kernel_epoll(epfd, op, events, data);
+            }
+        }
+        return r;
     }
     // SAFETY: forwarding the caller's arguments.
     unsafe { (real().epoll_ctl)(epfd, op, fd, ev) }
@@ -815,6 +830,23 @@ pub unsafe fn getsockopt(
     val: *mut c_void,
     len: *mut socklen_t,
 ) -> c_int {
+    if level == SOL_SOFTRDMA {
+        if let Some(_g) = guard::enter() {
+            let Some(s) = table::sock(fd) else {
+                set_errno(libc::ENOPROTOOPT);
+                return -1;
+            };
+            return match name {
+                SOFTRDMA_DDPMODE | SOFTRDMA_TRANSPORT => {
+                    put_int(val, len, c_int::from(s.ddpmode()))
+                }
+                _ => {
+                    set_errno(libc::ENOPROTOOPT);
+                    -1
+                }
+            };
+        }
+    }
     let g = guard::enter();
     if let (Some(_g), Some(s)) = (g, carried(fd)) {
         if level == libc::SOL_SOCKET && name == libc::SO_ERROR && !val.is_null() && !len.is_null() {
@@ -834,9 +866,34 @@ pub unsafe fn getsockopt(
     unsafe { (real().getsockopt)(fd, level, name, val, len) }
 }
 
+/// `SOL_SOFTRDMA` (`softrdma/sockets.h`): softrdma's own socket options.
+pub const SOL_SOFTRDMA: c_int = 0x5352;
+/// `SOFTRDMA_DDPMODE`: set 1 to switch a connected socket to DDP; read:
+/// 1 while the socket's bytes go over RC.
+pub const SOFTRDMA_DDPMODE: c_int = 1;
+/// `SOFTRDMA_TRANSPORT` (read only): 0 kernel, 1 RC.
+pub const SOFTRDMA_TRANSPORT: c_int = 2;
+
+fn put_int(val: *mut c_void, len: *mut socklen_t, v: c_int) -> c_int {
+    if val.is_null() || len.is_null() {
+        set_errno(libc::EFAULT);
+        return -1;
+    }
+    // SAFETY: the caller's buffer and length, checked non-null.
+    unsafe {
+        if (*len as usize) < std::mem::size_of::<c_int>() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        std::ptr::write_unaligned(val as *mut c_int, v);
+        *len = std::mem::size_of::<c_int>() as socklen_t;
+    }
+    0
+}
+
 /// `setsockopt(2)`: every option reaches the kernel socket; softrdma
 /// notes the ones it honours itself (`SO_RCVLOWAT`, `SO_RCVTIMEO`,
-/// `SO_SNDTIMEO`).
+/// `SO_SNDTIMEO`). `SOL_SOFTRDMA` options are softrdma's alone.
 pub unsafe fn setsockopt(
     fd: c_int,
     level: c_int,
@@ -844,6 +901,36 @@ pub unsafe fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
+    if level == SOL_SOFTRDMA {
+        if let Some(_g) = guard::enter() {
+            let Some(s) = table::sock(fd) else {
+                set_errno(libc::ENOPROTOOPT);
+                return -1;
+            };
+            if name != SOFTRDMA_DDPMODE {
+                set_errno(libc::ENOPROTOOPT);
+                return -1;
+            }
+            if val.is_null() || (len as usize) < std::mem::size_of::<c_int>() {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            // SAFETY: the caller's int, checked non-null and long enough.
+            let on = unsafe { std::ptr::read_unaligned(val as *const c_int) } != 0;
+            if !on {
+                // Back to the kernel mid-stream is not offered.
+                set_errno(if s.ddpmode() { libc::EOPNOTSUPP } else { 0 });
+                return if s.ddpmode() { -1 } else { 0 };
+            }
+            return match s.set_ddpmode(fd) {
+                Ok(()) => 0,
+                Err(e) => {
+                    set_errno(e);
+                    -1
+                }
+            };
+        }
+    }
     // SAFETY: forwarding the caller's arguments.
     let r = unsafe { (real().setsockopt)(fd, level, name, val, len) };
     if r == 0 && !val.is_null() {

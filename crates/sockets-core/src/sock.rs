@@ -79,6 +79,9 @@ struct Inner {
     listener: Option<ListenerEntry>,
     client: Option<ClientEntry>,
     shut_rd: bool,
+    role: Role,
+    /// The application switched the socket with `SOFTRDMA_DDPMODE`.
+    ddp: bool,
 }
 
 /// A socket softrdma watches.
@@ -99,6 +102,10 @@ pub struct Sock {
     /// Bumped whenever the socket's readiness may have changed (epoll's
     /// edge-triggered entries report a change once).
     pub gen: AtomicU64,
+    /// The application's epoll sets that hold the socket in the kernel
+    /// (while it is plain): `(epfd, events, data)`. When softrdma takes
+    /// the socket, these move to the sets' shadow lists.
+    kernel_epolls: Mutex<Vec<(c_int, u32, u64)>>,
     inner: Mutex<Inner>,
 }
 
@@ -330,7 +337,7 @@ impl Sock {
     pub fn new(fd: c_int, family: c_int, nonblock: bool) -> Arc<Sock> {
         Arc::new(Sock {
             family,
-            pass: AtomicBool::new(false),
+            pass: AtomicBool::new(true),
             nonblock: AtomicBool::new(nonblock),
             fds: AtomicUsize::new(1),
             inherited: AtomicBool::new(false),
@@ -339,12 +346,15 @@ impl Sock {
             rcvtimeo_us: AtomicU64::new(0),
             sndtimeo_us: AtomicU64::new(0),
             gen: AtomicU64::new(0),
+            kernel_epolls: Mutex::new(Vec::new()),
             inner: Mutex::new(Inner {
                 phase: Phase::Fresh,
                 slot: Slot::new(fd, Kind::Stream),
                 listener: None,
                 client: None,
                 shut_rd: false,
+                role: Role::Unknown,
+                ddp: false,
             }),
         })
     }
@@ -365,6 +375,103 @@ impl Sock {
         inner.slot.set_state(State::Kernel, reason);
         self.pass.store(true, Ordering::Release);
         self.gen.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// softrdma takes the socket (it stops being plain): the kernel epoll
+    /// registrations the application made move to the sets' shadow lists.
+    fn take_over(self: &Arc<Self>, fd: c_int) {
+        self.pass.store(false, Ordering::Release);
+        let regs: Vec<_> =
+            std::mem::take(&mut *self.kernel_epolls.lock().unwrap_or_else(|e| e.into_inner()));
+        for (epfd, events, data) in regs {
+            // SAFETY: removing the application's registration from its set.
+            unsafe { (real().epoll_ctl)(epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+            if let Some(set) = crate::table::epoll(epfd) {
+                set.shadow_add(fd, self.clone(), events, data);
+            }
+        }
+    }
+
+    /// Records the application's kernel epoll registration of this (plain)
+    /// socket: `op` on set `epfd` succeeded with `events`/`data`.
+    pub fn note_kernel_epoll(&self, epfd: c_int, op: c_int, events: u32, data: u64) {
+        let mut v = self.kernel_epolls.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|r| r.0 != epfd);
+        if op != libc::EPOLL_CTL_DEL {
+            v.push((epfd, events, data));
+        }
+    }
+
+    /// `setsockopt(SOL_SOFTRDMA, SOFTRDMA_DDPMODE, 1)`: switches a
+    /// connected plain socket to DDP, running the MPA exchange on the
+    /// connection now (the client end initiates, the server end answers;
+    /// both ends call it at the same point of their streams). Blocks until
+    /// the exchange ends, at most `SO_RCVTIMEO` or 10 s. Errors: `ENOTCONN`
+    /// (not connected), `ETIMEDOUT` (the peer did not switch), `EPROTO`
+    /// (the peer sent other data first; it is left unread),
+    /// `ECONNREFUSED` (the peer refused: its policy), `ENOMEM`.
+    pub fn set_ddpmode(self: &Arc<Self>, fd: c_int) -> Result<(), c_int> {
+        let deadline = Some(
+            self.deadline(false)
+                .unwrap_or_else(|| Instant::now() + MPA_TIMEOUT),
+        );
+        {
+            let mut inner = self.lock();
+            match (&inner.phase, inner.role) {
+                (Phase::Rc(_), _) => return Ok(()),
+                (Phase::Kernel, Role::Client) => {
+                    if peer_addr(fd).is_none() {
+                        return Err(libc::ENOTCONN);
+                    }
+                    inner.ddp = true;
+                    self.take_over(fd);
+                    inner.slot.set_state(State::Handshake, Reason::None);
+                    self.start_client(&mut inner, fd);
+                }
+                (Phase::Kernel, Role::Server) => {
+                    inner.ddp = true;
+                    self.take_over(fd);
+                    inner.slot.set_state(State::Handshake, Reason::None);
+                    inner.phase = Phase::ServerMpa;
+                }
+                (Phase::Connecting | Phase::ClientMpa(_) | Phase::ServerMpa, _) => {}
+                (Phase::Failed(e), _) => return Err(*e),
+                _ => return Err(libc::ENOTCONN),
+            }
+        }
+        loop {
+            let mut inner = self.lock();
+            self.drive(&mut inner, fd);
+            let wait = match &inner.phase {
+                Phase::Rc(_) => return Ok(()),
+                Phase::Failed(e) => return Err(*e),
+                Phase::Kernel if inner.role == Role::Client => return Err(libc::ECONNREFUSED),
+                Phase::Kernel => return Err(libc::EPROTO),
+                Phase::ClientMpa(c) => (c.efd, libc::POLLIN),
+                Phase::Connecting => (fd, libc::POLLOUT),
+                _ => (fd, libc::POLLIN),
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                if matches!(inner.phase, Phase::ServerMpa) {
+                    // Nothing was read: the socket stays plain.
+                    self.set_kernel(&mut inner, Reason::Policy);
+                    return Err(libc::ETIMEDOUT);
+                }
+                if let Phase::ClientMpa(c) = &inner.phase {
+                    close_raw(c.efd);
+                }
+                self.fail(&mut inner, libc::ETIMEDOUT, Reason::HandshakeFailed);
+                return Err(libc::ETIMEDOUT);
+            }
+            drop(inner);
+            wait_fd(wait.0, wait.1, deadline)?;
+        }
+    }
+
+    /// `getsockopt(SOL_SOFTRDMA, SOFTRDMA_DDPMODE)`: 1 while the socket's
+    /// bytes go over RC.
+    pub fn ddpmode(&self) -> bool {
+        matches!(self.lock().phase, Phase::Rc(_))
     }
 
     /// The application's view of `O_NONBLOCK`.
@@ -457,6 +564,7 @@ impl Sock {
             let mut inner = self.lock();
             let local = local_addr(fd);
             inner.slot.set_role(Role::Listener);
+            inner.role = Role::Listener;
             inner.slot.set_addrs(Some(&fmt_addr(local)), None);
             inner.slot.set_state(State::Kernel, Reason::Listener);
             if inner.listener.is_none() && crate::policy::serve() {
@@ -474,7 +582,7 @@ impl Sock {
     /// # Safety
     /// `addr` points to `len` readable octets (or is null).
     pub unsafe fn connect(
-        &self,
+        self: &Arc<Self>,
         fd: c_int,
         addr: *const libc::sockaddr,
         len: libc::socklen_t,
@@ -488,6 +596,7 @@ impl Sock {
             return unsafe { (real().connect)(fd, addr, len) };
         }
         inner.slot.set_role(Role::Client);
+        inner.role = Role::Client;
         let Some(dest) = dest else {
             self.set_kernel(&mut inner, Reason::Unsupported);
             drop(inner);
@@ -556,6 +665,7 @@ impl Sock {
             .slot
             .set_addrs(Some(&local.to_string()), Some(&dest.to_string()));
         inner.slot.set_state(State::Handshake, Reason::None);
+        self.take_over(fd);
         // SAFETY: forwarding the application's call.
         let r = unsafe { (real().connect)(fd, addr, len) };
         let e = errno();
@@ -642,11 +752,13 @@ impl Sock {
         {
             let mut inner = s.lock();
             inner.slot.set_role(Role::Server);
+            inner.role = Role::Server;
             inner
                 .slot
                 .set_addrs(Some(&fmt_addr(local_addr(nfd))), Some(&fmt_addr(peer)));
             match peer {
-                Some(p) if crate::registry::client_at(p) => {
+                Some(p) if crate::policy::serve() && crate::registry::client_at(p) => {
+                    s.pass.store(false, Ordering::Release);
                     inner.phase = Phase::ServerMpa;
                     inner.slot.set_state(State::Handshake, Reason::None);
                     // The Request usually follows the connection at once.
@@ -766,7 +878,7 @@ impl Sock {
         };
         let _ = resp.handle_bytes(frame, Instant::now());
         let peer = resp.request().and_then(|r| Params::parse(&r.private_data));
-        let want = peer.is_some() && crate::policy::serve();
+        let want = peer.is_some() && (crate::policy::serve() || inner.ddp);
         let conn = if want { Conn::new(&dev).ok() } else { None };
         let (Some(peer), Some(mut conn)) = (peer, conn) else {
             // Not ours to carry: reject, and both ends go on plain.

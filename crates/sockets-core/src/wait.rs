@@ -372,6 +372,23 @@ impl EpollSet {
         })
     }
 
+    /// Adds a socket softrdma just took to the shadow list (its kernel
+    /// registration is gone).
+    pub fn shadow_add(&self, fd: c_int, sock: Arc<Sock>, events: u32, data: u64) {
+        let mut sh = self.shadow.lock().unwrap_or_else(|e| e.into_inner());
+        sh.retain(|s| s.fd != fd);
+        sh.push(Shadow {
+            fd,
+            sock,
+            events,
+            data,
+            disabled: false,
+            last_gen: None,
+            q_reg: None,
+        });
+        self.any.store(true, Ordering::Release);
+    }
+
     fn forget_closed(&self, sh: &mut Vec<Shadow>) {
         let q = self.q.load(Ordering::Acquire);
         sh.retain(|s| {
@@ -413,7 +430,11 @@ impl EpollSet {
                     u64: s.data,
                 };
                 // SAFETY: registering the application's socket in its own set.
-                unsafe { (real().epoll_ctl)(self.epfd, libc::EPOLL_CTL_ADD, s.fd, &mut ev) };
+                if unsafe { (real().epoll_ctl)(self.epfd, libc::EPOLL_CTL_ADD, s.fd, &mut ev) } == 0
+                {
+                    s.sock
+                        .note_kernel_epoll(self.epfd, libc::EPOLL_CTL_ADD, s.events, s.data);
+                }
                 continue;
             }
             let s = &mut sh[i];
