@@ -135,6 +135,16 @@ impl Device {
     pub fn engine(&self) -> &softrdma_engine::Context {
         self.ctx.engine()
     }
+
+    /// The verbs context.
+    pub fn ctx(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.pd
+    }
 }
 
 struct RxMsg {

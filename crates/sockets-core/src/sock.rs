@@ -64,6 +64,14 @@ enum Phase {
     Kernel,
     /// The connection failed while softrdma had it: calls fail with this.
     Failed(c_int),
+    /// A datagram socket with its UD QP.
+    Ud(Box<UdState>),
+}
+
+/// A datagram socket's softrdma side.
+struct UdState {
+    end: crate::udp::UdEnd,
+    _entry: Option<crate::registry::UdpEntry>,
 }
 
 struct ClientMpa {
@@ -82,12 +90,19 @@ struct Inner {
     role: Role,
     /// The application switched the socket with `SOFTRDMA_DDPMODE`.
     ddp: bool,
+    /// Datagram sockets without a UD QP yet: destinations found plain,
+    /// and when (asked again after a second).
+    dgram_plain: std::collections::HashMap<SocketAddr, Instant>,
+    /// Datagram sockets: the `connect`ed peer.
+    connected: Option<SocketAddr>,
 }
 
 /// A socket softrdma watches.
 pub struct Sock {
     /// `AF_INET` or `AF_INET6`.
     pub family: c_int,
+    /// Stream (TCP) or datagram (UDP).
+    pub kind: Kind,
     pass: AtomicBool,
     nonblock: AtomicBool,
     fds: AtomicUsize,
@@ -335,8 +350,14 @@ pub fn drain_lingering() {
 impl Sock {
     /// A socket just created (`socket`, or `accept` for a server end).
     pub fn new(fd: c_int, family: c_int, nonblock: bool) -> Arc<Sock> {
+        Self::with_kind(fd, family, nonblock, Kind::Stream)
+    }
+
+    /// A socket of `kind` just created.
+    pub fn with_kind(fd: c_int, family: c_int, nonblock: bool, kind: Kind) -> Arc<Sock> {
         Arc::new(Sock {
             family,
+            kind,
             pass: AtomicBool::new(true),
             nonblock: AtomicBool::new(nonblock),
             fds: AtomicUsize::new(1),
@@ -349,7 +370,9 @@ impl Sock {
             kernel_epolls: Mutex::new(Vec::new()),
             inner: Mutex::new(Inner {
                 phase: Phase::Fresh,
-                slot: Slot::new(fd, Kind::Stream),
+                slot: Slot::new(fd, kind),
+                dgram_plain: std::collections::HashMap::new(),
+                connected: None,
                 listener: None,
                 client: None,
                 shut_rd: false,
@@ -949,7 +972,7 @@ impl Sock {
             self.drive(&mut inner, fd);
             let shut_rd = inner.shut_rd;
             let wait = match &mut inner.phase {
-                Phase::Fresh | Phase::Listening | Phase::Kernel => {
+                Phase::Fresh | Phase::Listening | Phase::Kernel | Phase::Ud(_) => {
                     if done > 0 {
                         return Out::Done(Ok(done));
                     }
@@ -1061,7 +1084,7 @@ impl Sock {
             let mut inner = self.lock();
             self.drive(&mut inner, fd);
             let wait = match &mut inner.phase {
-                Phase::Fresh | Phase::Listening | Phase::Kernel => {
+                Phase::Fresh | Phase::Listening | Phase::Kernel | Phase::Ud(_) => {
                     if done > 0 {
                         return Out::Done(Ok(done));
                     }
@@ -1193,6 +1216,23 @@ impl Sock {
         let shut_rd = inner.shut_rd;
         match &mut inner.phase {
             Phase::Fresh | Phase::Listening | Phase::Kernel => Ready::default(),
+            Phase::Ud(u) => {
+                let mut ev = 0;
+                u.end.progress();
+                if u.end.has_message() || kernel_readable(fd) {
+                    ev |= libc::POLLIN;
+                }
+                if u.end.can_send() {
+                    ev |= libc::POLLOUT;
+                }
+                if ev & libc::POLLIN == 0 && u.end.arm() && u.end.has_message() {
+                    ev |= libc::POLLIN;
+                }
+                Ready {
+                    events: ev,
+                    wait: Some((u.end.wait_fd(), libc::POLLIN)),
+                }
+            }
             Phase::Failed(_) => Ready {
                 events: libc::POLLIN | libc::POLLOUT | libc::POLLERR | libc::POLLHUP,
                 wait: None,
@@ -1242,6 +1282,10 @@ impl Sock {
                 Some(conn.readable_bytes())
             }
             Phase::Fresh | Phase::Listening | Phase::Kernel => None,
+            Phase::Ud(u) => {
+                u.end.progress();
+                u.end.peek_meta().map(|(len, _)| len)
+            }
             _ => Some(0),
         }
     }
@@ -1283,6 +1327,284 @@ impl Sock {
         self.close_fd();
     }
 
+    /// A datagram socket gets its UD QP and its registry entry, bound
+    /// where the kernel socket is (binding it to the wildcard first if it
+    /// is not bound yet). False if it could not (it stays plain).
+    fn take_udp(self: &Arc<Self>, inner: &mut Inner, fd: c_int) -> bool {
+        if matches!(inner.phase, Phase::Ud(_)) {
+            return true;
+        }
+        if !matches!(inner.phase, Phase::Fresh) || !crate::policy::enabled() {
+            return false;
+        }
+        let local = match local_addr(fd) {
+            Some(a) if a.port() != 0 => a,
+            Some(a) => {
+                let (ss, sl) = crate::addr::to_sockaddr(&crate::registry::unspecified_like(&a));
+                // SAFETY: a valid address of `sl` octets.
+                if unsafe { libc::bind(fd, &ss as *const _ as *const libc::sockaddr, sl) } != 0 {
+                    return false;
+                }
+                match local_addr(fd) {
+                    Some(a) => a,
+                    None => return false,
+                }
+            }
+            None => return false,
+        };
+        // UD runs over IPv4: an IPv6 socket takes part when it is bound to
+        // the wildcard (dual-stack) or an IPv4-mapped address.
+        let local = match local {
+            SocketAddr::V6(a) if a.ip().is_unspecified() => {
+                SocketAddr::from(([0, 0, 0, 0], a.port()))
+            }
+            SocketAddr::V6(a) => match a.ip().to_ipv4_mapped() {
+                Some(v4) => SocketAddr::from((v4, a.port())),
+                None => return false,
+            },
+            v4 => v4,
+        };
+        let Ok(dev) = crate::device() else {
+            inner.slot.set_state(State::Kernel, Reason::Resources);
+            return false;
+        };
+        let end = match crate::udp::UdEnd::new(&dev, fd, local) {
+            Ok(e) => e,
+            Err(_) => {
+                inner.slot.set_state(State::Kernel, Reason::Resources);
+                return false;
+            }
+        };
+        let (qp_port, qpn) = end.qp_addr();
+        let entry = crate::registry::UdpEntry::new(local, qp_port, qpn).ok();
+        self.engine.store(true, Ordering::Relaxed);
+        inner.slot.set_addrs(Some(&local.to_string()), None);
+        inner.slot.set_state(State::Ud, Reason::None);
+        inner.phase = Phase::Ud(Box::new(UdState { end, _entry: entry }));
+        self.take_over(fd);
+        true
+    }
+
+    /// After a successful `bind` of a datagram socket: softrdma takes it
+    /// (auto policy), so interposed senders reach it over UD.
+    pub fn after_bind(self: &Arc<Self>, fd: c_int) {
+        if self.kind != Kind::Dgram || !crate::policy::serve() {
+            return;
+        }
+        let mut inner = self.lock();
+        self.take_udp(&mut inner, fd);
+    }
+
+    /// `connect` of a datagram socket: the kernel's, then the peer is
+    /// remembered for `send`, and softrdma takes the socket if the peer
+    /// is interposed.
+    ///
+    /// # Safety
+    /// `addr` points to `len` readable octets (or is null).
+    pub unsafe fn connect_dgram(
+        self: &Arc<Self>,
+        fd: c_int,
+        addr: *const libc::sockaddr,
+        len: libc::socklen_t,
+    ) -> c_int {
+        // SAFETY: forwarding the application's call.
+        let r = unsafe { (real().connect)(fd, addr, len) };
+        let e = errno();
+        if r == 0 {
+            // SAFETY: the caller's address.
+            let dest = unsafe { crate::addr::from_sockaddr(addr, len) }
+                .map(|d| SocketAddr::new(d.ip().to_canonical(), d.port()));
+            let mut inner = self.lock();
+            inner.connected = dest;
+            if let Some(d) = dest {
+                inner.slot.set_addrs(None, Some(&d.to_string()));
+                if crate::policy::connect_allowed(d) && crate::registry::udp_peer(d).is_some() {
+                    self.take_udp(&mut inner, fd);
+                }
+            }
+        }
+        // SAFETY: restoring errno for the caller.
+        unsafe { *libc::__errno_location() = e };
+        r
+    }
+
+    /// `sendto`/`sendmsg`/`send`/`write` on a datagram socket: one UD Send
+    /// when the destination (given, or connected) is an interposed
+    /// socket, else the kernel's call.
+    pub fn send_dgram(
+        self: &Arc<Self>,
+        fd: c_int,
+        bufs: &[&[u8]],
+        flags: c_int,
+        dest: Option<SocketAddr>,
+    ) -> Out<usize> {
+        if self.is_inherited() {
+            return Out::Pass;
+        }
+        let nonblock = self.nonblocking() || flags & libc::MSG_DONTWAIT != 0;
+        let mut spin: Option<Instant> = None;
+        loop {
+            let mut inner = self.lock();
+            let Some(dest) = dest.or(inner.connected) else {
+                return Out::Pass;
+            };
+            let dest = SocketAddr::new(dest.ip().to_canonical(), dest.port());
+            if matches!(inner.phase, Phase::Fresh) {
+                if !crate::policy::connect_allowed(dest) {
+                    return Out::Pass;
+                }
+                let fresh = inner
+                    .dgram_plain
+                    .get(&dest)
+                    .is_some_and(|t| t.elapsed() < Duration::from_secs(1));
+                if fresh || crate::registry::udp_peer(dest).is_none() {
+                    if !fresh {
+                        if inner.dgram_plain.len() > 4096 {
+                            inner.dgram_plain.clear();
+                        }
+                        inner.dgram_plain.insert(dest, Instant::now());
+                    }
+                    return Out::Pass;
+                }
+                if !self.take_udp(&mut inner, fd) {
+                    return Out::Pass;
+                }
+            }
+            let Phase::Ud(u) = &mut inner.phase else {
+                return Out::Pass;
+            };
+            u.end.progress();
+            let Some(ah) = u.end.peer(dest) else {
+                return Out::Pass;
+            };
+            let len: usize = bufs.iter().map(|b| b.len()).sum();
+            match u.end.send(&ah, bufs) {
+                Ok(true) => {
+                    inner.slot.sent(len, 1);
+                    self.gen.fetch_add(1, Ordering::Relaxed);
+                    return Out::Done(Ok(len));
+                }
+                Ok(false) => {}
+                Err(e) => return Out::Done(Err(e)),
+            }
+            if nonblock {
+                return Out::Done(Err(libc::EAGAIN));
+            }
+            if spinning(&mut spin) {
+                continue;
+            }
+            let w = u.end.wait_fd();
+            let more = u.end.arm();
+            drop(inner);
+            if !more {
+                let _ = wait_fd(
+                    w,
+                    libc::POLLIN,
+                    Some(Instant::now() + Duration::from_millis(10)),
+                );
+            }
+        }
+    }
+
+    /// `recvfrom`/`recvmsg`/`recv`/`read` on a datagram socket softrdma
+    /// took: the next UD message or kernel datagram. `Pass` for a socket
+    /// without a UD QP.
+    pub fn recv_dgram(&self, fd: c_int, bufs: &mut [&mut [u8]], flags: c_int) -> Out<Dgram> {
+        if self.is_inherited() {
+            return Out::Done(Err(libc::EBADF));
+        }
+        if flags & libc::MSG_OOB != 0 {
+            return Out::Done(Err(libc::EOPNOTSUPP));
+        }
+        let nonblock = self.nonblocking() || flags & libc::MSG_DONTWAIT != 0;
+        let peek = flags & libc::MSG_PEEK != 0;
+        let deadline = self.deadline(false);
+        let mut spin: Option<Instant> = None;
+        loop {
+            let mut inner = self.lock();
+            let connected = inner.connected;
+            let Phase::Ud(u) = &mut inner.phase else {
+                return Out::Pass;
+            };
+            u.end.progress();
+            // A connected socket takes only its peer's datagrams.
+            while let (Some(c), Some((_, src))) = (connected, u.end.peek_meta()) {
+                if src == c {
+                    break;
+                }
+                u.end.read(&mut [], true);
+            }
+            if let Some((len, src)) = u.end.read(bufs, !peek) {
+                let copied = len.min(bufs.iter().map(|b| b.len()).sum());
+                if !peek {
+                    inner.slot.received(len, 1);
+                }
+                self.gen.fetch_add(1, Ordering::Relaxed);
+                return Out::Done(Ok(Dgram { copied, len, src }));
+            }
+            // The kernel socket's datagrams (plain senders).
+            let mut iov: Vec<libc::iovec> = bufs
+                .iter_mut()
+                .map(|b| libc::iovec {
+                    iov_base: b.as_mut_ptr() as *mut libc::c_void,
+                    iov_len: b.len(),
+                })
+                .collect();
+            // SAFETY: sockaddr_storage is plain data.
+            let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+            // SAFETY: msghdr is plain data; the fields set below are valid.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_name = &mut ss as *mut _ as *mut libc::c_void;
+            msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+            msg.msg_iov = iov.as_mut_ptr();
+            msg.msg_iovlen = iov.len();
+            let kflags = (flags & (libc::MSG_PEEK | libc::MSG_TRUNC)) | libc::MSG_DONTWAIT;
+            // SAFETY: the caller's buffers through `iov`, our address buffer.
+            let n = unsafe { (real().recvmsg)(fd, &mut msg, kflags | libc::MSG_TRUNC) };
+            if n >= 0 {
+                // SAFETY: the kernel wrote `msg_namelen` octets of address.
+                let src = unsafe {
+                    crate::addr::from_sockaddr(
+                        &ss as *const _ as *const libc::sockaddr,
+                        msg.msg_namelen,
+                    )
+                };
+                let len = n as usize;
+                let copied = len.min(bufs.iter().map(|b| b.len()).sum());
+                return Out::Done(Ok(Dgram {
+                    copied,
+                    len,
+                    src: src.unwrap_or_else(|| {
+                        crate::registry::unspecified_like(&SocketAddr::from(([0, 0, 0, 0], 0)))
+                    }),
+                }));
+            }
+            let e = errno();
+            if e != libc::EAGAIN && e != libc::EINTR {
+                return Out::Done(Err(e));
+            }
+            if nonblock {
+                return Out::Done(Err(libc::EAGAIN));
+            }
+            if spinning(&mut spin) {
+                continue;
+            }
+            let w = u.end.wait_fd();
+            let more = u.end.arm();
+            drop(inner);
+            if more {
+                continue;
+            }
+            match wait_fd(w, libc::POLLIN, deadline) {
+                Ok(false) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    return Out::Done(Err(libc::EAGAIN));
+                }
+                Ok(_) => {}
+                Err(e) => return Out::Done(Err(e)),
+            }
+        }
+    }
+
     /// Records that descriptor `fd` now names the socket (`dup2` targets).
     pub fn set_fd(&self, fd: c_int) {
         self.lock().slot.set_fd(fd);
@@ -1318,6 +1640,29 @@ fn spinning(until: &mut Option<Instant>) -> bool {
     } else {
         false
     }
+}
+
+/// Whether the kernel socket `fd` has something to read now.
+fn kernel_readable(fd: c_int) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no waiting.
+    unsafe { (real().poll)(&mut p, 1, 0) == 1 && p.revents & libc::POLLIN != 0 }
+}
+
+/// What `recvfrom` on a datagram socket returns: octets copied, the
+/// datagram's full length, its source.
+#[derive(Debug, Clone, Copy)]
+pub struct Dgram {
+    /// Octets copied into the buffers.
+    pub copied: usize,
+    /// The datagram's length (more than `copied`: it was truncated).
+    pub len: usize,
+    /// Where it came from.
+    pub src: SocketAddr,
 }
 
 fn rc_events(conn: &Conn, lowat: usize, shut_rd: bool) -> i16 {
