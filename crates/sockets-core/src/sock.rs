@@ -782,10 +782,11 @@ impl Sock {
             match peer {
                 Some(p) if crate::policy::serve() && crate::registry::client_at(p) => {
                     s.pass.store(false, Ordering::Release);
+                    // The Request is read at the socket's first use, not
+                    // here: a server that forks a child per connection
+                    // (socat `fork`) hands it over untouched.
                     inner.phase = Phase::ServerMpa;
                     inner.slot.set_state(State::Handshake, Reason::None);
-                    // The Request usually follows the connection at once.
-                    s.drive(&mut inner, nfd);
                 }
                 Some(_) => s.set_kernel(&mut inner, Reason::PlainPeer),
                 None => s.set_kernel(&mut inner, Reason::Unsupported),
