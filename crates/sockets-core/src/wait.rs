@@ -238,6 +238,11 @@ struct Shadow {
     last_gen: Option<u64>,
     /// The wake-up descriptor registered in the private set.
     q_reg: Option<(c_int, u32)>,
+    /// The socket's [`Sock::gen`] when last looked at, and whether it was
+    /// ready then: a socket that has not changed since, was not ready and
+    /// whose wake-up descriptor is quiet is not looked at again.
+    scanned_gen: Option<u64>,
+    was_ready: bool,
 }
 
 /// An application epoll set and its shadow list of carried sockets.
@@ -334,6 +339,8 @@ impl EpollSet {
                         disabled: false,
                         last_gen: None,
                         q_reg: None,
+                        scanned_gen: None,
+                        was_ready: false,
                     });
                     Some(Ok(()))
                 }
@@ -346,6 +353,7 @@ impl EpollSet {
                     s.data = data;
                     s.disabled = false;
                     s.last_gen = None;
+                    s.scanned_gen = None;
                     Some(Ok(()))
                 }
             },
@@ -385,6 +393,8 @@ impl EpollSet {
             disabled: false,
             last_gen: None,
             q_reg: None,
+            scanned_gen: None,
+            was_ready: false,
         });
         self.any.store(true, Ordering::Release);
     }
@@ -409,7 +419,11 @@ impl EpollSet {
     /// Reports ready shadowed sockets into `out`; moves sockets that
     /// turned plain into the kernel set. With `register`, brings each
     /// socket's wake-up descriptor in the private set up to date.
-    fn scan(&self, out: &mut [epoll_event], register: bool) -> usize {
+    ///
+    /// `hints`: the sockets whose wake-up descriptors hold (from the
+    /// private set); with them, only those, the ones that changed, were
+    /// ready or are not registered yet are looked at (`None`: all).
+    fn scan(&self, out: &mut [epoll_event], register: bool, hints: Option<&[c_int]>) -> usize {
         let mut sh = self.shadow.lock().unwrap_or_else(|e| e.into_inner());
         self.forget_closed(&mut sh);
         let mut n = 0;
@@ -442,11 +456,22 @@ impl EpollSet {
             if s.disabled {
                 continue;
             }
+            if let Some(h) = hints {
+                let quiet = s.q_reg.is_some()
+                    && !s.was_ready
+                    && s.scanned_gen == Some(s.sock.gen.load(Ordering::Relaxed))
+                    && !h.contains(&s.fd);
+                if quiet {
+                    continue;
+                }
+            }
             let et = s.events & libc::EPOLLET as u32 != 0;
             let r = s.sock.ready(s.fd);
             let gen = s.sock.gen.load(Ordering::Relaxed);
+            s.scanned_gen = Some(gen);
             let mask = (s.events as i16 as i32 | libc::EPOLLERR | libc::EPOLLHUP) as i16;
             let ev = r.events & mask;
+            s.was_ready = ev != 0;
             if ev != 0 && n < out.len() && !(et && s.last_gen == Some(gen)) {
                 out[n] = epoll_event {
                     events: ev as u16 as u32,
@@ -509,7 +534,8 @@ impl EpollSet {
         let outs = unsafe { std::slice::from_raw_parts_mut(out, max as usize) };
         let deadline = deadline_of(timeout_ms);
         loop {
-            let n = self.scan(outs, false);
+            let hints = self.hints();
+            let n = self.scan(outs, false, hints.as_deref());
             if (n as c_int) < max {
                 // SAFETY: the rest of the caller's array.
                 let m = kernel(unsafe { out.add(n) }, max - n as c_int, 0);
@@ -525,7 +551,7 @@ impl EpollSet {
             }
             // Register the wake-up descriptors (level-triggered: one
             // that holds wakes the wait at once), looking once more.
-            let n = self.scan(outs, true);
+            let n = self.scan(outs, true, hints.as_deref());
             if n > 0 {
                 return n as c_int;
             }
@@ -549,6 +575,30 @@ impl EpollSet {
                 return 0;
             }
         }
+    }
+
+    /// The sockets whose wake-up descriptors hold now, asked of the
+    /// private set without waiting; `None` (look at every socket) before
+    /// the set exists or when more hold than one call returns.
+    fn hints(&self) -> Option<Vec<c_int>> {
+        let q = self.q.load(Ordering::Acquire);
+        if q < 0 {
+            return None;
+        }
+        const CAP: usize = 256;
+        let mut evs = [epoll_event { events: 0, u64: 0 }; CAP];
+        // SAFETY: our private set and a local array.
+        let r = unsafe { (real().epoll_wait)(q, evs.as_mut_ptr(), CAP as c_int, 0) };
+        if r < 0 || r as usize == CAP {
+            return None;
+        }
+        Some(
+            evs[..r as usize]
+                .iter()
+                .filter(|e| e.u64 != Q_APP)
+                .map(|e| e.u64 as c_int)
+                .collect(),
+        )
     }
 
     /// Closes the private set (the application closed its set).
