@@ -27,7 +27,13 @@ fn set_errno(e: c_int) {
 
 /// The carried socket of `fd` (not a plain one).
 fn carried(fd: c_int) -> Option<Arc<Sock>> {
-    table::sock(fd).filter(|s| !s.is_pass())
+    table::sock_if(fd, |s| !s.is_pass())
+}
+
+/// The socket of `fd` if a send on it may be softrdma's: a carried
+/// stream, or any datagram socket (its destination decides).
+fn sending(fd: c_int) -> Option<Arc<Sock>> {
+    table::sock_if(fd, |s| s.kind == Kind::Dgram || !s.is_pass())
 }
 
 fn sigpipe(flags: c_int) {
@@ -146,7 +152,7 @@ fn dgram_send(
 
 /// Receives from a datagram socket softrdma took: `Some` if it did.
 fn dgram_recv(fd: c_int, mut bufs: Vec<&mut [u8]>, flags: c_int) -> Option<Result<Dgram, c_int>> {
-    let s = table::sock(fd).filter(|s| s.kind == Kind::Dgram && !s.is_pass())?;
+    let s = table::sock_if(fd, |s| s.kind == Kind::Dgram && !s.is_pass())?;
     match s.recv_dgram(fd, &mut bufs, flags) {
         Out::Pass => None,
         Out::Done(r) => Some(r),
@@ -292,7 +298,7 @@ pub unsafe fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
 /// `write(2)`.
 pub unsafe fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     let g = guard::enter();
-    if let (Some(_g), Some(s)) = (g, table::sock(fd)) {
+    if let (Some(_g), Some(s)) = (g, sending(fd)) {
         let b: Vec<&[u8]> = if n == 0 || buf.is_null() {
             Vec::new()
         } else {
@@ -342,7 +348,7 @@ pub unsafe fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
 /// `writev(2)`.
 pub unsafe fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     let g = guard::enter();
-    if let (Some(_g), Some(s)) = (g, table::sock(fd)) {
+    if let (Some(_g), Some(s)) = (g, sending(fd)) {
         if s.kind == Kind::Dgram {
             // SAFETY: the caller's iovecs.
             if let Some(r) = dgram_send(fd, unsafe { iov_ref(iov, cnt) }, 0, None) {
@@ -503,7 +509,7 @@ pub unsafe fn sendto(
     alen: socklen_t,
 ) -> ssize_t {
     let g = guard::enter();
-    if let (Some(_g), Some(s)) = (g, table::sock(fd)) {
+    if let (Some(_g), Some(s)) = (g, sending(fd)) {
         let b: Vec<&[u8]> = if n == 0 || buf.is_null() {
             Vec::new()
         } else {
@@ -530,7 +536,7 @@ pub unsafe fn sendto(
 /// is refused (`EOPNOTSUPP`) on a carried stream.
 pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
     let g = guard::enter();
-    if let (Some(_g), Some(s), false) = (g, table::sock(fd), msg.is_null()) {
+    if let (Some(_g), Some(s), false) = (g, sending(fd), msg.is_null()) {
         // SAFETY: the caller's msghdr.
         let m = unsafe { &*msg };
         if s.kind == Kind::Dgram {
@@ -569,7 +575,7 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
 /// `sendmmsg(2)`: one stream write per message.
 pub unsafe fn sendmmsg(fd: c_int, v: *mut mmsghdr, vlen: c_uint, flags: c_int) -> c_int {
     let g = guard::enter();
-    let ours = table::sock(fd).filter(|s| s.kind == Kind::Dgram || !s.is_pass());
+    let ours = sending(fd);
     if let (Some(_g), Some(_s), false) = (g, ours, v.is_null()) {
         drop(_g);
         let mut done = 0;

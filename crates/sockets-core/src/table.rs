@@ -57,6 +57,18 @@ pub fn sock(fd: i32) -> Option<Arc<Sock>> {
     }
 }
 
+/// The socket of `fd` if it is one and `pred` holds of it; no reference
+/// count is taken when it does not (the path of every plain descriptor's
+/// `read` and `write`).
+pub fn sock_if(fd: i32, pred: impl Fn(&Sock) -> bool) -> Option<Arc<Sock>> {
+    let slot = slot(fd, false)?;
+    let g = slot.load();
+    match g.as_deref() {
+        Some(Obj::Sock(s)) if pred(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
 /// The epoll set of `fd`, if it is one.
 pub fn epoll(fd: i32) -> Option<Arc<EpollSet>> {
     match get(fd).as_deref() {

@@ -65,11 +65,7 @@ pub fn poll(
     let carried: Vec<(usize, Arc<Sock>)> = fds
         .iter()
         .enumerate()
-        .filter_map(|(i, p)| {
-            crate::table::sock(p.fd)
-                .filter(|s| !s.is_pass())
-                .map(|s| (i, s))
-        })
+        .filter_map(|(i, p)| crate::table::sock_if(p.fd, |s| !s.is_pass()).map(|s| (i, s)))
         .collect();
     if carried.is_empty() {
         return block(fds, timeout_ms);
@@ -147,7 +143,7 @@ pub unsafe fn select_needed(
                 || (!w.is_null() && libc::FD_ISSET(fd, w))
                 || (!e.is_null() && libc::FD_ISSET(fd, e))
         };
-        if member && crate::table::sock(fd).is_some_and(|s| !s.is_pass()) {
+        if member && crate::table::sock_if(fd, |s| !s.is_pass()).is_some() {
             return true;
         }
     }
@@ -315,9 +311,9 @@ impl EpollSet {
         let mut sh = self.shadow.lock().unwrap_or_else(|e| e.into_inner());
         // The kernel forgets a closed file's registrations: so does the
         // shadow list (the descriptor may name another socket by now).
-        self.forget_closed(&mut sh);
+        self.forget_closed(&mut sh, true);
         let pos = sh.iter().position(|s| s.fd == fd);
-        let sock = crate::table::sock(fd).filter(|s| !s.is_pass());
+        let sock = crate::table::sock_if(fd, |s| !s.is_pass());
         let read_ev = || -> Option<(u32, u64)> {
             if ev.is_null() {
                 return None;
@@ -399,11 +395,14 @@ impl EpollSet {
         self.any.store(true, Ordering::Release);
     }
 
-    fn forget_closed(&self, sh: &mut Vec<Shadow>) {
+    /// Drops entries of closed sockets; with `names`, also those whose
+    /// descriptor now names another socket (`epoll_ctl` looks, a wait
+    /// only checks closing, which costs no table lookup).
+    fn forget_closed(&self, sh: &mut Vec<Shadow>, names: bool) {
         let q = self.q.load(Ordering::Acquire);
         sh.retain(|s| {
             let live = !s.sock.is_closed()
-                && crate::table::sock(s.fd).is_some_and(|t| Arc::ptr_eq(&t, &s.sock));
+                && (!names || crate::table::sock_if(s.fd, |t| std::ptr::eq(t, &*s.sock)).is_some());
             if !live {
                 if let (Some((wfd, _)), true) = (s.q_reg, q >= 0) {
                     // SAFETY: removing our own registration.
@@ -425,7 +424,7 @@ impl EpollSet {
     /// ready or are not registered yet are looked at (`None`: all).
     fn scan(&self, out: &mut [epoll_event], register: bool, hints: Option<&[c_int]>) -> usize {
         let mut sh = self.shadow.lock().unwrap_or_else(|e| e.into_inner());
-        self.forget_closed(&mut sh);
+        self.forget_closed(&mut sh, false);
         let mut n = 0;
         let q = if register { self.q() } else { -1 };
         let mut i = 0;
