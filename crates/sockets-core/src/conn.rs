@@ -496,11 +496,14 @@ impl Conn {
         self.shut_wr
     }
 
-    /// Room for a write without waiting.
+    /// Room for a write without waiting (`POLLOUT`): a whole send slot
+    /// free, so a write of up to a slot's size after `poll` does not
+    /// block — as the kernel reports a TCP socket writable only with a
+    /// good part of its send buffer free. Reporting a few free octets
+    /// would make a blocking writer that polls before each write block
+    /// mid-write, with nobody reading the peer's answers.
     pub fn writable(&self) -> bool {
-        !self.broken
-            && !self.shut_wr
-            && (!self.tx_free.is_empty() || self.tx_open.is_some_and(|(_, n)| n < BUF - HDR))
+        !self.broken && !self.shut_wr && !self.tx_free.is_empty()
     }
 
     /// Copies up to `out.len()` octets out (`peek`: without consuming).
