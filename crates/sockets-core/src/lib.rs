@@ -133,6 +133,9 @@ extern "C" fn at_exit() {
 
 /// Runs once when the library is loaded: fork and exit handlers.
 pub fn init() {
+    // The environment as loaded (children may get an emptied one).
+    let _ = stat::report_path();
+    let _ = registry::dir();
     // SAFETY: registering plain extern "C" handlers.
     unsafe {
         libc::pthread_atfork(None, None, Some(after_fork_child));

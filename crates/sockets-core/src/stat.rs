@@ -671,7 +671,7 @@ pub fn own() -> (Totals, Vec<Row>) {
 /// At exit: appends this process's [`Totals::line`] to the file named by
 /// `SOFTRDMA_SOCKETS_REPORT` (if set) and removes the table file.
 pub fn at_exit() {
-    if let Some(path) = std::env::var_os("SOFTRDMA_SOCKETS_REPORT").filter(|p| !p.is_empty()) {
+    if let Some(path) = report_path() {
         let (t, _) = own();
         if let Ok(mut f) = std::fs::OpenOptions::new()
             .create(true)
@@ -679,10 +679,19 @@ pub fn at_exit() {
             .open(path)
         {
             use std::io::Write as _;
-            let _ = writeln!(f, "{}", t.line(std::process::id()));
+            // One write: processes that exit together append whole lines.
+            let _ = f.write_all(format!("{}\n", t.line(std::process::id())).as_bytes());
         }
     }
     remove_own();
+}
+
+/// `SOFTRDMA_SOCKETS_REPORT` as it was when the library was loaded (a
+/// program may empty its children's environment: nginx's workers).
+pub fn report_path() -> Option<&'static std::ffi::OsStr> {
+    static P: OnceLock<Option<std::ffi::OsString>> = OnceLock::new();
+    P.get_or_init(|| std::env::var_os("SOFTRDMA_SOCKETS_REPORT").filter(|p| !p.is_empty()))
+        .as_deref()
 }
 
 /// In a forked child: the table becomes the child's own file, starting
