@@ -2,7 +2,9 @@
 # The install step, checked as a user would use it: install into a
 # temporary prefix that already holds files of its own, build C programs
 # against the installed headers with pkg-config's flags, run them through the
-# installed `softrdma run`, uninstall, and compare the prefix with what it was.
+# installed `softrdma run` (and a program under the installed sockets
+# interposer, `softrdma run --sockets`), uninstall, and compare the prefix
+# with what it was.
 #
 #   scripts/test-install.sh        (after cargo build --release; scripts/test.sh runs it)
 #
@@ -94,9 +96,34 @@ EOF
 }
 check "rdma_cm program via pkg-config, softrdma's librdmacm" rdmacm_program
 
+sockets_interposer() {
+    local lib=$prefix/lib/softrdma/libsoftrdma-sockets.so.1 h
+    [ -f "$lib" ] || { echo "missing: lib/softrdma/libsoftrdma-sockets.so.1"; return 1; }
+    [ ! -e "$prefix/lib/libsoftrdma-sockets.so.1" ] || { echo "the interposer is outside lib/softrdma"; return 1; }
+    readelf -d "$lib" | grep -q 'SONAME.*\[libsoftrdma-sockets.so.1\]' ||
+        { echo "no SONAME libsoftrdma-sockets.so.1:"; readelf -d "$lib"; return 1; }
+    for h in crates/*/include/softrdma/sockets.h; do
+        [ -f "$h" ] || continue
+        cmp "$h" "$prefix/include/softrdma/sockets.h" || { echo "include/softrdma/sockets.h not installed"; return 1; }
+    done
+    # The installed launcher finds the installed interposer, puts it first on
+    # LD_PRELOAD (before what was there), and the program runs with it loaded.
+    "$prefix/bin/softrdma" run --sockets -- true || { echo "softrdma run --sockets -- true failed"; return 1; }
+    local got
+    # shellcheck disable=SC2016 # $LD_PRELOAD is the child shell's
+    got=$(LD_PRELOAD='' "$prefix/bin/softrdma" run --sockets -- sh -c 'printf %s "$LD_PRELOAD"')
+    [ "$got" = "$lib" ] || { echo "LD_PRELOAD is '$got', not '$lib'"; return 1; }
+    "$prefix/bin/softrdma" run --sockets -- cat /proc/self/maps | grep -qF "$lib" ||
+        { echo "the interposer is not mapped in a program run with --sockets"; return 1; }
+    "$prefix/bin/softrdma" sockets list >/dev/null
+}
+check "sockets interposer installed, softrdma run --sockets" sockets_interposer
+
 help_text() {
     "$prefix/bin/softrdma" --help | grep -qi 'usage' &&
         "$prefix/bin/softrdma" run --help | grep -qi 'usage' &&
+        "$prefix/bin/softrdma" run --help | grep -q -- '--sockets' &&
+        "$prefix/bin/softrdma" sockets stat --help | grep -qi 'usage' &&
         "$prefix/bin/softrdma" --version | grep -q '^softrdma '
 }
 check "installed softrdma answers --help and --version" help_text
