@@ -62,6 +62,10 @@ const LISTEN_WAIT: Duration = Duration::from_secs(30);
 /// The most packets one capture keeps (the start of the run, where the
 /// MPA negotiation is, and enough of the data to judge).
 const CAPTURE_PACKETS: &str = "3000";
+/// Octets kept of each packet: the headers (TCP, and MPA/DDP/RDMAP of a
+/// segment's first FPDU, which tshark still finds), so a kept capture of
+/// a bulk transfer stays small.
+const CAPTURE_SNAPLEN: &str = "512";
 
 /// tshark's options for MPA (as in `crates/sim/src/tshark.rs`): MPA has
 /// no port of its own and is found only by heuristic, which must run
@@ -903,6 +907,8 @@ impl Case {
             "-n",
             "-U",
             "--immediate-mode",
+            "-s",
+            CAPTURE_SNAPLEN,
             "-c",
             CAPTURE_PACKETS,
             "-w",
@@ -1990,16 +1996,27 @@ fn the_capture_check_sees_iwarp() {
             .stderr(Stdio::piped());
         Proc::start(&format!("softrdma rping {}", args.join(" ")), c)
     };
-    let mut server = rping(&["-s", "-a", "127.0.0.1", "-p", &ps]);
+    // 100000-octet buffers: segments longer than the capture keeps.
+    let mut server = rping(&["-s", "-a", "127.0.0.1", "-p", &ps, "-S", "100000"]);
     wait_listening(&mut server, port, false);
-    let client =
-        rping(&["-c", "-a", "127.0.0.1", "-p", &ps, "-C", "10"]).wait(Instant::now() + DEADLINE);
+    let client = rping(&[
+        "-c",
+        "-a",
+        "127.0.0.1",
+        "-p",
+        &ps,
+        "-C",
+        "10",
+        "-S",
+        "100000",
+    ])
+    .wait(Instant::now() + DEADLINE);
     case.check_ok(&client);
     let server = server.wait(Instant::now() + DEADLINE);
     case.check_ok(&server);
     if let Some(n) = case.dissect(cap) {
         case.check(n.ddp >= 10 && n.payload >= n.ddp, || {
-            format!("softrdma rping -C 10 over RC: {n}")
+            format!("softrdma rping -C 10 -S 100000 over RC: {n}")
         });
     }
     case.finish();
