@@ -566,6 +566,41 @@ impl Incoming {
     }
 }
 
+/// The MPA initiator for a TCP connection made elsewhere (the sockets
+/// interposer, which runs the exchange on the application's own
+/// connection without blocking): this context's MPA settings and
+/// `params`. The caller moves the frames ([`Initiator::poll_transmit`],
+/// [`Initiator::handle_bytes`]) and hands the outcome to
+/// [`attach_negotiated`].
+pub fn initiator(ctx: &Context, params: &ConnParams) -> Result<Initiator, MpaError> {
+    Initiator::new(mpa_config(ctx, params), Instant::now())
+}
+
+/// The MPA responder for a TCP connection made elsewhere (see
+/// [`initiator`]).
+pub fn responder(ctx: &Context) -> Result<Responder, MpaError> {
+    Responder::new(mpa_config(ctx, &ConnParams::default()), Instant::now())
+}
+
+/// Runs `qp` over `sock` after an MPA exchange that ended in `n`, as the
+/// initiator or the responder (what [`connect`] and [`Incoming::accept`]
+/// do once their exchange is over). The socket is made non-blocking.
+pub fn attach_negotiated(
+    ctx: &Context,
+    qp: &Qp,
+    sock: TcpStream,
+    n: &Negotiated,
+    initiator: bool,
+) -> io::Result<()> {
+    let cfg = rc_config(ctx, n, initiator, &sock);
+    let hold = if initiator {
+        n.first_fpdu_not_before
+    } else {
+        None
+    };
+    qp.attach(sock, cfg, hold)
+}
+
 /// How long a blocking CM call may take, as configured.
 pub fn timeout(ctx: &Context) -> Duration {
     ctx.config().mpa_timeout

@@ -436,6 +436,16 @@ impl Qp {
         (r == 0).then_some(n.max(0) as usize)
     }
 
+    /// True when the QP has nothing left to write to its socket (no
+    /// connection, a closed one, or every framed octet handed to TCP): a
+    /// completed Send may still have octets in the engine until then.
+    pub fn tx_idle(&self) -> bool {
+        let c = self.inner.lock();
+        c.link
+            .as_ref()
+            .is_none_or(|l| l.closed || !l.rc.wants_transmit())
+    }
+
     /// Where received payload went so far: placed straight from the socket
     /// or copied through the receive buffer.
     pub fn rx_stats(&self) -> RxStats {

@@ -38,7 +38,10 @@ pub unsafe fn from_sockaddr(p: *const libc::sockaddr, len: libc::socklen_t) -> O
 
 /// As [`from_sockaddr`] for a pointer whose length is implied by its
 /// family (`getifaddrs`).
-pub fn from_sockaddr_ptr(p: *const libc::sockaddr) -> Option<SocketAddr> {
+///
+/// # Safety
+/// `p` is null or points to a complete address of its family.
+pub unsafe fn from_sockaddr_ptr(p: *const libc::sockaddr) -> Option<SocketAddr> {
     if p.is_null() {
         return None;
     }
@@ -92,7 +95,9 @@ pub fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_
 /// Whether `ip` is IPv4 (or IPv4-mapped) loopback or `::1`.
 pub fn is_loopback(ip: IpAddr) -> bool {
     match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(v6.is_loopback(), |v4| v4.is_loopback()),
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map_or(v6.is_loopback(), |v4| v4.is_loopback()),
         IpAddr::V4(v4) => v4.is_loopback(),
     }
 }

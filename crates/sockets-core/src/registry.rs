@@ -130,7 +130,8 @@ fn is_local(ip: IpAddr) -> bool {
     while !p.is_null() {
         // SAFETY: `p` walks the list getifaddrs returned.
         let e = unsafe { &*p };
-        if let Some(a) = crate::addr::from_sockaddr_ptr(e.ifa_addr) {
+        // SAFETY: getifaddrs' addresses are complete for their family.
+        if let Some(a) = unsafe { crate::addr::from_sockaddr_ptr(e.ifa_addr) } {
             if canon(a.ip()) == ip {
                 found = true;
                 break;
@@ -241,6 +242,17 @@ pub fn client_at(peer: SocketAddr) -> bool {
         return false;
     }
     ens == netns() || !canon(peer.ip()).is_loopback()
+}
+
+/// The local address (port 0) the kernel would use to reach `dest`: a
+/// UDP socket connected there is asked (no packet is sent).
+pub fn source_for(dest: SocketAddr) -> Option<SocketAddr> {
+    let any = unspecified_like(&dest);
+    let u = std::net::UdpSocket::bind(any).ok()?;
+    u.connect(dest).ok()?;
+    let mut a = u.local_addr().ok()?;
+    a.set_port(0);
+    Some(a)
 }
 
 /// The unspecified address of `addr`'s family (what an implicit bind uses).

@@ -477,7 +477,11 @@ impl Slot {
                     let b = s.as_bytes();
                     for (i, c) in dst.iter().enumerate() {
                         c.store(
-                            if i < ADDR_LEN - 1 { *b.get(i).unwrap_or(&0) } else { 0 },
+                            if i < ADDR_LEN - 1 {
+                                *b.get(i).unwrap_or(&0)
+                            } else {
+                                0
+                            },
                             Ordering::Relaxed,
                         );
                     }
@@ -632,7 +636,9 @@ pub fn own() -> (Totals, Vec<Row>) {
     let h = unsafe { &*(t.base as *const Header) };
     (
         header_totals(h),
-        (0..ROWS).filter_map(|i| decode(row_at(t.base, i))).collect(),
+        (0..ROWS)
+            .filter_map(|i| decode(row_at(t.base, i)))
+            .collect(),
     )
 }
 
@@ -696,7 +702,16 @@ pub fn format_table(rows: &[Row]) -> String {
     let _ = writeln!(
         s,
         "{:>5} {:<4} {:<8} {:<9} {:<16} {:<24} {:<24} {:>12} {:>12} {:>9} {:>9}",
-        "fd", "kind", "role", "state", "reason", "local", "peer", "tx_bytes", "rx_bytes", "tx_msgs",
+        "fd",
+        "kind",
+        "role",
+        "state",
+        "reason",
+        "local",
+        "peer",
+        "tx_bytes",
+        "rx_bytes",
+        "tx_msgs",
         "rx_msgs"
     );
     for r in rows {

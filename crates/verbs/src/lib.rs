@@ -625,6 +625,12 @@ impl QueuePair {
         *self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// True when nothing the QP framed is left to write to its connection
+    /// (a Send's completion can come before its last octets reach TCP).
+    pub fn tx_idle(&self) -> bool {
+        self.qp.tx_idle()
+    }
+
     /// Disconnects (`rdma_disconnect`): outstanding work flushes and the QP
     /// goes to ERR.
     pub fn disconnect(&self) {
@@ -650,6 +656,21 @@ pub mod cm {
         let pd = softrdma_engine::cm::connect(&qp.ctx, &qp.qp, addr, params)?;
         qp.set_state(QpState::Rts);
         Ok(pd)
+    }
+
+    /// Runs `qp` over a TCP connection made elsewhere whose MPA exchange
+    /// (through [`softrdma_engine::cm::initiator`] or
+    /// [`softrdma_engine::cm::responder`]) ended in `n`; the QP is then in
+    /// RTS.
+    pub fn attach_negotiated(
+        qp: &QueuePair,
+        sock: std::net::TcpStream,
+        n: &softrdma_proto::mpa::Negotiated,
+        initiator: bool,
+    ) -> std::io::Result<()> {
+        softrdma_engine::cm::attach_negotiated(&qp.ctx, &qp.qp, sock, n, initiator)?;
+        qp.set_state(QpState::Rts);
+        Ok(())
     }
 
     /// A listener for connection requests.

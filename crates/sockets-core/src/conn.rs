@@ -1,0 +1,639 @@
+//! A byte stream over an RC queue pair: what an accelerated TCP socket
+//! carries once the MPA exchange is over.
+//!
+//! Every message is an RC Send into one of the peer's pre-posted receive
+//! buffers, all [`BUF`] octets, and starts with an 8-octet header:
+//!
+//! | octets | field |
+//! |---|---|
+//! | 0 | kind: 1 data, 2 credit, 3 end of stream (the writer shut down) |
+//! | 1 | control credits returned |
+//! | 2..4 | zero |
+//! | 4..8 | data credits returned (little endian) |
+//!
+//! A data message carries up to `BUF − 8` octets of the stream. Each end
+//! posts `data + ctrl` receive buffers (numbers exchanged in the MPA
+//! private data, [`Params`]); the sender spends a *data credit* per data
+//! message and a *control credit* per credit or end-of-stream message, so
+//! a Send always finds a buffer (iWARP has no receiver-not-ready retry: a
+//! Send without one ends the connection). A buffer the application has
+//! emptied is posted again and its credit goes back on the next message
+//! of any kind; when there is none to carry it and half the data credits
+//! are owed, a credit message carries them. Control credits come back
+//! the same way; a credit message is only ever sent after the peer's data
+//! was consumed, and every message the peer sends after receiving one
+//! returns its control credit, so control credits cannot run out while
+//! one is needed (four are enough; see `docs/sockets.md`).
+//!
+//! Writes are copied into registered send slots; while data credits
+//! last, each write goes out at once (latency), and while they do not,
+//! later writes are appended to the open slot (TCP's coalescing under a
+//! closed window). Reads copy out of the receive buffers in order.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use softrdma_verbs::{
+    Access, Completion, CompletionChannel, CompletionQueue, Context, InlineData, MemoryRegion,
+    Payload, ProtectionDomain, QpCaps, QueuePair, RecvWr, SendFlags, SendOp, SendWr, SgList,
+    WcOpcode, WcStatus, WorkCompletion,
+};
+
+/// Octets per buffer (header included).
+pub const BUF: usize = 64 * 1024;
+/// Header octets.
+pub const HDR: usize = 8;
+/// Receive buffers for data messages.
+pub const DATA_BUFS: u32 = 16;
+/// Receive buffers for control messages.
+pub const CTRL_BUFS: u32 = 4;
+
+const KIND_DATA: u8 = 1;
+const KIND_CREDIT: u8 = 2;
+const KIND_FIN: u8 = 3;
+
+/// `wr_id` of control sends (inline, no slot).
+const WR_CTRL: u64 = u64::MAX;
+
+/// The private data each end puts in its MPA frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    /// Flags: bit 0 — the socket was switched to DDP by the application.
+    pub flags: u8,
+    /// Receive buffers posted for data messages.
+    pub data_bufs: u32,
+    /// Receive buffers posted for control messages.
+    pub ctrl_bufs: u32,
+    /// Octets per receive buffer.
+    pub buf: u32,
+}
+
+/// First octets of [`Params`] on the wire.
+pub const MAGIC: [u8; 4] = *b"SRSK";
+/// Version of the stream protocol.
+pub const VERSION: u8 = 1;
+/// Octets of [`Params`] on the wire.
+pub const PARAMS_LEN: usize = 16;
+
+impl Params {
+    /// This end's parameters.
+    pub fn ours(flags: u8) -> Params {
+        Params {
+            flags,
+            data_bufs: DATA_BUFS,
+            ctrl_bufs: CTRL_BUFS,
+            buf: BUF as u32,
+        }
+    }
+
+    /// The wire form.
+    pub fn to_bytes(self) -> [u8; PARAMS_LEN] {
+        let mut b = [0u8; PARAMS_LEN];
+        b[..4].copy_from_slice(&MAGIC);
+        b[4] = VERSION;
+        b[5] = self.flags;
+        b[6..8].copy_from_slice(&(self.ctrl_bufs as u16).to_le_bytes());
+        b[8..12].copy_from_slice(&self.data_bufs.to_le_bytes());
+        b[12..16].copy_from_slice(&self.buf.to_le_bytes());
+        b
+    }
+
+    /// Parses the peer's private data; `None` if it is not a softrdma
+    /// sockets peer of this version or its numbers make no sense.
+    pub fn parse(b: &[u8]) -> Option<Params> {
+        if b.len() < PARAMS_LEN || b[..4] != MAGIC || b[4] != VERSION {
+            return None;
+        }
+        let p = Params {
+            flags: b[5],
+            ctrl_bufs: u32::from(u16::from_le_bytes([b[6], b[7]])),
+            data_bufs: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
+            buf: u32::from_le_bytes([b[12], b[13], b[14], b[15]]),
+        };
+        let sane = (1..=4096).contains(&p.data_bufs)
+            && (3..=64).contains(&p.ctrl_bufs)
+            && (HDR as u32 + 1..=1 << 24).contains(&p.buf);
+        sane.then_some(p)
+    }
+}
+
+/// The verbs objects of one process (one device context and PD).
+#[derive(Debug)]
+pub struct Device {
+    ctx: Context,
+    pd: ProtectionDomain,
+}
+
+impl Device {
+    /// Opens the device.
+    pub fn open() -> std::io::Result<Device> {
+        let ctx = Context::open().map_err(|e| std::io::Error::other(e.to_string()))?;
+        let pd = ctx.alloc_pd();
+        Ok(Device { ctx, pd })
+    }
+
+    /// The engine context (MPA settings).
+    pub fn engine(&self) -> &softrdma_engine::Context {
+        self.ctx.engine()
+    }
+}
+
+struct RxMsg {
+    idx: usize,
+    off: usize,
+    end: usize,
+}
+
+/// Why an operation on the stream cannot go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamErr {
+    /// Nothing to do now (non-blocking callers return `EAGAIN`).
+    WouldBlock,
+    /// The connection is gone: `errno`.
+    Errno(i32),
+}
+
+/// One accelerated connection.
+pub struct Conn {
+    qp: QueuePair,
+    cq: CompletionQueue,
+    chan: CompletionChannel,
+    rx_mr: MemoryRegion,
+    tx_mr: MemoryRegion,
+    peer: Params,
+    nrx: usize,
+    rx: VecDeque<RxMsg>,
+    rx_bytes: usize,
+    tx_free: Vec<usize>,
+    /// The slot being filled and how many stream octets it holds.
+    tx_open: Option<(usize, usize)>,
+    tx_inflight: usize,
+    data_credits: u32,
+    ctrl_credits: u32,
+    owed_data: u32,
+    owed_ctrl: u32,
+    /// The application shut down writing; the end-of-stream message is
+    /// owed until sent.
+    shut_wr: bool,
+    fin_sent: bool,
+    fin_rcvd: bool,
+    /// The connection under the QP ended without the peer's end of stream.
+    broken: bool,
+    /// The QP's own descriptor of the TCP connection (-1 before attach).
+    efd: i32,
+    /// The TCP connection was shut down for writing (closing).
+    tcp_shut: bool,
+    /// Messages sent and received (statistics).
+    pub msgs_out: u64,
+    /// As [`Conn::msgs_out`], inbound.
+    pub msgs_in: u64,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("qpn", &self.qp.qpn())
+            .field("rx_bytes", &self.rx_bytes)
+            .field("data_credits", &self.data_credits)
+            .field("ctrl_credits", &self.ctrl_credits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Conn {
+    /// The QP, CQ and buffers of a new connection, with every receive
+    /// posted (before the MPA exchange ends, so the peer's first Send
+    /// finds one).
+    pub fn new(dev: &Device) -> std::io::Result<Conn> {
+        let nrx = (DATA_BUFS + CTRL_BUFS) as usize;
+        let ntx = DATA_BUFS as usize;
+        let chan = dev.ctx.create_comp_channel()?;
+        let cq = dev.ctx.create_cq(2 * (nrx + ntx) + 8, Some(&chan));
+        let qp = dev.pd.create_qp(
+            &cq,
+            &cq,
+            QpCaps {
+                max_send_wr: ntx + CTRL_BUFS as usize + 4,
+                max_recv_wr: nrx,
+            },
+        );
+        let reg = |n: usize, a: Access| {
+            dev.pd
+                .register(n * BUF, a)
+                .map_err(|e| std::io::Error::other(e.to_string()))
+        };
+        let rx_mr = reg(nrx, Access::LOCAL_WRITE)?;
+        let tx_mr = reg(ntx, Access(0))?;
+        let c = Conn {
+            qp,
+            cq,
+            chan,
+            rx_mr,
+            tx_mr,
+            peer: Params::ours(0),
+            nrx,
+            rx: VecDeque::new(),
+            rx_bytes: 0,
+            tx_free: (0..ntx).rev().collect(),
+            tx_open: None,
+            tx_inflight: 0,
+            data_credits: 0,
+            ctrl_credits: 0,
+            owed_data: 0,
+            owed_ctrl: 0,
+            shut_wr: false,
+            fin_sent: false,
+            fin_rcvd: false,
+            broken: false,
+            efd: -1,
+            tcp_shut: false,
+            msgs_out: 0,
+            msgs_in: 0,
+        };
+        for i in 0..nrx {
+            c.post_recv(i)?;
+        }
+        Ok(c)
+    }
+
+    fn post_recv(&self, idx: usize) -> std::io::Result<()> {
+        let sge = self.rx_mr.sge(idx * BUF, BUF as u32);
+        self.qp
+            .post_recv(RecvWr {
+                wr_id: idx as u64,
+                sgl: SgList::single(sge.addr, sge.length, sge.lkey),
+            })
+            .map_err(|e| std::io::Error::other(format!("post_recv: {e:?}")))
+    }
+
+    /// The QP (for the MPA attach).
+    pub fn qp(&self) -> &QueuePair {
+        &self.qp
+    }
+
+    /// Records the descriptor the QP runs on (for the closing handshake).
+    pub fn set_efd(&mut self, efd: i32) {
+        self.efd = efd;
+    }
+
+    /// Starts the stream with the peer's parameters.
+    pub fn start(&mut self, peer: Params) {
+        self.peer = peer;
+        self.data_credits = peer.data_bufs;
+        self.ctrl_credits = peer.ctrl_bufs;
+    }
+
+    /// The descriptor that becomes readable when an armed CQ fires.
+    pub fn wait_fd(&self) -> i32 {
+        self.chan.fd()
+    }
+
+    /// Takes what the CQ holds and sends what can go. Returns true if
+    /// anything changed.
+    pub fn progress(&mut self) -> bool {
+        let mut changed = false;
+        let blank = Completion {
+            wc: WorkCompletion::new(0, WcStatus::GeneralErr, WcOpcode::Send, 0),
+            qp_num: 0,
+        };
+        let mut out = [blank; 32];
+        loop {
+            let n = self.cq.poll(&mut out);
+            for c in &out[..n] {
+                self.complete(&c.wc);
+            }
+            changed |= n > 0;
+            if n < out.len() {
+                break;
+            }
+        }
+        if changed || self.tx_open.is_some() || self.shut_wr || self.owed_data > 0 {
+            changed |= self.flush();
+        }
+        changed
+    }
+
+    fn complete(&mut self, wc: &WorkCompletion) {
+        match wc.opcode {
+            WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
+                if wc.status != WcStatus::Success {
+                    self.broken = true;
+                    return;
+                }
+                let idx = wc.wr_id as usize;
+                let len = wc.byte_len as usize;
+                if idx >= self.nrx || len < HDR {
+                    self.broken = true;
+                    return;
+                }
+                let mut h = [0u8; HDR];
+                let _ = self.rx_mr.read_at(idx * BUF, &mut h);
+                self.ctrl_credits += u32::from(h[1]);
+                self.data_credits += u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+                self.msgs_in += 1;
+                match h[0] {
+                    KIND_DATA if len > HDR => {
+                        self.rx_bytes += len - HDR;
+                        self.rx.push_back(RxMsg {
+                            idx,
+                            off: HDR,
+                            end: len,
+                        });
+                    }
+                    KIND_DATA => self.consumed(idx, true),
+                    KIND_FIN => {
+                        self.fin_rcvd = true;
+                        self.consumed(idx, false);
+                    }
+                    KIND_CREDIT => self.consumed(idx, false),
+                    _ => self.broken = true,
+                }
+            }
+            _ => {
+                if wc.status != WcStatus::Success {
+                    self.broken = true;
+                }
+                if wc.wr_id != WR_CTRL {
+                    let idx = wc.wr_id as usize;
+                    self.tx_inflight = self.tx_inflight.saturating_sub(1);
+                    self.tx_free.push(idx);
+                }
+            }
+        }
+    }
+
+    /// A receive buffer is empty again: post it and owe its credit.
+    fn consumed(&mut self, idx: usize, data: bool) {
+        if self.post_recv(idx).is_err() {
+            self.broken = true;
+        }
+        if data {
+            self.owed_data += 1;
+        } else {
+            self.owed_ctrl += 1;
+        }
+    }
+
+    fn header(&mut self, kind: u8) -> [u8; HDR] {
+        let mut h = [0u8; HDR];
+        h[0] = kind;
+        let ctrl = self.owed_ctrl.min(255);
+        h[1] = ctrl as u8;
+        self.owed_ctrl -= ctrl;
+        h[4..8].copy_from_slice(&self.owed_data.to_le_bytes());
+        self.owed_data = 0;
+        h
+    }
+
+    fn post_ctrl(&mut self, kind: u8) -> bool {
+        let h = self.header(kind);
+        let wr = SendWr {
+            wr_id: WR_CTRL,
+            op: SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+            payload: Payload::Inline(InlineData::new(&h).expect("8 octets fit inline")),
+            // Signaled, so the send queue's slots come back even on a
+            // connection that carries only control messages one way.
+            flags: SendFlags {
+                signaled: true,
+                ..SendFlags::default()
+            },
+        };
+        self.ctrl_credits -= 1;
+        self.msgs_out += 1;
+        if self.qp.post_send(wr).is_err() {
+            self.broken = true;
+            return false;
+        }
+        true
+    }
+
+    /// Sends the open slot, owed credits and the end of stream as far as
+    /// credits allow. True if anything went out.
+    fn flush(&mut self) -> bool {
+        let mut sent = false;
+        if self.broken {
+            return false;
+        }
+        if let Some((idx, n)) = self.tx_open {
+            if self.data_credits > 0 {
+                self.tx_open = None;
+                let h = self.header(KIND_DATA);
+                let _ = self.tx_mr.write_at(idx * BUF, &h);
+                let sge = self.tx_mr.sge(idx * BUF, (HDR + n) as u32);
+                let wr = SendWr {
+                    wr_id: idx as u64,
+                    op: SendOp::Send {
+                        imm: None,
+                        invalidate: None,
+                    },
+                    payload: Payload::Sgl(SgList::single(sge.addr, sge.length, sge.lkey)),
+                    flags: SendFlags {
+                        signaled: true,
+                        ..SendFlags::default()
+                    },
+                };
+                self.data_credits -= 1;
+                self.tx_inflight += 1;
+                self.msgs_out += 1;
+                if self.qp.post_send(wr).is_err() {
+                    self.broken = true;
+                    return sent;
+                }
+                sent = true;
+            }
+        }
+        if self.shut_wr && !self.fin_sent && self.tx_open.is_none() && self.ctrl_credits > 0 {
+            self.fin_sent = self.post_ctrl(KIND_FIN);
+            sent |= self.fin_sent;
+        }
+        if self.owed_data >= self.peer.data_bufs.div_ceil(2).max(1) && self.ctrl_credits > 0 {
+            sent |= self.post_ctrl(KIND_CREDIT);
+        }
+        sent
+    }
+
+    /// Octets ready to read.
+    pub fn readable_bytes(&self) -> usize {
+        self.rx_bytes
+    }
+
+    /// True once a read would return end of file (after the buffered
+    /// octets): the peer shut down writing, or the connection ended.
+    pub fn at_eof(&self) -> bool {
+        self.fin_rcvd || self.broken
+    }
+
+    /// True when the connection ended without the peer's end of stream.
+    pub fn broken(&self) -> bool {
+        self.broken
+    }
+
+    /// True when the peer shut down writing.
+    pub fn fin_received(&self) -> bool {
+        self.fin_rcvd
+    }
+
+    /// True when this end shut down writing.
+    pub fn write_shut(&self) -> bool {
+        self.shut_wr
+    }
+
+    /// Room for a write without waiting.
+    pub fn writable(&self) -> bool {
+        !self.broken
+            && !self.shut_wr
+            && (!self.tx_free.is_empty() || self.tx_open.is_some_and(|(_, n)| n < BUF - HDR))
+    }
+
+    /// Copies up to `out.len()` octets out (`peek`: without consuming).
+    /// Returns how many (0 with nothing buffered).
+    pub fn read(&mut self, out: &mut [u8], peek: bool) -> usize {
+        let mut done = 0;
+        let mut i = 0;
+        while done < out.len() && i < self.rx.len() {
+            let m = &self.rx[i];
+            let n = (m.end - m.off).min(out.len() - done);
+            let _ = self
+                .rx_mr
+                .read_at(m.idx * BUF + m.off, &mut out[done..done + n]);
+            done += n;
+            if peek {
+                i += 1;
+                continue;
+            }
+            let m = &mut self.rx[i];
+            m.off += n;
+            if m.off == m.end {
+                let idx = m.idx;
+                self.rx.pop_front();
+                self.consumed(idx, true);
+            }
+        }
+        if !peek {
+            self.rx_bytes -= done;
+            if done > 0 {
+                self.flush();
+            }
+        }
+        done
+    }
+
+    /// Discards up to `n` buffered octets (`MSG_TRUNC` on a stream).
+    pub fn discard(&mut self, n: usize) -> usize {
+        let mut left = n;
+        while left > 0 {
+            let Some(m) = self.rx.front_mut() else { break };
+            let k = (m.end - m.off).min(left);
+            m.off += k;
+            left -= k;
+            if m.off == m.end {
+                let idx = m.idx;
+                self.rx.pop_front();
+                self.consumed(idx, true);
+            }
+        }
+        self.rx_bytes -= n - left;
+        self.flush();
+        n - left
+    }
+
+    /// Copies as much of `data` as fits into send slots and sends what
+    /// credits allow. Returns the octets taken (0: no room now).
+    pub fn write(&mut self, data: &[u8]) -> Result<usize, StreamErr> {
+        if self.broken {
+            return Err(StreamErr::Errno(libc::EPIPE));
+        }
+        if self.shut_wr {
+            return Err(StreamErr::Errno(libc::EPIPE));
+        }
+        let mut done = 0;
+        while done < data.len() {
+            let (idx, fill) = match self.tx_open {
+                Some((idx, fill)) if fill < BUF - HDR => (idx, fill),
+                Some(_) => {
+                    // Full and waiting for a credit.
+                    break;
+                }
+                None => match self.tx_free.pop() {
+                    Some(idx) => (idx, 0),
+                    None => break,
+                },
+            };
+            let n = (BUF - HDR - fill).min(data.len() - done);
+            let _ = self
+                .tx_mr
+                .write_at(idx * BUF + HDR + fill, &data[done..done + n]);
+            done += n;
+            self.tx_open = Some((idx, fill + n));
+            self.flush();
+            if self.broken {
+                break;
+            }
+        }
+        if done == 0 {
+            return Err(if self.broken {
+                StreamErr::Errno(libc::EPIPE)
+            } else {
+                StreamErr::WouldBlock
+            });
+        }
+        Ok(done)
+    }
+
+    /// Shuts down writing: the end of stream follows the data written.
+    pub fn shutdown_write(&mut self) {
+        if !self.shut_wr {
+            self.shut_wr = true;
+            self.flush();
+        }
+    }
+
+    /// True when everything written has left (the end of stream too, if
+    /// writing was shut down).
+    pub fn drained(&self) -> bool {
+        self.broken
+            || (self.tx_open.is_none()
+                && self.tx_inflight == 0
+                && (!self.shut_wr || self.fin_sent)
+                && self.qp.tx_idle())
+    }
+
+    /// Closing: once everything written has left, the TCP connection is
+    /// shut down for writing; the peer's engine then ends its side, and
+    /// the connection is over when that close arrives ([`Conn::broken`]).
+    /// Closing the socket earlier, with the peer's octets unread, would
+    /// reset it, and a reset discards what the peer's kernel still holds.
+    /// True when the connection can be dropped.
+    pub fn close_step(&mut self) -> bool {
+        self.progress();
+        if self.broken {
+            return true;
+        }
+        if !self.tcp_shut && self.drained() && self.efd >= 0 {
+            self.tcp_shut = true;
+            // SAFETY: the QP's own descriptor, open until the QP is dropped.
+            unsafe { libc::shutdown(self.efd, libc::SHUT_WR) };
+        }
+        false
+    }
+
+    /// Arms the CQ for the next completion (before waiting on
+    /// [`Conn::wait_fd`]).
+    pub fn arm(&self) {
+        self.cq.req_notify(false);
+    }
+
+    /// Clears the channel after a wake-up.
+    pub fn clear_event(&self) {
+        while self.chan.get_event(Some(Duration::ZERO)).is_some() {}
+    }
+
+    /// Ends the connection: outstanding work flushes, the TCP connection
+    /// closes.
+    pub fn disconnect(&self) {
+        self.qp.disconnect();
+    }
+}

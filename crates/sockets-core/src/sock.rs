@@ -1,0 +1,1220 @@
+//! One application TCP socket softrdma watches: its phase (plain kernel
+//! socket, MPA exchange, RC stream), and the socket calls on it.
+//!
+//! Every application socket keeps its kernel descriptor. While a socket
+//! is plain ([`Sock::is_pass`]) every call goes to the kernel untouched.
+//! A connection between two interposed ends runs the MPA exchange on the
+//! connection's own TCP stream, then iWARP (MPA/DDP/RDMAP) on it: the QP
+//! owns a duplicate of the descriptor, the application's descriptor stays
+//! open for `fstat`, socket options and `getpeername`, and the data calls
+//! go to the [`Conn`].
+//!
+//! The client decides before `connect`: it accelerates when the registry
+//! shows an interposed listener at the destination (or a rule says so),
+//! records itself in the registry, connects, and sends its MPA Request
+//! without waiting; the Reply is read by whichever call next needs the
+//! connection. The server decides at `accept`: a connection whose client
+//! is in the registry gets its Request read (peeked first: anything else
+//! leaves the socket to the kernel with no octet consumed). A server that
+//! does not want the connection rejects it, and both ends then go on as
+//! plain TCP on the same connection after the two MPA frames.
+
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::FromRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use libc::c_int;
+use softrdma_proto::mpa::{Initiator, Outcome};
+use softrdma_wire::mpa as wmpa;
+
+use crate::conn::{Conn, Params, StreamErr, PARAMS_LEN};
+use crate::real::real;
+use crate::registry::{ClientEntry, ListenerEntry};
+use crate::stat::{Kind, Reason, Role, Slot, State};
+
+/// A result that may tell the caller to do the kernel's call instead.
+#[derive(Debug)]
+pub enum Out<T> {
+    /// The socket is plain: call the kernel.
+    Pass,
+    /// Done here: the value, or `errno`.
+    Done(Result<T, c_int>),
+}
+
+/// How long a blocking call waits for the peer's MPA frame before the
+/// connection is given up.
+const MPA_TIMEOUT: Duration = Duration::from_secs(10);
+
+enum Phase {
+    /// Created; not connected or listening yet.
+    Fresh,
+    /// Listening (accept decides each connection).
+    Listening,
+    /// A non-blocking connect toward an interposed listener is under way.
+    Connecting,
+    /// Our MPA Request is out; the Reply is awaited.
+    ClientMpa(Box<ClientMpa>),
+    /// A softrdma client's MPA Request is awaited.
+    ServerMpa,
+    /// The stream runs over RC.
+    Rc(Box<Conn>),
+    /// Plain kernel socket.
+    Kernel,
+    /// The connection failed while softrdma had it: calls fail with this.
+    Failed(c_int),
+}
+
+struct ClientMpa {
+    ini: Initiator,
+    conn: Conn,
+    efd: c_int,
+    deadline: Instant,
+}
+
+struct Inner {
+    phase: Phase,
+    slot: Slot,
+    listener: Option<ListenerEntry>,
+    client: Option<ClientEntry>,
+    shut_rd: bool,
+}
+
+/// A socket softrdma watches.
+pub struct Sock {
+    /// `AF_INET` or `AF_INET6`.
+    pub family: c_int,
+    pass: AtomicBool,
+    nonblock: AtomicBool,
+    fds: AtomicUsize,
+    /// Set in a forked child for a socket whose connection stays the
+    /// parent's.
+    inherited: AtomicBool,
+    /// Engine objects are attached (a forked child cannot use them).
+    engine: AtomicBool,
+    lowat: AtomicUsize,
+    rcvtimeo_us: AtomicU64,
+    sndtimeo_us: AtomicU64,
+    /// Bumped whenever the socket's readiness may have changed (epoll's
+    /// edge-triggered entries report a change once).
+    pub gen: AtomicU64,
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for Sock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sock")
+            .field("family", &self.family)
+            .field("pass", &self.is_pass())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What `poll` needs of a socket softrdma carries.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ready {
+    /// `POLL*` bits that hold now.
+    pub events: i16,
+    /// A descriptor whose readiness wakes a waiter, and for what.
+    pub wait: Option<(c_int, i16)>,
+}
+
+fn errno() -> c_int {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+fn fmt_addr(a: Option<SocketAddr>) -> String {
+    a.map(|a| a.to_string()).unwrap_or_default()
+}
+
+fn local_addr(fd: c_int) -> Option<SocketAddr> {
+    // SAFETY: sockaddr_storage is plain data.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: getsockname writes at most `len` octets into `ss`.
+    let r = unsafe { libc::getsockname(fd, &mut ss as *mut _ as *mut libc::sockaddr, &mut len) };
+    // SAFETY: `ss` holds `len` octets written by the kernel.
+    (r == 0).then(|| unsafe { crate::addr::from_sockaddr(&ss as *const _ as *const _, len) })?
+}
+
+fn peer_addr(fd: c_int) -> Option<SocketAddr> {
+    // SAFETY: sockaddr_storage is plain data.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: getpeername writes at most `len` octets into `ss`.
+    let r = unsafe { libc::getpeername(fd, &mut ss as *mut _ as *mut libc::sockaddr, &mut len) };
+    // SAFETY: `ss` holds `len` octets written by the kernel.
+    (r == 0).then(|| unsafe { crate::addr::from_sockaddr(&ss as *const _ as *const _, len) })?
+}
+
+/// Waits for `events` on `fd` until `deadline` (`None`: forever).
+/// False on timeout; `Err(EINTR)` on a signal.
+fn wait_fd(fd: c_int, events: i16, deadline: Option<Instant>) -> Result<bool, c_int> {
+    let timeout = match deadline {
+        None => -1,
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            left.as_millis().clamp(1, i32::MAX as u128) as c_int
+        }
+    };
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let r = unsafe { (real().poll)(&mut p, 1, timeout) };
+    match r {
+        r if r > 0 => Ok(true),
+        0 => Ok(false),
+        _ => match errno() {
+            libc::EINTR => Err(libc::EINTR),
+            _ => Ok(true),
+        },
+    }
+}
+
+/// Reads one whole MPA frame from `fd` if it has arrived, consuming
+/// exactly its octets. `Err(None)`: the stream does not start with an
+/// MPA frame of `key` (nothing consumed); `Err(Some(errno))`: the
+/// connection ended.
+fn take_frame(fd: c_int, key: &[u8; 16]) -> Result<Option<Vec<u8>>, Option<c_int>> {
+    let mut head = [0u8; wmpa::HEADER_LEN];
+    let peek = |buf: &mut [u8]| -> Result<usize, Option<c_int>> {
+        // SAFETY: `buf` is writable for its length.
+        let n = unsafe {
+            (real().recv)(
+                fd,
+                buf.as_mut_ptr() as *mut _,
+                buf.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        match n {
+            0 => Err(Some(libc::ECONNRESET)),
+            n if n > 0 => Ok(n as usize),
+            _ => match errno() {
+                libc::EAGAIN | libc::EINTR => Ok(0),
+                e => Err(Some(e)),
+            },
+        }
+    };
+    let n = peek(&mut head)?;
+    let k = n.min(16);
+    if head[..k] != key[..k] {
+        return Err(None);
+    }
+    if n < wmpa::HEADER_LEN {
+        return Ok(None);
+    }
+    let total = wmpa::frame_len(&head).unwrap_or(wmpa::HEADER_LEN);
+    let mut frame = vec![0u8; total];
+    if peek(&mut frame)? < total {
+        return Ok(None);
+    }
+    // SAFETY: `frame` is writable for `total` octets, which are queued.
+    let got = unsafe { (real().recv)(fd, frame.as_mut_ptr() as *mut _, total, libc::MSG_DONTWAIT) };
+    if got != total as isize {
+        return Err(Some(libc::EPROTO));
+    }
+    Ok(Some(frame))
+}
+
+fn send_all(fd: c_int, mut b: &[u8]) -> Result<(), c_int> {
+    while !b.is_empty() {
+        // SAFETY: `b` is readable for its length.
+        let n = unsafe { (real().send)(fd, b.as_ptr() as *const _, b.len(), libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            match errno() {
+                libc::EINTR => continue,
+                libc::EAGAIN => {
+                    let _ = wait_fd(fd, libc::POLLOUT, Some(Instant::now() + MPA_TIMEOUT));
+                    continue;
+                }
+                e => return Err(e),
+            }
+        }
+        b = &b[n as usize..];
+    }
+    Ok(())
+}
+
+fn dup_cloexec(fd: c_int) -> Result<c_int, c_int> {
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor we were handed.
+    let d = unsafe { (real().fcntl)(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if d < 0 {
+        Err(errno())
+    } else {
+        Ok(d)
+    }
+}
+
+fn close_raw(fd: c_int) {
+    // SAFETY: closing a descriptor this module made.
+    unsafe { (real().close)(fd) };
+}
+
+/// A connection the application closed, kept until it can end cleanly.
+struct Lingering {
+    conn: Box<Conn>,
+    /// Give up (disconnect) at this instant whatever is left.
+    give_up: Instant,
+}
+
+impl Lingering {
+    /// Progresses; true when the connection was ended.
+    fn step(&mut self, now: Instant) -> bool {
+        if self.conn.close_step() || now >= self.give_up {
+            self.conn.disconnect();
+            return true;
+        }
+        false
+    }
+}
+
+/// The connections the application closed that still send what was
+/// written, or wait for the peer's end of stream.
+static LINGER: Mutex<Vec<Lingering>> = Mutex::new(Vec::new());
+static LINGER_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// How long a closed connection may keep sending what was written.
+const LINGER_MAX: Duration = Duration::from_secs(30);
+
+fn linger(conn: Box<Conn>) {
+    let mut l = LINGER.lock().unwrap_or_else(|e| e.into_inner());
+    l.push(Lingering {
+        conn,
+        give_up: Instant::now() + LINGER_MAX,
+    });
+    let pid = std::process::id();
+    if LINGER_PID.swap(pid, Ordering::Relaxed) != pid {
+        let _ = std::thread::Builder::new()
+            .name("softrdma-linger".into())
+            .spawn(|| {
+                crate::guard::enter_forever();
+                loop {
+                    std::thread::sleep(Duration::from_millis(2));
+                    let now = Instant::now();
+                    let mut l = LINGER.lock().unwrap_or_else(|e| e.into_inner());
+                    l.retain_mut(|x| !x.step(now));
+                }
+            });
+    }
+}
+
+/// At exit: gives the connections the application closed up to
+/// [`LINGER_MAX`] to send what was written (the kernel would deliver a
+/// closed socket's data after the process is gone; softrdma's send
+/// buffers go with the process).
+pub fn drain_lingering() {
+    loop {
+        let now = Instant::now();
+        let mut l = LINGER.lock().unwrap_or_else(|e| e.into_inner());
+        l.retain_mut(|x| !x.step(now));
+        if l.is_empty() {
+            return;
+        }
+        drop(l);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+impl Sock {
+    /// A socket just created (`socket`, or `accept` for a server end).
+    pub fn new(fd: c_int, family: c_int, nonblock: bool) -> Arc<Sock> {
+        Arc::new(Sock {
+            family,
+            pass: AtomicBool::new(false),
+            nonblock: AtomicBool::new(nonblock),
+            fds: AtomicUsize::new(1),
+            inherited: AtomicBool::new(false),
+            engine: AtomicBool::new(false),
+            lowat: AtomicUsize::new(1),
+            rcvtimeo_us: AtomicU64::new(0),
+            sndtimeo_us: AtomicU64::new(0),
+            gen: AtomicU64::new(0),
+            inner: Mutex::new(Inner {
+                phase: Phase::Fresh,
+                slot: Slot::new(fd, Kind::Stream),
+                listener: None,
+                client: None,
+                shut_rd: false,
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// True while every call can go straight to the kernel (plain sockets,
+    /// listeners, sockets not connected yet).
+    pub fn is_pass(&self) -> bool {
+        self.pass.load(Ordering::Acquire)
+    }
+
+    fn set_kernel(&self, inner: &mut Inner, reason: Reason) {
+        inner.phase = Phase::Kernel;
+        inner.client = None;
+        inner.slot.set_state(State::Kernel, reason);
+        self.pass.store(true, Ordering::Release);
+        self.gen.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The application's view of `O_NONBLOCK`.
+    pub fn nonblocking(&self) -> bool {
+        self.nonblock.load(Ordering::Relaxed)
+    }
+
+    /// Sets the application's view of `O_NONBLOCK`.
+    pub fn set_nonblocking(&self, on: bool) {
+        self.nonblock.store(on, Ordering::Relaxed)
+    }
+
+    /// True if softrdma owns the descriptor's file status flags (the
+    /// engine made the shared socket non-blocking).
+    pub fn flags_shadowed(&self) -> bool {
+        self.engine.load(Ordering::Relaxed)
+    }
+
+    /// Another descriptor refers to the socket (`dup`).
+    pub fn add_fd(&self) {
+        self.fds.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// In a forked child: a socket with engine objects stays the
+    /// parent's. Returns true if this one did.
+    pub fn mark_inherited(&self) -> bool {
+        if self.engine.load(Ordering::Relaxed) {
+            self.inherited.store(true, Ordering::Release);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// True for a socket a forked child cannot use.
+    pub fn is_inherited(&self) -> bool {
+        self.inherited.load(Ordering::Acquire)
+    }
+
+    /// Records `SO_RCVLOWAT`, `SO_RCVTIMEO`, `SO_SNDTIMEO` (also given to
+    /// the kernel by the caller).
+    pub fn note_option(&self, level: c_int, name: c_int, val: &[u8]) {
+        if level != libc::SOL_SOCKET {
+            return;
+        }
+        match name {
+            libc::SO_RCVLOWAT if val.len() >= 4 => {
+                let v = i32::from_ne_bytes([val[0], val[1], val[2], val[3]]).max(1);
+                self.lowat.store(v as usize, Ordering::Relaxed);
+            }
+            libc::SO_RCVTIMEO | libc::SO_SNDTIMEO
+                if val.len() >= std::mem::size_of::<libc::timeval>() =>
+            {
+                let sec = i64::from_ne_bytes(val[..8].try_into().expect("8 octets"));
+                let usec = i64::from_ne_bytes(val[8..16].try_into().expect("8 octets"));
+                let us = (sec.max(0) as u64)
+                    .saturating_mul(1_000_000)
+                    .saturating_add(usec.max(0) as u64);
+                if name == libc::SO_RCVTIMEO {
+                    self.rcvtimeo_us.store(us, Ordering::Relaxed);
+                } else {
+                    self.sndtimeo_us.store(us, Ordering::Relaxed);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn deadline(&self, send: bool) -> Option<Instant> {
+        let us = if send {
+            self.sndtimeo_us.load(Ordering::Relaxed)
+        } else {
+            self.rcvtimeo_us.load(Ordering::Relaxed)
+        };
+        (us > 0).then(|| Instant::now() + Duration::from_micros(us))
+    }
+
+    /// `listen`: the kernel listens; the socket is entered in the
+    /// registry so interposed clients accelerate toward it.
+    pub fn listen(&self, fd: c_int, backlog: c_int) -> c_int {
+        // SAFETY: forwarding the application's call.
+        let r = unsafe { (real().listen)(fd, backlog) };
+        if r == 0 {
+            let mut inner = self.lock();
+            let local = local_addr(fd);
+            inner.slot.set_role(Role::Listener);
+            inner.slot.set_addrs(Some(&fmt_addr(local)), None);
+            inner.slot.set_state(State::Kernel, Reason::Listener);
+            if inner.listener.is_none() && crate::policy::serve() {
+                inner.listener = local.and_then(|a| ListenerEntry::new(a).ok());
+            }
+            inner.phase = Phase::Listening;
+            self.pass.store(true, Ordering::Release);
+        }
+        r
+    }
+
+    /// `connect`: decides, enters the registry, connects, and sends the
+    /// MPA Request once connected.
+    ///
+    /// # Safety
+    /// `addr` points to `len` readable octets (or is null).
+    pub unsafe fn connect(
+        &self,
+        fd: c_int,
+        addr: *const libc::sockaddr,
+        len: libc::socklen_t,
+    ) -> c_int {
+        // SAFETY: the caller's address.
+        let dest = unsafe { crate::addr::from_sockaddr(addr, len) };
+        let mut inner = self.lock();
+        if !matches!(inner.phase, Phase::Fresh) {
+            drop(inner);
+            // SAFETY: forwarding the application's call.
+            return unsafe { (real().connect)(fd, addr, len) };
+        }
+        inner.slot.set_role(Role::Client);
+        let Some(dest) = dest else {
+            self.set_kernel(&mut inner, Reason::Unsupported);
+            drop(inner);
+            // SAFETY: as above.
+            return unsafe { (real().connect)(fd, addr, len) };
+        };
+        let reason = if !crate::policy::connect_allowed(dest) {
+            Some(Reason::Policy)
+        } else if !crate::policy::peer_is_softrdma(dest) {
+            Some(Reason::PlainPeer)
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            self.set_kernel(&mut inner, reason);
+            drop(inner);
+            // SAFETY: as above.
+            let r = unsafe { (real().connect)(fd, addr, len) };
+            let e = errno();
+            self.lock()
+                .slot
+                .set_addrs(Some(&fmt_addr(local_addr(fd))), Some(&dest.to_string()));
+            // SAFETY: restoring errno for the caller.
+            unsafe { *libc::__errno_location() = e };
+            return r;
+        }
+        // Bind first, so the registry can name the connection's local end
+        // before the server accepts it.
+        let local = match local_addr(fd) {
+            Some(a) if a.port() != 0 => a,
+            _ => {
+                // The source address routing picks for `dest` (the
+                // server names the connection by it).
+                let src = crate::registry::source_for(dest)
+                    .unwrap_or_else(|| crate::registry::unspecified_like(&dest));
+                let (ss, sl) = crate::addr::to_sockaddr(&src);
+                // SAFETY: a valid address of `sl` octets.
+                if unsafe { libc::bind(fd, &ss as *const _ as *const libc::sockaddr, sl) } != 0 {
+                    let e = errno();
+                    if e != libc::EINVAL {
+                        self.set_kernel(&mut inner, Reason::Resources);
+                        drop(inner);
+                        // SAFETY: as above.
+                        return unsafe { (real().connect)(fd, addr, len) };
+                    }
+                }
+                match local_addr(fd) {
+                    Some(a) => a,
+                    None => {
+                        self.set_kernel(&mut inner, Reason::Resources);
+                        drop(inner);
+                        // SAFETY: as above.
+                        return unsafe { (real().connect)(fd, addr, len) };
+                    }
+                }
+            }
+        };
+        inner.client = ClientEntry::new(local).ok();
+        if inner.client.is_none() {
+            self.set_kernel(&mut inner, Reason::Resources);
+            drop(inner);
+            // SAFETY: as above.
+            return unsafe { (real().connect)(fd, addr, len) };
+        }
+        inner
+            .slot
+            .set_addrs(Some(&local.to_string()), Some(&dest.to_string()));
+        inner.slot.set_state(State::Handshake, Reason::None);
+        // SAFETY: forwarding the application's call.
+        let r = unsafe { (real().connect)(fd, addr, len) };
+        let e = errno();
+        if r == 0 {
+            self.start_client(&mut inner, fd);
+        } else if e == libc::EINPROGRESS {
+            inner.phase = Phase::Connecting;
+        } else {
+            // Refused, unreachable …: the socket stays as the kernel left it.
+            self.set_kernel(&mut inner, Reason::PlainPeer);
+        }
+        drop(inner);
+        // SAFETY: restoring errno for the caller.
+        unsafe { *libc::__errno_location() = e };
+        r
+    }
+
+    /// The TCP connection is up: send the MPA Request.
+    fn start_client(&self, inner: &mut Inner, fd: c_int) {
+        let dev = match crate::device() {
+            Ok(d) => d,
+            Err(_) => return self.fail(inner, libc::ENOMEM, Reason::Resources),
+        };
+        let conn = match Conn::new(&dev) {
+            Ok(c) => c,
+            Err(_) => return self.fail(inner, libc::ENOMEM, Reason::Resources),
+        };
+        self.engine.store(true, Ordering::Relaxed);
+        let params = softrdma_engine::cm::ConnParams {
+            private_data: Params::ours(0).to_bytes().to_vec(),
+            ..Default::default()
+        };
+        let Ok(mut ini) = softrdma_engine::cm::initiator(dev.engine(), &params) else {
+            return self.fail(inner, libc::EPROTO, Reason::HandshakeFailed);
+        };
+        let efd = match dup_cloexec(fd) {
+            Ok(d) => d,
+            Err(e) => return self.fail(inner, e, Reason::Resources),
+        };
+        while let Some(out) = ini.poll_transmit() {
+            let n = out.len();
+            if let Err(e) = send_all(efd, out) {
+                close_raw(efd);
+                return self.fail(inner, e, Reason::HandshakeFailed);
+            }
+            ini.transmitted(n);
+        }
+        inner.phase = Phase::ClientMpa(Box::new(ClientMpa {
+            ini,
+            conn,
+            efd,
+            deadline: Instant::now() + MPA_TIMEOUT,
+        }));
+    }
+
+    fn fail(&self, inner: &mut Inner, e: c_int, reason: Reason) {
+        inner.phase = Phase::Failed(e);
+        inner.client = None;
+        inner.slot.set_state(State::Closed, reason);
+        self.gen.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `accept` on a listening socket: the kernel's accept, then the
+    /// decision for the new connection. Returns the new descriptor and,
+    /// when softrdma watches it, its socket.
+    ///
+    /// # Safety
+    /// `addr`/`len` as `accept4(2)` takes them.
+    pub unsafe fn accept(
+        &self,
+        fd: c_int,
+        addr: *mut libc::sockaddr,
+        len: *mut libc::socklen_t,
+        flags: c_int,
+    ) -> (c_int, Option<Arc<Sock>>) {
+        // SAFETY: forwarding the application's call.
+        let nfd = unsafe { (real().accept4)(fd, addr, len, flags) };
+        if nfd < 0 {
+            return (nfd, None);
+        }
+        let e = errno();
+        let peer = peer_addr(nfd);
+        let s = Sock::new(nfd, self.family, flags & libc::SOCK_NONBLOCK != 0);
+        {
+            let mut inner = s.lock();
+            inner.slot.set_role(Role::Server);
+            inner
+                .slot
+                .set_addrs(Some(&fmt_addr(local_addr(nfd))), Some(&fmt_addr(peer)));
+            match peer {
+                Some(p) if crate::registry::client_at(p) => {
+                    inner.phase = Phase::ServerMpa;
+                    inner.slot.set_state(State::Handshake, Reason::None);
+                    // The Request usually follows the connection at once.
+                    s.drive(&mut inner, nfd);
+                }
+                Some(_) => s.set_kernel(&mut inner, Reason::PlainPeer),
+                None => s.set_kernel(&mut inner, Reason::Unsupported),
+            }
+        }
+        // SAFETY: restoring errno for the caller.
+        unsafe { *libc::__errno_location() = e };
+        (nfd, Some(s))
+    }
+
+    /// Moves a connection toward RC as far as it can without waiting.
+    fn drive(&self, inner: &mut Inner, fd: c_int) {
+        match &mut inner.phase {
+            Phase::Connecting => {
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd, no waiting.
+                let r = unsafe { (real().poll)(&mut p, 1, 0) };
+                if r == 1 {
+                    if p.revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+                        // The connect failed; SO_ERROR is left for the
+                        // application to read.
+                        self.set_kernel(inner, Reason::PlainPeer);
+                    } else {
+                        self.start_client(inner, fd);
+                        self.gen.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            Phase::ClientMpa(c) => {
+                let frame = match take_frame(c.efd, &wmpa::KEY_REPLY) {
+                    Ok(Some(f)) => f,
+                    Ok(None) => {
+                        if Instant::now() >= c.deadline {
+                            close_raw(c.efd);
+                            self.fail(inner, libc::ETIMEDOUT, Reason::HandshakeFailed);
+                        }
+                        return;
+                    }
+                    Err(None) => {
+                        close_raw(c.efd);
+                        return self.fail(inner, libc::ECONNRESET, Reason::HandshakeFailed);
+                    }
+                    Err(Some(e)) => {
+                        close_raw(c.efd);
+                        return self.fail(inner, e, Reason::HandshakeFailed);
+                    }
+                };
+                let _ = c.ini.handle_bytes(&frame, Instant::now());
+                let Phase::ClientMpa(c) = std::mem::replace(&mut inner.phase, Phase::Fresh) else {
+                    unreachable!("matched above")
+                };
+                let ClientMpa {
+                    mut ini,
+                    mut conn,
+                    efd,
+                    ..
+                } = *c;
+                inner.client = None;
+                match ini.poll_outcome() {
+                    Some(Outcome::Negotiated(n)) => {
+                        let Some(peer) = Params::parse(&n.peer_private_data) else {
+                            close_raw(efd);
+                            return self.fail(inner, libc::EPROTO, Reason::HandshakeFailed);
+                        };
+                        conn.start(peer);
+                        conn.set_efd(efd);
+                        // SAFETY: `efd` is our own duplicate; the QP owns it from here.
+                        let sock = unsafe { TcpStream::from_raw_fd(efd) };
+                        if softrdma_verbs::cm::attach_negotiated(conn.qp(), sock, &n, true).is_err()
+                        {
+                            return self.fail(inner, libc::EPROTO, Reason::HandshakeFailed);
+                        }
+                        self.established(inner, conn);
+                    }
+                    Some(Outcome::Rejected { .. }) => {
+                        // The server keeps the connection plain: so do we.
+                        close_raw(efd);
+                        self.engine.store(false, Ordering::Relaxed);
+                        std::mem::forget(conn);
+                        self.set_kernel(inner, Reason::Policy);
+                    }
+                    _ => {
+                        close_raw(efd);
+                        self.fail(inner, libc::EPROTO, Reason::HandshakeFailed)
+                    }
+                }
+            }
+            Phase::ServerMpa => {
+                let frame = match take_frame(fd, &wmpa::KEY_REQUEST) {
+                    Ok(Some(f)) => f,
+                    Ok(None) => return,
+                    Err(None) => return self.set_kernel(inner, Reason::PlainPeer),
+                    Err(Some(e)) => return self.fail(inner, e, Reason::HandshakeFailed),
+                };
+                self.serve(inner, fd, &frame);
+            }
+            _ => {}
+        }
+    }
+
+    /// A softrdma client's MPA Request arrived: answer it.
+    fn serve(&self, inner: &mut Inner, fd: c_int, frame: &[u8]) {
+        let dev = match crate::device() {
+            Ok(d) => d,
+            Err(_) => return self.fail(inner, libc::ENOMEM, Reason::Resources),
+        };
+        let Ok(mut resp) = softrdma_engine::cm::responder(dev.engine()) else {
+            return self.fail(inner, libc::EPROTO, Reason::HandshakeFailed);
+        };
+        let _ = resp.handle_bytes(frame, Instant::now());
+        let peer = resp.request().and_then(|r| Params::parse(&r.private_data));
+        let want = peer.is_some() && crate::policy::serve();
+        let conn = if want { Conn::new(&dev).ok() } else { None };
+        let (Some(peer), Some(mut conn)) = (peer, conn) else {
+            // Not ours to carry: reject, and both ends go on plain.
+            if resp.request().is_some() && resp.reject(&[]).is_ok() {
+                if let Some(out) = resp.poll_transmit() {
+                    let _ = send_all(fd, out);
+                }
+                return self.set_kernel(inner, Reason::Policy);
+            }
+            return self.fail(inner, libc::EPROTO, Reason::HandshakeFailed);
+        };
+        self.engine.store(true, Ordering::Relaxed);
+        if resp
+            .accept(&Params::ours(0).to_bytes()[..PARAMS_LEN], 0, 0)
+            .is_err()
+        {
+            return self.fail(inner, libc::EPROTO, Reason::HandshakeFailed);
+        }
+        while let Some(out) = resp.poll_transmit() {
+            let n = out.len();
+            if let Err(e) = send_all(fd, out) {
+                return self.fail(inner, e, Reason::HandshakeFailed);
+            }
+            resp.transmitted(n);
+        }
+        let Some(Outcome::Negotiated(n)) = resp.poll_outcome() else {
+            return self.fail(inner, libc::EPROTO, Reason::HandshakeFailed);
+        };
+        conn.start(peer);
+        let efd = match dup_cloexec(fd) {
+            Ok(d) => d,
+            Err(e) => return self.fail(inner, e, Reason::Resources),
+        };
+        conn.set_efd(efd);
+        // SAFETY: `efd` is our own duplicate; the QP owns it from here.
+        let sock = unsafe { TcpStream::from_raw_fd(efd) };
+        if softrdma_verbs::cm::attach_negotiated(conn.qp(), sock, &n, false).is_err() {
+            return self.fail(inner, libc::EPROTO, Reason::HandshakeFailed);
+        }
+        self.established(inner, conn);
+    }
+
+    fn established(&self, inner: &mut Inner, conn: Conn) {
+        inner.phase = Phase::Rc(Box::new(conn));
+        inner.slot.set_state(State::Rc, Reason::None);
+        self.gen.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Receives into `bufs` (`recv`/`read`/`readv`/`recvmsg` on a
+    /// stream). `flags`: `MSG_PEEK`, `MSG_WAITALL`, `MSG_DONTWAIT`,
+    /// `MSG_TRUNC`.
+    pub fn recv(&self, fd: c_int, bufs: &mut [&mut [u8]], flags: c_int) -> Out<usize> {
+        if self.is_inherited() {
+            return Out::Done(Err(libc::EBADF));
+        }
+        if flags & libc::MSG_OOB != 0 {
+            return Out::Done(Err(libc::EINVAL));
+        }
+        let nonblock = self.nonblocking() || flags & libc::MSG_DONTWAIT != 0;
+        let peek = flags & libc::MSG_PEEK != 0;
+        let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
+        let want: usize = bufs.iter().map(|b| b.len()).sum();
+        let deadline = self.deadline(false);
+        let mut done = 0usize;
+        loop {
+            let mut inner = self.lock();
+            self.drive(&mut inner, fd);
+            let shut_rd = inner.shut_rd;
+            let wait = match &mut inner.phase {
+                Phase::Fresh | Phase::Listening | Phase::Kernel => {
+                    if done > 0 {
+                        return Out::Done(Ok(done));
+                    }
+                    return Out::Pass;
+                }
+                Phase::Failed(e) => {
+                    return Out::Done(if done > 0 { Ok(done) } else { Err(*e) });
+                }
+                Phase::Connecting => (fd, libc::POLLOUT),
+                Phase::ClientMpa(c) => (c.efd, libc::POLLIN),
+                Phase::ServerMpa => (fd, libc::POLLIN),
+                Phase::Rc(conn) => {
+                    if want == 0 {
+                        return Out::Done(Ok(0));
+                    }
+                    if conn.progress() {
+                        self.gen.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if shut_rd {
+                        return Out::Done(Ok(done));
+                    }
+                    let mut got = 0;
+                    // Fill the buffers in order from where we are.
+                    let mut pos = done;
+                    for b in bufs.iter_mut() {
+                        if pos >= b.len() {
+                            pos -= b.len();
+                            continue;
+                        }
+                        let n = if flags & libc::MSG_TRUNC != 0 && !peek {
+                            conn.discard(b.len() - pos)
+                        } else {
+                            conn.read(&mut b[pos..], peek)
+                        };
+                        got += n;
+                        if n < b.len() - pos {
+                            break;
+                        }
+                        pos = 0;
+                    }
+                    if got > 0 {
+                        if !peek {
+                            inner_stat_received(&inner, got);
+                        }
+                        done += got;
+                        self.gen.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let Phase::Rc(conn) = &mut inner.phase else {
+                        unreachable!("still RC")
+                    };
+                    if done == want || (done > 0 && !waitall) {
+                        return Out::Done(Ok(done));
+                    }
+                    if conn.readable_bytes() == 0 && conn.at_eof() {
+                        return Out::Done(Ok(done));
+                    }
+                    if nonblock {
+                        return Out::Done(if done > 0 {
+                            Ok(done)
+                        } else {
+                            Err(libc::EAGAIN)
+                        });
+                    }
+                    conn.arm();
+                    if conn.progress() || conn.readable_bytes() > 0 || conn.at_eof() {
+                        continue;
+                    }
+                    (conn.wait_fd(), libc::POLLIN)
+                }
+            };
+            drop(inner);
+            if nonblock {
+                return Out::Done(if done > 0 {
+                    Ok(done)
+                } else {
+                    Err(libc::EAGAIN)
+                });
+            }
+            match wait_fd(wait.0, wait.1, deadline) {
+                Ok(true) => {}
+                Ok(false) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    return Out::Done(if done > 0 {
+                        Ok(done)
+                    } else {
+                        Err(libc::EAGAIN)
+                    });
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    return Out::Done(if done > 0 { Ok(done) } else { Err(e) });
+                }
+            }
+            if let Phase::Rc(conn) = &self.lock().phase {
+                conn.clear_event();
+            }
+        }
+    }
+
+    /// Sends `bufs` in order (`send`/`write`/`writev`/`sendmsg`).
+    pub fn send(&self, fd: c_int, bufs: &[&[u8]], flags: c_int) -> Out<usize> {
+        if self.is_inherited() {
+            return Out::Done(Err(libc::EPIPE));
+        }
+        if flags & libc::MSG_OOB != 0 {
+            return Out::Done(Err(libc::EOPNOTSUPP));
+        }
+        let nonblock = self.nonblocking() || flags & libc::MSG_DONTWAIT != 0;
+        let want: usize = bufs.iter().map(|b| b.len()).sum();
+        let deadline = self.deadline(true);
+        let mut done = 0usize;
+        loop {
+            let mut inner = self.lock();
+            self.drive(&mut inner, fd);
+            let wait = match &mut inner.phase {
+                Phase::Fresh | Phase::Listening | Phase::Kernel => {
+                    if done > 0 {
+                        return Out::Done(Ok(done));
+                    }
+                    return Out::Pass;
+                }
+                Phase::Failed(e) => {
+                    let e = *e;
+                    return Out::Done(if done > 0 { Ok(done) } else { Err(e) });
+                }
+                Phase::Connecting => (fd, libc::POLLOUT),
+                Phase::ClientMpa(c) => (c.efd, libc::POLLIN),
+                Phase::ServerMpa => (fd, libc::POLLIN),
+                Phase::Rc(conn) => {
+                    conn.progress();
+                    let mut pos = done;
+                    let mut put = 0;
+                    let mut err = None;
+                    for b in bufs {
+                        if pos >= b.len() {
+                            pos -= b.len();
+                            continue;
+                        }
+                        match conn.write(&b[pos..]) {
+                            Ok(n) => {
+                                put += n;
+                                if n < b.len() - pos {
+                                    break;
+                                }
+                            }
+                            Err(StreamErr::WouldBlock) => break,
+                            Err(StreamErr::Errno(e)) => {
+                                err = Some(e);
+                                break;
+                            }
+                        }
+                        pos = 0;
+                    }
+                    if put > 0 {
+                        inner_stat_sent(&inner, put);
+                        done += put;
+                        self.gen.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let Phase::Rc(conn) = &mut inner.phase else {
+                        unreachable!("still RC")
+                    };
+                    if let Some(e) = err {
+                        if done > 0 {
+                            return Out::Done(Ok(done));
+                        }
+                        return Out::Done(Err(e));
+                    }
+                    if done == want {
+                        return Out::Done(Ok(done));
+                    }
+                    if nonblock {
+                        return Out::Done(if done > 0 {
+                            Ok(done)
+                        } else {
+                            Err(libc::EAGAIN)
+                        });
+                    }
+                    conn.arm();
+                    if conn.progress() || conn.writable() {
+                        continue;
+                    }
+                    (conn.wait_fd(), libc::POLLIN)
+                }
+            };
+            drop(inner);
+            if nonblock {
+                return Out::Done(if done > 0 {
+                    Ok(done)
+                } else {
+                    Err(libc::EAGAIN)
+                });
+            }
+            match wait_fd(wait.0, wait.1, deadline) {
+                Ok(false) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    return Out::Done(if done > 0 {
+                        Ok(done)
+                    } else {
+                        Err(libc::EAGAIN)
+                    });
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    return Out::Done(if done > 0 { Ok(done) } else { Err(e) });
+                }
+            }
+            if let Phase::Rc(conn) = &self.lock().phase {
+                conn.clear_event();
+            }
+        }
+    }
+
+    /// `shutdown`. Writing: the end of stream goes after the data.
+    /// Reading: later reads return end of file.
+    pub fn shutdown(&self, fd: c_int, how: c_int) -> Out<()> {
+        let mut inner = self.lock();
+        self.drive(&mut inner, fd);
+        if !matches!(inner.phase, Phase::Rc(_)) {
+            return Out::Pass;
+        }
+        if how != libc::SHUT_RD && how != libc::SHUT_WR && how != libc::SHUT_RDWR {
+            return Out::Done(Err(libc::EINVAL));
+        }
+        if how != libc::SHUT_WR {
+            inner.shut_rd = true;
+        }
+        if let Phase::Rc(conn) = &mut inner.phase {
+            if how != libc::SHUT_RD {
+                conn.shutdown_write();
+            }
+        }
+        self.gen.fetch_add(1, Ordering::Relaxed);
+        Out::Done(Ok(()))
+    }
+
+    /// Readiness for `poll`/`select`/`epoll`; `Ready::events` is 0 for a
+    /// plain socket (the caller asks the kernel). With `arm` set to the
+    /// caller's interest, the CQ is armed when none of it holds, so that
+    /// [`Ready::wait`] fires on the next completion.
+    pub fn ready(&self, fd: c_int, arm: Option<i16>) -> Ready {
+        if self.is_inherited() {
+            return Ready {
+                events: libc::POLLERR | libc::POLLHUP,
+                wait: None,
+            };
+        }
+        let mut inner = self.lock();
+        self.drive(&mut inner, fd);
+        let lowat = self.lowat.load(Ordering::Relaxed);
+        let shut_rd = inner.shut_rd;
+        match &mut inner.phase {
+            Phase::Fresh | Phase::Listening | Phase::Kernel => Ready::default(),
+            Phase::Failed(_) => Ready {
+                events: libc::POLLIN | libc::POLLOUT | libc::POLLERR | libc::POLLHUP,
+                wait: None,
+            },
+            Phase::Connecting => Ready {
+                events: 0,
+                wait: Some((fd, libc::POLLOUT)),
+            },
+            Phase::ClientMpa(c) => Ready {
+                events: 0,
+                wait: Some((c.efd, libc::POLLIN)),
+            },
+            Phase::ServerMpa => Ready {
+                events: 0,
+                wait: Some((fd, libc::POLLIN)),
+            },
+            Phase::Rc(conn) => {
+                let mut ev = rc_events(conn, lowat, shut_rd);
+                if conn.progress() {
+                    self.gen.fetch_add(1, Ordering::Relaxed);
+                    ev = rc_events(conn, lowat, shut_rd);
+                }
+                let interest = arm.map(|i| i | libc::POLLERR | libc::POLLHUP);
+                if interest.is_some_and(|i| ev & i == 0) {
+                    conn.arm();
+                    if conn.progress() {
+                        self.gen.fetch_add(1, Ordering::Relaxed);
+                    }
+                    ev = rc_events(conn, lowat, shut_rd);
+                }
+                Ready {
+                    events: ev,
+                    wait: Some((conn.wait_fd(), libc::POLLIN)),
+                }
+            }
+        }
+    }
+
+    /// Clears the wake-up descriptor after a wait (RC).
+    pub fn clear_wait(&self) {
+        if let Phase::Rc(conn) = &self.lock().phase {
+            conn.clear_event();
+        }
+    }
+
+    /// `getsockopt` answers softrdma gives itself: `SO_ERROR` of a
+    /// connection that failed under softrdma, and `FIONREAD`-like counts.
+    pub fn pending_error(&self) -> Option<c_int> {
+        match self.lock().phase {
+            Phase::Failed(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// Octets a read would return now (`FIONREAD`); `None` for a plain socket.
+    pub fn readable_bytes(&self, fd: c_int) -> Option<usize> {
+        let mut inner = self.lock();
+        self.drive(&mut inner, fd);
+        match &mut inner.phase {
+            Phase::Rc(conn) => {
+                conn.progress();
+                Some(conn.readable_bytes())
+            }
+            Phase::Fresh | Phase::Listening | Phase::Kernel => None,
+            _ => Some(0),
+        }
+    }
+
+    /// One application descriptor of the socket was closed. On the last,
+    /// the connection ends after what was written has left.
+    pub fn close_fd(&self) {
+        if self.fds.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        if self.is_inherited() {
+            return;
+        }
+        let mut inner = self.lock();
+        inner.listener = None;
+        inner.client = None;
+        inner.slot.release();
+        match std::mem::replace(&mut inner.phase, Phase::Kernel) {
+            Phase::Rc(mut conn) => {
+                conn.shutdown_write();
+                if conn.close_step() {
+                    conn.disconnect();
+                } else {
+                    linger(conn);
+                }
+            }
+            Phase::ClientMpa(c) => {
+                close_raw(c.efd);
+                c.conn.disconnect();
+            }
+            _ => {}
+        }
+    }
+
+    /// At exit: the process's descriptors close, as the kernel would close
+    /// them; the connection ends after what was written has left.
+    pub fn close_at_exit(&self) {
+        self.fds.store(1, Ordering::Relaxed);
+        self.close_fd();
+    }
+
+    /// Records that descriptor `fd` now names the socket (`dup2` targets).
+    pub fn set_fd(&self, fd: c_int) {
+        self.lock().slot.set_fd(fd);
+    }
+}
+
+fn rc_events(conn: &Conn, lowat: usize, shut_rd: bool) -> i16 {
+    let mut ev = 0;
+    if conn.readable_bytes() >= lowat || conn.at_eof() || shut_rd {
+        ev |= libc::POLLIN;
+    }
+    if conn.writable() {
+        ev |= libc::POLLOUT;
+    }
+    if conn.fin_received() {
+        ev |= libc::POLLRDHUP;
+    }
+    if conn.broken() {
+        ev |= libc::POLLHUP | libc::POLLERR;
+    } else if conn.fin_received() && conn.write_shut() {
+        ev |= libc::POLLHUP;
+    }
+    ev
+}
+
+fn inner_stat_received(inner: &Inner, n: usize) {
+    inner.slot.received(n, 0);
+}
+
+fn inner_stat_sent(inner: &Inner, n: usize) {
+    inner.slot.sent(n, 0);
+}
