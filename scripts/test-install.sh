@@ -113,17 +113,27 @@ sockets_interposer() {
     # shellcheck disable=SC2016 # $LD_PRELOAD is the child shell's
     got=$(LD_PRELOAD='' "$prefix/bin/softrdma" run --sockets -- sh -c 'printf %s "$LD_PRELOAD"')
     [ "$got" = "$lib" ] || { echo "LD_PRELOAD is '$got', not '$lib'"; return 1; }
-    "$prefix/bin/softrdma" run --sockets -- cat /proc/self/maps | grep -qF "$lib" ||
+    # (Read whole first: with pipefail, grep -q quitting early could fail the
+    # pipeline through cat's SIGPIPE.)
+    local maps
+    maps=$("$prefix/bin/softrdma" run --sockets -- cat /proc/self/maps) &&
+        grep -qF "$lib" <<<"$maps" ||
         { echo "the interposer is not mapped in a program run with --sockets"; return 1; }
     "$prefix/bin/softrdma" sockets list >/dev/null
 }
 check "sockets interposer installed, softrdma run --sockets" sockets_interposer
 
 help_text() {
-    "$prefix/bin/softrdma" --help | grep -qi 'usage' &&
-        "$prefix/bin/softrdma" run --help | grep -qi 'usage' &&
-        "$prefix/bin/softrdma" run --help | grep -q -- '--sockets' &&
-        "$prefix/bin/softrdma" sockets stat --help | grep -qi 'usage' &&
+    # Each output is read whole before grep -q looks at it: a grep quitting
+    # at its first match would break the pipe the help is still written to.
+    local top run stat
+    top=$("$prefix/bin/softrdma" --help) &&
+        run=$("$prefix/bin/softrdma" run --help) &&
+        stat=$("$prefix/bin/softrdma" sockets stat --help) &&
+        grep -qi 'usage' <<<"$top" &&
+        grep -qi 'usage' <<<"$run" &&
+        grep -q -- '--sockets' <<<"$run" &&
+        grep -qi 'usage' <<<"$stat" &&
         "$prefix/bin/softrdma" --version | grep -q '^softrdma '
 }
 check "installed softrdma answers --help and --version" help_text
