@@ -117,7 +117,8 @@ impl Drop for ListenerEntry {
 
 /// Whether `ip` is an address of one of this namespace's interfaces.
 fn is_local(ip: IpAddr) -> bool {
-    if ip.is_loopback() {
+    // Connecting to the unspecified address reaches this host (Linux).
+    if ip.is_loopback() || ip.is_unspecified() {
         return true;
     }
     let mut ifa: *mut libc::ifaddrs = std::ptr::null_mut();

@@ -383,6 +383,12 @@ impl Sock {
         self.engine.load(Ordering::Relaxed)
     }
 
+    /// True once every application descriptor of the socket was closed
+    /// (an epoll set drops it then, as the kernel drops a closed file).
+    pub fn is_closed(&self) -> bool {
+        self.fds.load(Ordering::Acquire) == 0
+    }
+
     /// Another descriptor refers to the socket (`dup`).
     pub fn add_fd(&self) {
         self.fds.fetch_add(1, Ordering::Relaxed);

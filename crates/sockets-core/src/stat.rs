@@ -280,7 +280,7 @@ const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_LEN);
 /// child by [`after_fork_child`]).
 struct Table {
     base: *mut u8,
-    path: PathBuf,
+    path: Mutex<PathBuf>,
     /// Free row indices are found by scanning from `next` (under `alloc`).
     alloc: Mutex<usize>,
 }
@@ -292,10 +292,6 @@ unsafe impl Send for Table {}
 unsafe impl Sync for Table {}
 
 static TABLE: OnceLock<Option<Table>> = OnceLock::new();
-/// The table of a forked child (the parent's file is not the child's).
-static CHILD_TABLE: OnceLock<Option<Table>> = OnceLock::new();
-static IN_CHILD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 fn path_of(pid: u32) -> PathBuf {
     crate::registry::dir().join(format!("stat.{pid}"))
 }
@@ -325,7 +321,7 @@ fn create_table() -> Option<Table> {
     h.magic.store(MAGIC, Ordering::Release);
     Some(Table {
         base,
-        path,
+        path: Mutex::new(path),
         alloc: Mutex::new(0),
     })
 }
@@ -364,11 +360,7 @@ fn row_at<'a>(base: *mut u8, i: usize) -> &'a RawRow {
 }
 
 fn table() -> Option<&'static Table> {
-    if IN_CHILD.load(Ordering::Relaxed) {
-        CHILD_TABLE.get_or_init(create_table).as_ref()
-    } else {
-        TABLE.get_or_init(create_table).as_ref()
-    }
+    TABLE.get_or_init(create_table).as_ref()
 }
 
 /// Whether statistics are kept (`SOFTRDMA_SOCKETS_STATS=0` turns them off).
@@ -617,13 +609,9 @@ pub fn snapshot(pid: u32) -> io::Result<(Totals, Vec<Row>)> {
 
 /// Removes this process's table file (at exit).
 pub fn remove_own() {
-    let t = if IN_CHILD.load(Ordering::Relaxed) {
-        CHILD_TABLE.get()
-    } else {
-        TABLE.get()
-    };
-    if let Some(Some(t)) = t {
-        let _ = std::fs::remove_file(&t.path);
+    if let Some(Some(t)) = TABLE.get() {
+        let p = t.path.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = std::fs::remove_file(&*p);
     }
 }
 
@@ -659,21 +647,54 @@ pub fn at_exit() {
     remove_own();
 }
 
-/// In a forked child: later rows go to a table of the child's own. Rows
-/// of sockets inherited from the parent are not carried over (their
-/// handles still point into the parent's file; the child's updates to
-/// them are not shown).
+/// In a forked child: the table becomes the child's own file, starting
+/// as a copy of the parent's rows (the child holds the same descriptors)
+/// with the totals at zero; the inherited sockets' handles keep working,
+/// now on the child's file.
 pub fn after_fork_child() {
-    if IN_CHILD.swap(true, Ordering::Relaxed) {
-        // A grandchild: its parent's table is CHILD_TABLE, which the
-        // OnceLock cannot hand out again; later sockets go unrecorded.
-        if let Some(Some(t)) = CHILD_TABLE.get() {
-            scratch(t.base);
+    let Some(Some(t)) = TABLE.get() else { return };
+    let path = path_of(std::process::id());
+    // SAFETY: the mapping is FILE_LEN octets of ours; it is read as
+    // plain octets to copy it.
+    let bytes = unsafe { std::slice::from_raw_parts(t.base as *const u8, FILE_LEN) }.to_vec();
+    let copied = std::fs::write(&path, &bytes).is_ok();
+    let file = copied
+        .then(|| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .ok()
+        })
+        .flatten();
+    match file {
+        Some(f) => {
+            use std::os::fd::AsRawFd;
+            // SAFETY: maps the child's file over the parent's mapping at the
+            // same address and length; the handles (atomics) keep working.
+            let p = unsafe {
+                libc::mmap(
+                    t.base as *mut libc::c_void,
+                    FILE_LEN,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    f.as_raw_fd(),
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                scratch(t.base);
+                return;
+            }
+            // SAFETY: the header of the (new) live mapping.
+            let h = unsafe { &*(t.base as *const Header) };
+            h.pid.store(std::process::id(), Ordering::Relaxed);
+            for c in [&h.rc_conns, &h.kernel_conns, &h.rc_tx_bytes, &h.rc_rx_bytes] {
+                c.store(0, Ordering::Relaxed);
+            }
+            *t.path.lock().unwrap_or_else(|e| e.into_inner()) = path;
         }
-        return;
-    }
-    if let Some(Some(t)) = TABLE.get() {
-        scratch(t.base);
+        None => scratch(t.base),
     }
 }
 

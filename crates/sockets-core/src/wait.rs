@@ -321,6 +321,9 @@ impl EpollSet {
     /// `ev` is null or a readable event.
     pub unsafe fn ctl(&self, op: c_int, fd: c_int, ev: *const epoll_event) -> Option<c_int> {
         let mut sh = self.shadow.lock().unwrap_or_else(|e| e.into_inner());
+        // The kernel forgets a closed file's registrations: so does the
+        // shadow list (the descriptor may name another socket by now).
+        self.forget_closed(&mut sh);
         let pos = sh.iter().position(|s| s.fd == fd);
         let sock = crate::table::sock(fd).filter(|s| !s.is_pass());
         let read_ev = || -> Option<(u32, u64)> {
@@ -382,11 +385,29 @@ impl EpollSet {
         })
     }
 
+    fn forget_closed(&self, sh: &mut Vec<Shadow>) {
+        let q = self.q.load(Ordering::Acquire);
+        sh.retain(|s| {
+            let live = !s.sock.is_closed()
+                && crate::table::sock(s.fd).is_some_and(|t| Arc::ptr_eq(&t, &s.sock));
+            if !live {
+                if let (Some((wfd, _)), true) = (s.q_reg, q >= 0) {
+                    // SAFETY: removing our own registration.
+                    unsafe {
+                        (real().epoll_ctl)(q, libc::EPOLL_CTL_DEL, wfd, std::ptr::null_mut())
+                    };
+                }
+            }
+            live
+        });
+    }
+
     /// Reports ready shadowed sockets into `out`; moves sockets that
     /// turned plain into the kernel set. With `arm`, arms every socket
     /// and registers its wake-up descriptor in the private set.
     fn scan(&self, out: &mut [epoll_event], arm: bool) -> usize {
         let mut sh = self.shadow.lock().unwrap_or_else(|e| e.into_inner());
+        self.forget_closed(&mut sh);
         let mut n = 0;
         let q = if arm { self.q() } else { -1 };
         let mut i = 0;
@@ -413,11 +434,14 @@ impl EpollSet {
             if s.disabled {
                 continue;
             }
-            let r = s.sock.ready(s.fd, arm.then_some(s.events as i16));
+            // An edge-triggered entry whose events hold but were reported
+            // waits for the next change: arm whatever holds now.
+            let et = s.events & libc::EPOLLET as u32 != 0;
+            let interest = if et { 0 } else { s.events as i16 };
+            let r = s.sock.ready(s.fd, arm.then_some(interest));
             let gen = s.sock.gen.load(Ordering::Relaxed);
             let mask = (s.events as i16 as i32 | libc::EPOLLERR | libc::EPOLLHUP) as i16;
             let ev = r.events & mask;
-            let et = s.events & libc::EPOLLET as u32 != 0;
             if ev != 0 && n < out.len() && !(et && s.last_gen == Some(gen)) {
                 out[n] = epoll_event {
                     events: ev as u16 as u32,
