@@ -775,11 +775,16 @@ impl Case {
 
     /// Records a failed check (the test goes on, to show every failure).
     fn fail(&self, msg: String) {
+        // The start of it here, as it happens; all of it when the test ends.
+        let mut head = msg.len().min(2000);
+        while !msg.is_char_boundary(head) {
+            head -= 1;
+        }
         eprintln!(
             "[{} {:?}] FAILED: {}",
             self.name,
             self.pairing,
-            tail(&msg, 2000)
+            &msg[..head]
         );
         self.failures
             .lock()
