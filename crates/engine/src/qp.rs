@@ -163,6 +163,8 @@ pub struct QpShared {
     park: Parking,
     /// Raises no QP async events ([`Qp::set_internal`]).
     internal: AtomicBool,
+    /// Its user drives all its progress ([`Qp::set_self_driven`]).
+    self_driven: AtomicBool,
     /// The remote rights the QP grants ([`Qp::set_remote_access`]).
     remote_access: AtomicU32,
     core: Mutex<QpCore>,
@@ -311,6 +313,7 @@ impl Qp {
             bound: OnceLock::new(),
             park: Parking::default(),
             internal: AtomicBool::new(false),
+            self_driven: AtomicBool::new(false),
             remote_access: AtomicU32::new(REMOTE_RIGHTS.0),
             core: Mutex::new(QpCore {
                 link: None,
@@ -390,6 +393,18 @@ impl Qp {
     /// limit events are still raised.
     pub fn set_internal(&self) {
         self.inner.internal.store(true, Ordering::Relaxed);
+    }
+
+    /// The QP's user drives all of its progress through `Cq::poll`, and
+    /// waits on the connection's socket itself when it has nothing to do
+    /// (readable for what arrives; writable while [`Qp::tx_idle`] is
+    /// false): the progress thread never watches the connection, so an
+    /// arriving message wakes the waiting thread directly instead of the
+    /// progress thread first. Set before the connection is attached. The
+    /// sockets interposer uses it: a socket needs progress only while its
+    /// application is in a call on it.
+    pub fn set_self_driven(&self) {
+        self.inner.self_driven.store(true, Ordering::Relaxed);
     }
 
     /// Sets the remote operations the QP accepts (the `IBV_ACCESS_REMOTE_*`
@@ -550,12 +565,14 @@ impl Qp {
             .as_ref()
             .map(|l| l.sock.as_raw_fd())
             .expect("just attached");
-        self.inner.park.register(
-            self.inner.shared.progress()?,
-            fd,
-            token,
-            Arc::downgrade(&self.inner),
-        )?;
+        if !self.inner.self_driven.load(Ordering::Relaxed) {
+            self.inner.park.register(
+                self.inner.shared.progress()?,
+                fd,
+                token,
+                Arc::downgrade(&self.inner),
+            )?;
+        }
         if !self.inner.internal.load(Ordering::Relaxed) {
             self.inner.shared.events.raise(AsyncEvent::CommEstablished {
                 qpn: self.inner.qpn,

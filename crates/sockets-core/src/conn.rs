@@ -31,12 +31,11 @@
 //! closed window). Reads copy out of the receive buffers in order.
 
 use std::collections::VecDeque;
-use std::time::Duration;
 
 use softrdma_verbs::{
-    Access, Completion, CompletionChannel, CompletionQueue, Context, InlineData, MemoryRegion,
-    Payload, ProtectionDomain, QpCaps, QueuePair, RecvWr, SendFlags, SendOp, SendWr, SgList,
-    WcOpcode, WcStatus, WorkCompletion,
+    Access, Completion, CompletionQueue, Context, InlineData, MemoryRegion, Payload,
+    ProtectionDomain, QpCaps, QueuePair, RecvWr, SendFlags, SendOp, SendWr, SgList, WcOpcode,
+    WcStatus, WorkCompletion,
 };
 
 /// Octets per buffer (header included).
@@ -136,6 +135,16 @@ impl Device {
     pub fn engine(&self) -> &softrdma_engine::Context {
         self.ctx.engine()
     }
+
+    /// The verbs context.
+    pub fn ctx(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.pd
+    }
 }
 
 struct RxMsg {
@@ -157,7 +166,6 @@ pub enum StreamErr {
 pub struct Conn {
     qp: QueuePair,
     cq: CompletionQueue,
-    chan: CompletionChannel,
     rx_mr: MemoryRegion,
     tx_mr: MemoryRegion,
     peer: Params,
@@ -207,8 +215,7 @@ impl Conn {
     pub fn new(dev: &Device) -> std::io::Result<Conn> {
         let nrx = (DATA_BUFS + CTRL_BUFS) as usize;
         let ntx = DATA_BUFS as usize;
-        let chan = dev.ctx.create_comp_channel()?;
-        let cq = dev.ctx.create_cq(2 * (nrx + ntx) + 8, Some(&chan));
+        let cq = dev.ctx.create_cq(2 * (nrx + ntx) + 8, None);
         let qp = dev.pd.create_qp(
             &cq,
             &cq,
@@ -217,6 +224,9 @@ impl Conn {
                 max_recv_wr: nrx,
             },
         );
+        // No progress thread: the socket's calls drive it and wait on the
+        // connection itself (`Conn::wait`).
+        qp.set_self_driven();
         let reg = |n: usize, a: Access| {
             dev.pd
                 .register(n * BUF, a)
@@ -227,7 +237,6 @@ impl Conn {
         let c = Conn {
             qp,
             cq,
-            chan,
             rx_mr,
             tx_mr,
             peer: Params::ours(0),
@@ -283,9 +292,15 @@ impl Conn {
         self.ctrl_credits = peer.ctrl_bufs;
     }
 
-    /// The descriptor that becomes readable when an armed CQ fires.
-    pub fn wait_fd(&self) -> i32 {
-        self.chan.fd()
+    /// What a caller with nothing to do waits for: the connection's socket
+    /// readable (whatever arrives is progress), and writable while the QP
+    /// has octets to write. `(-1, 0)` before the connection is attached.
+    pub fn wait(&self) -> (i32, i16) {
+        let mut ev = libc::POLLIN;
+        if !self.qp.tx_idle() {
+            ev |= libc::POLLOUT;
+        }
+        (self.efd, ev)
     }
 
     /// Takes what the CQ holds and sends what can go. Returns true if
@@ -618,17 +633,6 @@ impl Conn {
             unsafe { libc::shutdown(self.efd, libc::SHUT_WR) };
         }
         false
-    }
-
-    /// Arms the CQ for the next completion (before waiting on
-    /// [`Conn::wait_fd`]).
-    pub fn arm(&self) {
-        self.cq.req_notify(false);
-    }
-
-    /// Clears the channel after a wake-up.
-    pub fn clear_event(&self) {
-        while self.chan.get_event(Some(Duration::ZERO)).is_some() {}
     }
 
     /// Ends the connection: outstanding work flushes, the TCP connection

@@ -5,6 +5,7 @@
 //! own code calling), or on a descriptor softrdma does not carry, it is
 //! the C library's call and nothing else. Only then does it look further.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use libc::{
@@ -14,7 +15,8 @@ use libc::{
 
 use crate::guard;
 use crate::real::real;
-use crate::sock::{Out, Sock};
+use crate::sock::{Dgram, Out, Sock};
+use crate::stat::Kind;
 use crate::table::{self, Obj};
 use crate::wait::{self, EpollSet};
 
@@ -83,14 +85,16 @@ pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
     // SAFETY: forwarding the caller's arguments.
     let fd = unsafe { (real().socket)(domain, ty, proto) };
     let Some(_g) = guard::enter() else { return fd };
-    if fd >= 0
-        && (domain == libc::AF_INET || domain == libc::AF_INET6)
-        && ty & 0xf == libc::SOCK_STREAM
-        && (proto == 0 || proto == libc::IPPROTO_TCP)
-        && crate::policy::enabled()
-    {
-        let s = Sock::new(fd, domain, ty & libc::SOCK_NONBLOCK != 0);
-        table::set(fd, Obj::Sock(s));
+    if fd >= 0 && crate::policy::enabled() {
+        let nonblock = ty & libc::SOCK_NONBLOCK != 0;
+        let inet = domain == libc::AF_INET || domain == libc::AF_INET6;
+        if inet && ty & 0xf == libc::SOCK_STREAM && (proto == 0 || proto == libc::IPPROTO_TCP) {
+            table::set(fd, Obj::Sock(Sock::new(fd, domain, nonblock)));
+        } else if inet && ty & 0xf == libc::SOCK_DGRAM && (proto == 0 || proto == libc::IPPROTO_UDP)
+        {
+            let s = Sock::with_kind(fd, domain, nonblock, crate::stat::Kind::Dgram);
+            table::set(fd, Obj::Sock(s));
+        }
     }
     fd
 }
@@ -100,9 +104,89 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     let g = guard::enter();
     match (g, table::sock(fd)) {
         // SAFETY: the caller's address.
+        (Some(_g), Some(s)) if s.kind == Kind::Dgram => unsafe { s.connect_dgram(fd, addr, len) },
+        // SAFETY: the caller's address.
         (Some(_g), Some(s)) => unsafe { s.connect(fd, addr, len) },
         // SAFETY: forwarding the caller's arguments.
         _ => unsafe { (real().connect)(fd, addr, len) },
+    }
+}
+
+/// `bind(2)`: a datagram socket softrdma watches gets its UD QP once
+/// bound.
+pub unsafe fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // SAFETY: forwarding the caller's arguments.
+    let r = unsafe { (real().bind)(fd, addr, len) };
+    if r == 0 {
+        if let (Some(_g), Some(s)) = (guard::enter(), table::sock(fd)) {
+            s.after_bind(fd);
+        }
+    }
+    r
+}
+
+/// The datagram socket of `fd`, plain or not.
+fn dgram(fd: c_int) -> Option<Arc<Sock>> {
+    table::sock(fd).filter(|s| s.kind == Kind::Dgram)
+}
+
+/// Sends through a datagram socket: `Some` if softrdma carried it.
+fn dgram_send(
+    fd: c_int,
+    bufs: Vec<&[u8]>,
+    flags: c_int,
+    dest: Option<SocketAddr>,
+) -> Option<ssize_t> {
+    let s = dgram(fd)?;
+    match s.send_dgram(fd, &bufs, flags, dest) {
+        Out::Pass => None,
+        Out::Done(r) => Some(finish(r, flags, true)),
+    }
+}
+
+/// Receives from a datagram socket softrdma took: `Some` if it did.
+fn dgram_recv(fd: c_int, mut bufs: Vec<&mut [u8]>, flags: c_int) -> Option<Result<Dgram, c_int>> {
+    let s = table::sock(fd).filter(|s| s.kind == Kind::Dgram && !s.is_pass())?;
+    match s.recv_dgram(fd, &mut bufs, flags) {
+        Out::Pass => None,
+        Out::Done(r) => Some(r),
+    }
+}
+
+/// Writes `src` into the caller's address buffer as `recvfrom` does
+/// (truncated to its length; the length set to the full one).
+///
+/// # Safety
+/// `addr` is null or `*alen` writable octets; `alen` is null or valid.
+unsafe fn put_addr(src: SocketAddr, family: c_int, addr: *mut sockaddr, alen: *mut socklen_t) {
+    if addr.is_null() || alen.is_null() {
+        return;
+    }
+    // An IPv6 socket reports IPv4 peers as IPv4-mapped addresses.
+    let src = match src {
+        SocketAddr::V4(a) if family == libc::AF_INET6 => {
+            SocketAddr::new(std::net::IpAddr::V6(a.ip().to_ipv6_mapped()), a.port())
+        }
+        a => a,
+    };
+    let (ss, sl) = crate::addr::to_sockaddr(&src);
+    // SAFETY: at most `*alen` octets into the caller's buffer.
+    unsafe {
+        let n = (*alen as usize).min(sl as usize);
+        std::ptr::copy_nonoverlapping(&ss as *const _ as *const u8, addr as *mut u8, n);
+        *alen = sl;
+    }
+}
+
+/// The result of a datagram receive as the C call returns it.
+fn dgram_result(r: Result<Dgram, c_int>, flags: c_int) -> ssize_t {
+    match r {
+        Ok(d) if flags & libc::MSG_TRUNC != 0 => d.len as ssize_t,
+        Ok(d) => d.copied as ssize_t,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
     }
 }
 
@@ -190,6 +274,13 @@ pub unsafe fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
             // SAFETY: the caller's buffer of `n` octets.
             vec![unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, n) }]
         };
+        if s.kind == Kind::Dgram {
+            if let Some(r) = dgram_recv(fd, b, 0) {
+                return dgram_result(r, 0);
+            }
+            // SAFETY: forwarding the caller's arguments.
+            return unsafe { (real().read)(fd, buf, n) };
+        }
         if let Some(r) = do_recv(&s, fd, b, 0) {
             return r;
         }
@@ -201,13 +292,24 @@ pub unsafe fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
 /// `write(2)`.
 pub unsafe fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     let g = guard::enter();
-    if let (Some(_g), Some(s)) = (g, carried(fd)) {
+    if let (Some(_g), Some(s)) = (g, table::sock(fd)) {
         let b: Vec<&[u8]> = if n == 0 || buf.is_null() {
             Vec::new()
         } else {
             // SAFETY: the caller's buffer of `n` octets.
             vec![unsafe { std::slice::from_raw_parts(buf as *const u8, n) }]
         };
+        if s.kind == Kind::Dgram {
+            if let Some(r) = dgram_send(fd, b, 0, None) {
+                return r;
+            }
+            // SAFETY: forwarding the caller's arguments.
+            return unsafe { (real().write)(fd, buf, n) };
+        }
+        if s.is_pass() {
+            // SAFETY: forwarding the caller's arguments.
+            return unsafe { (real().write)(fd, buf, n) };
+        }
         if let Some(r) = do_send(&s, fd, b, 0) {
             return r;
         }
@@ -220,6 +322,14 @@ pub unsafe fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
 pub unsafe fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     let g = guard::enter();
     if let (Some(_g), Some(s)) = (g, carried(fd)) {
+        if s.kind == Kind::Dgram {
+            // SAFETY: the caller's iovecs.
+            if let Some(r) = dgram_recv(fd, unsafe { iov_mut(iov, cnt) }, 0) {
+                return dgram_result(r, 0);
+            }
+            // SAFETY: forwarding the caller's arguments.
+            return unsafe { (real().readv)(fd, iov, cnt) };
+        }
         // SAFETY: the caller's iovecs.
         if let Some(r) = do_recv(&s, fd, unsafe { iov_mut(iov, cnt) }, 0) {
             return r;
@@ -232,7 +342,19 @@ pub unsafe fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
 /// `writev(2)`.
 pub unsafe fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     let g = guard::enter();
-    if let (Some(_g), Some(s)) = (g, carried(fd)) {
+    if let (Some(_g), Some(s)) = (g, table::sock(fd)) {
+        if s.kind == Kind::Dgram {
+            // SAFETY: the caller's iovecs.
+            if let Some(r) = dgram_send(fd, unsafe { iov_ref(iov, cnt) }, 0, None) {
+                return r;
+            }
+            // SAFETY: forwarding the caller's arguments.
+            return unsafe { (real().writev)(fd, iov, cnt) };
+        }
+        if s.is_pass() {
+            // SAFETY: forwarding the caller's arguments.
+            return unsafe { (real().writev)(fd, iov, cnt) };
+        }
         // SAFETY: the caller's iovecs.
         if let Some(r) = do_send(&s, fd, unsafe { iov_ref(iov, cnt) }, 0) {
             return r;
@@ -274,7 +396,15 @@ pub unsafe fn recvfrom(
             // SAFETY: the caller's buffer of `n` octets.
             vec![unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, n) }]
         };
-        if let Some(r) = do_recv(&s, fd, b, flags) {
+        if s.kind == Kind::Dgram {
+            if let Some(r) = dgram_recv(fd, b, flags) {
+                if let Ok(d) = &r {
+                    // SAFETY: the caller's address buffer.
+                    unsafe { put_addr(d.src, s.family, addr, alen) };
+                }
+                return dgram_result(r, flags);
+            }
+        } else if let Some(r) = do_recv(&s, fd, b, flags) {
             return r;
         }
     }
@@ -290,6 +420,24 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
         let m = unsafe { &mut *msg };
         // SAFETY: its iovecs.
         let bufs = unsafe { iov_mut(m.msg_iov, m.msg_iovlen as c_int) };
+        if s.kind == Kind::Dgram {
+            if let Some(r) = dgram_recv(fd, bufs, flags) {
+                m.msg_controllen = 0;
+                m.msg_flags = 0;
+                if let Ok(d) = &r {
+                    if d.len > d.copied {
+                        m.msg_flags |= libc::MSG_TRUNC;
+                    }
+                    let mut l = m.msg_namelen;
+                    // SAFETY: the caller's name buffer of `msg_namelen` octets.
+                    unsafe { put_addr(d.src, s.family, m.msg_name as *mut sockaddr, &mut l) };
+                    m.msg_namelen = l;
+                }
+                return dgram_result(r, flags);
+            }
+            // SAFETY: forwarding the caller's arguments.
+            return unsafe { (real().recvmsg)(fd, msg, flags) };
+        }
         if let Some(r) = do_recv(&s, fd, bufs, flags) {
             m.msg_controllen = 0;
             m.msg_flags = 0;
@@ -355,15 +503,23 @@ pub unsafe fn sendto(
     alen: socklen_t,
 ) -> ssize_t {
     let g = guard::enter();
-    if let (Some(_g), Some(s)) = (g, carried(fd)) {
+    if let (Some(_g), Some(s)) = (g, table::sock(fd)) {
         let b: Vec<&[u8]> = if n == 0 || buf.is_null() {
             Vec::new()
         } else {
             // SAFETY: the caller's buffer of `n` octets.
             vec![unsafe { std::slice::from_raw_parts(buf as *const u8, n) }]
         };
-        if let Some(r) = do_send(&s, fd, b, flags) {
-            return r;
+        if s.kind == Kind::Dgram {
+            // SAFETY: the caller's address.
+            let dest = unsafe { crate::addr::from_sockaddr(addr, alen) };
+            if let Some(r) = dgram_send(fd, b, flags, dest) {
+                return r;
+            }
+        } else if !s.is_pass() {
+            if let Some(r) = do_send(&s, fd, b, flags) {
+                return r;
+            }
         }
     }
     // SAFETY: forwarding the caller's arguments.
@@ -374,9 +530,28 @@ pub unsafe fn sendto(
 /// is refused (`EOPNOTSUPP`) on a carried stream.
 pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
     let g = guard::enter();
-    if let (Some(_g), Some(s), false) = (g, carried(fd), msg.is_null()) {
+    if let (Some(_g), Some(s), false) = (g, table::sock(fd), msg.is_null()) {
         // SAFETY: the caller's msghdr.
         let m = unsafe { &*msg };
+        if s.kind == Kind::Dgram {
+            if m.msg_controllen == 0 || m.msg_control.is_null() {
+                // SAFETY: its iovecs and name.
+                let bufs = unsafe { iov_ref(m.msg_iov, m.msg_iovlen as c_int) };
+                // SAFETY: the caller's name buffer.
+                let dest = unsafe {
+                    crate::addr::from_sockaddr(m.msg_name as *const sockaddr, m.msg_namelen)
+                };
+                if let Some(r) = dgram_send(fd, bufs, flags, dest) {
+                    return r;
+                }
+            }
+            // SAFETY: forwarding the caller's arguments.
+            return unsafe { (real().sendmsg)(fd, msg, flags) };
+        }
+        if s.is_pass() {
+            // SAFETY: forwarding the caller's arguments.
+            return unsafe { (real().sendmsg)(fd, msg, flags) };
+        }
         if m.msg_controllen > 0 && !m.msg_control.is_null() {
             set_errno(libc::EOPNOTSUPP);
             return -1;
@@ -394,7 +569,8 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
 /// `sendmmsg(2)`: one stream write per message.
 pub unsafe fn sendmmsg(fd: c_int, v: *mut mmsghdr, vlen: c_uint, flags: c_int) -> c_int {
     let g = guard::enter();
-    if let (Some(_g), Some(_s), false) = (g, carried(fd), v.is_null()) {
+    let ours = table::sock(fd).filter(|s| s.kind == Kind::Dgram || !s.is_pass());
+    if let (Some(_g), Some(_s), false) = (g, ours, v.is_null()) {
         drop(_g);
         let mut done = 0;
         for i in 0..vlen as usize {
@@ -637,6 +813,21 @@ pub unsafe fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event)
         if let Some(r) = unsafe { set.ctl(op, fd, ev) } {
             return r;
         }
+        // SAFETY: forwarding the caller's arguments.
+        let r = unsafe { (real().epoll_ctl)(epfd, op, fd, ev) };
+        if r == 0 {
+            if let Some(s) = table::sock(fd) {
+                let (events, data) = if ev.is_null() {
+                    (0, 0)
+                } else {
+                    // SAFETY: the caller's event, non-null.
+                    let e = unsafe { std::ptr::read_unaligned(ev) };
+                    (e.events, e.u64)
+                };
+                s.note_kernel_epoll(epfd, op, events, data);
+            }
+        }
+        return r;
     }
     // SAFETY: forwarding the caller's arguments.
     unsafe { (real().epoll_ctl)(epfd, op, fd, ev) }
@@ -815,6 +1006,23 @@ pub unsafe fn getsockopt(
     val: *mut c_void,
     len: *mut socklen_t,
 ) -> c_int {
+    if level == SOL_SOFTRDMA {
+        if let Some(_g) = guard::enter() {
+            let Some(s) = table::sock(fd) else {
+                set_errno(libc::ENOPROTOOPT);
+                return -1;
+            };
+            return match name {
+                SOFTRDMA_DDPMODE | SOFTRDMA_TRANSPORT => {
+                    put_int(val, len, c_int::from(s.ddpmode()))
+                }
+                _ => {
+                    set_errno(libc::ENOPROTOOPT);
+                    -1
+                }
+            };
+        }
+    }
     let g = guard::enter();
     if let (Some(_g), Some(s)) = (g, carried(fd)) {
         if level == libc::SOL_SOCKET && name == libc::SO_ERROR && !val.is_null() && !len.is_null() {
@@ -834,9 +1042,34 @@ pub unsafe fn getsockopt(
     unsafe { (real().getsockopt)(fd, level, name, val, len) }
 }
 
+/// `SOL_SOFTRDMA` (`softrdma/sockets.h`): softrdma's own socket options.
+pub const SOL_SOFTRDMA: c_int = 0x5352;
+/// `SOFTRDMA_DDPMODE`: set 1 to switch a connected socket to DDP; read:
+/// 1 while the socket's bytes go over RC.
+pub const SOFTRDMA_DDPMODE: c_int = 1;
+/// `SOFTRDMA_TRANSPORT` (read only): 0 kernel, 1 RC.
+pub const SOFTRDMA_TRANSPORT: c_int = 2;
+
+fn put_int(val: *mut c_void, len: *mut socklen_t, v: c_int) -> c_int {
+    if val.is_null() || len.is_null() {
+        set_errno(libc::EFAULT);
+        return -1;
+    }
+    // SAFETY: the caller's buffer and length, checked non-null.
+    unsafe {
+        if (*len as usize) < std::mem::size_of::<c_int>() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        std::ptr::write_unaligned(val as *mut c_int, v);
+        *len = std::mem::size_of::<c_int>() as socklen_t;
+    }
+    0
+}
+
 /// `setsockopt(2)`: every option reaches the kernel socket; softrdma
 /// notes the ones it honours itself (`SO_RCVLOWAT`, `SO_RCVTIMEO`,
-/// `SO_SNDTIMEO`).
+/// `SO_SNDTIMEO`). `SOL_SOFTRDMA` options are softrdma's alone.
 pub unsafe fn setsockopt(
     fd: c_int,
     level: c_int,
@@ -844,6 +1077,36 @@ pub unsafe fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
+    if level == SOL_SOFTRDMA {
+        if let Some(_g) = guard::enter() {
+            let Some(s) = table::sock(fd) else {
+                set_errno(libc::ENOPROTOOPT);
+                return -1;
+            };
+            if name != SOFTRDMA_DDPMODE {
+                set_errno(libc::ENOPROTOOPT);
+                return -1;
+            }
+            if val.is_null() || (len as usize) < std::mem::size_of::<c_int>() {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            // SAFETY: the caller's int, checked non-null and long enough.
+            let on = unsafe { std::ptr::read_unaligned(val as *const c_int) } != 0;
+            if !on {
+                // Back to the kernel mid-stream is not offered.
+                set_errno(if s.ddpmode() { libc::EOPNOTSUPP } else { 0 });
+                return if s.ddpmode() { -1 } else { 0 };
+            }
+            return match s.set_ddpmode(fd) {
+                Ok(()) => 0,
+                Err(e) => {
+                    set_errno(e);
+                    -1
+                }
+            };
+        }
+    }
     // SAFETY: forwarding the caller's arguments.
     let r = unsafe { (real().setsockopt)(fd, level, name, val, len) };
     if r == 0 && !val.is_null() {

@@ -27,6 +27,7 @@ pub mod registry;
 pub mod sock;
 pub mod stat;
 pub mod table;
+pub mod udp;
 pub mod wait;
 
 use std::sync::{Arc, Mutex};

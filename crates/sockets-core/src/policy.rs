@@ -1,8 +1,11 @@
 //! Which sockets softrdma takes: the environment's rules.
 //!
 //! * `SOFTRDMA_SOCKETS`: `auto` (the default) accelerates every TCP
-//!   connection whose other end is interposed too; `off` leaves every
-//!   socket to the kernel (the library is loaded but does nothing).
+//!   connection whose other end is interposed too; `ddpmode` touches only
+//!   sockets the application switches with `SOFTRDMA_DDPMODE`
+//!   (`softrdma/sockets.h`), everything else goes straight to the C
+//!   library; `off` leaves every socket to the kernel (the library is
+//!   loaded but does nothing).
 //! * `SOFTRDMA_SOCKETS_PEERS`: comma-separated `ADDR[/PREFIX][:PORT]`
 //!   destinations that run softrdma on other hosts (the registry only
 //!   knows this host's listeners): a client connecting there sends an MPA
@@ -112,6 +115,8 @@ pub fn parse_list(s: &str) -> Vec<Rule> {
 
 struct Policy {
     on: bool,
+    /// Only opted-in sockets (`ddpmode`).
+    opt_in: bool,
     peers: Vec<Rule>,
     exclude: Vec<Rule>,
 }
@@ -120,19 +125,21 @@ fn policy() -> &'static Policy {
     static P: OnceLock<Policy> = OnceLock::new();
     P.get_or_init(|| {
         let mode = std::env::var("SOFTRDMA_SOCKETS").unwrap_or_default();
-        let on = match mode.as_str() {
-            "" | "auto" => true,
-            "off" => false,
+        let (on, opt_in) = match mode.as_str() {
+            "" | "auto" => (true, false),
+            "ddpmode" => (true, true),
+            "off" => (false, false),
             other => {
                 eprintln!(
-                    "softrdma-sockets: SOFTRDMA_SOCKETS={other:?} is not auto or off; using off"
+                    "softrdma-sockets: SOFTRDMA_SOCKETS={other:?} is not auto, ddpmode or off; using off"
                 );
-                false
+                (false, false)
             }
         };
         let list = |k: &str| std::env::var(k).map(|v| parse_list(&v)).unwrap_or_default();
         Policy {
             on,
+            opt_in,
             peers: list("SOFTRDMA_SOCKETS_PEERS"),
             exclude: list("SOFTRDMA_SOCKETS_EXCLUDE"),
         }
@@ -144,15 +151,18 @@ pub fn enabled() -> bool {
     policy().on
 }
 
-/// Whether this process accepts accelerated connections on its listeners.
+/// Whether this process accepts accelerated connections on its
+/// listeners without the application asking (`auto`).
 pub fn serve() -> bool {
-    policy().on
+    let p = policy();
+    p.on && !p.opt_in
 }
 
-/// Whether a connection from or to `a` may be accelerated.
+/// Whether a connection to `a` is accelerated at `connect` (`auto`, and
+/// no exclusion matches).
 pub fn connect_allowed(a: SocketAddr) -> bool {
     let p = policy();
-    p.on && !p.exclude.iter().any(|r| r.matches(a))
+    p.on && !p.opt_in && !p.exclude.iter().any(|r| r.matches(a))
 }
 
 /// Whether the end at `dest` runs softrdma (a rule, or the registry).

@@ -43,6 +43,7 @@ macro_rules! real_table {
 real_table! {
     socket: fn(c_int, c_int, c_int) -> c_int;
     connect: fn(c_int, *const sockaddr, socklen_t) -> c_int;
+    bind: fn(c_int, *const sockaddr, socklen_t) -> c_int;
     listen: fn(c_int, c_int) -> c_int;
     accept: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
     accept4: fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int;

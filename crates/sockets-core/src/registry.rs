@@ -13,6 +13,10 @@
 //!   (the socket is bound first so its port is known), removed when the
 //!   MPA exchange ends or the socket closes.
 //!
+//! * `udp-<addr>-<port>`: a datagram socket bound to `addr:port` with a UD
+//!   QP; holds `<netns> <pid> <qp port> <qpn>`. Written when softrdma
+//!   takes the socket, removed when its creator closes it.
+//!
 //! A client connecting to `addr:port` accelerates when a listener entry
 //! matches; a server that accepts a connection from `addr:port` expects
 //! an MPA Request when a client entry does. Entries whose process is gone
@@ -243,6 +247,82 @@ pub fn client_at(peer: SocketAddr) -> bool {
         return false;
     }
     ens == netns() || !canon(peer.ip()).is_loopback()
+}
+
+fn udp_path(a: SocketAddr) -> PathBuf {
+    dir().join(format!("udp-{}-{}", canon(a.ip()), a.port()))
+}
+
+/// The entry of a datagram socket with a UD QP; removed when dropped by
+/// the process that made it.
+#[derive(Debug)]
+pub struct UdpEntry {
+    path: PathBuf,
+    pid: u32,
+}
+
+impl UdpEntry {
+    /// Registers the socket bound to `local` whose QP is `qpn` at UDP
+    /// port `qp_port`.
+    pub fn new(local: SocketAddr, qp_port: u16, qpn: u32) -> io::Result<UdpEntry> {
+        ensure_dir()?;
+        let path = udp_path(local);
+        let pid = std::process::id();
+        std::fs::write(&path, format!("{} {} {} {}", netns(), pid, qp_port, qpn))?;
+        Ok(UdpEntry { path, pid })
+    }
+}
+
+impl Drop for UdpEntry {
+    fn drop(&mut self) {
+        if std::process::id() == self.pid {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// The QP (UDP port, QPN) of the interposed datagram socket at `dest`, if
+/// there is one: bound to that address, or to the wildcard of a local
+/// destination in this network namespace.
+pub fn udp_peer(dest: SocketAddr) -> Option<(u16, u32)> {
+    let ip = canon(dest.ip());
+    let exact = SocketAddr::new(ip, dest.port());
+    let wild = SocketAddr::new(
+        if ip.is_ipv4() {
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+        } else {
+            IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+        },
+        dest.port(),
+    );
+    for (cand, wildcard) in [(exact, false), (wild, true)] {
+        let Ok(text) = std::fs::read_to_string(udp_path(cand)) else {
+            continue;
+        };
+        let f: Vec<&str> = text.split_whitespace().collect();
+        let (Some(Ok(ens)), Some(Ok(pid)), Some(Ok(port)), Some(Ok(qpn))) = (
+            f.first().map(|v| v.parse::<u64>()),
+            f.get(1).map(|v| v.parse::<u32>()),
+            f.get(2).map(|v| v.parse::<u16>()),
+            f.get(3).map(|v| v.parse::<u32>()),
+        ) else {
+            continue;
+        };
+        if !alive(pid) {
+            let _ = std::fs::remove_file(udp_path(cand));
+            continue;
+        }
+        let same_ns = ens == netns();
+        let ok = if wildcard {
+            same_ns && is_local(ip)
+        } else {
+            same_ns || !ip.is_loopback()
+        };
+        if ok {
+            return Some((port, qpn));
+        }
+    }
+    None
 }
 
 /// The local address (port 0) the kernel would use to reach `dest`: a

@@ -64,6 +64,14 @@ enum Phase {
     Kernel,
     /// The connection failed while softrdma had it: calls fail with this.
     Failed(c_int),
+    /// A datagram socket with its UD QP.
+    Ud(Box<UdState>),
+}
+
+/// A datagram socket's softrdma side.
+struct UdState {
+    end: crate::udp::UdEnd,
+    _entry: Option<crate::registry::UdpEntry>,
 }
 
 struct ClientMpa {
@@ -79,12 +87,22 @@ struct Inner {
     listener: Option<ListenerEntry>,
     client: Option<ClientEntry>,
     shut_rd: bool,
+    role: Role,
+    /// The application switched the socket with `SOFTRDMA_DDPMODE`.
+    ddp: bool,
+    /// Datagram sockets without a UD QP yet: destinations found plain,
+    /// and when (asked again after a second).
+    dgram_plain: std::collections::HashMap<SocketAddr, Instant>,
+    /// Datagram sockets: the `connect`ed peer.
+    connected: Option<SocketAddr>,
 }
 
 /// A socket softrdma watches.
 pub struct Sock {
     /// `AF_INET` or `AF_INET6`.
     pub family: c_int,
+    /// Stream (TCP) or datagram (UDP).
+    pub kind: Kind,
     pass: AtomicBool,
     nonblock: AtomicBool,
     fds: AtomicUsize,
@@ -99,6 +117,10 @@ pub struct Sock {
     /// Bumped whenever the socket's readiness may have changed (epoll's
     /// edge-triggered entries report a change once).
     pub gen: AtomicU64,
+    /// The application's epoll sets that hold the socket in the kernel
+    /// (while it is plain): `(epfd, events, data)`. When softrdma takes
+    /// the socket, these move to the sets' shadow lists.
+    kernel_epolls: Mutex<Vec<(c_int, u32, u64)>>,
     inner: Mutex<Inner>,
 }
 
@@ -328,9 +350,15 @@ pub fn drain_lingering() {
 impl Sock {
     /// A socket just created (`socket`, or `accept` for a server end).
     pub fn new(fd: c_int, family: c_int, nonblock: bool) -> Arc<Sock> {
+        Self::with_kind(fd, family, nonblock, Kind::Stream)
+    }
+
+    /// A socket of `kind` just created.
+    pub fn with_kind(fd: c_int, family: c_int, nonblock: bool, kind: Kind) -> Arc<Sock> {
         Arc::new(Sock {
             family,
-            pass: AtomicBool::new(false),
+            kind,
+            pass: AtomicBool::new(true),
             nonblock: AtomicBool::new(nonblock),
             fds: AtomicUsize::new(1),
             inherited: AtomicBool::new(false),
@@ -339,12 +367,17 @@ impl Sock {
             rcvtimeo_us: AtomicU64::new(0),
             sndtimeo_us: AtomicU64::new(0),
             gen: AtomicU64::new(0),
+            kernel_epolls: Mutex::new(Vec::new()),
             inner: Mutex::new(Inner {
                 phase: Phase::Fresh,
-                slot: Slot::new(fd, Kind::Stream),
+                slot: Slot::new(fd, kind),
+                dgram_plain: std::collections::HashMap::new(),
+                connected: None,
                 listener: None,
                 client: None,
                 shut_rd: false,
+                role: Role::Unknown,
+                ddp: false,
             }),
         })
     }
@@ -365,6 +398,103 @@ impl Sock {
         inner.slot.set_state(State::Kernel, reason);
         self.pass.store(true, Ordering::Release);
         self.gen.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// softrdma takes the socket (it stops being plain): the kernel epoll
+    /// registrations the application made move to the sets' shadow lists.
+    fn take_over(self: &Arc<Self>, fd: c_int) {
+        self.pass.store(false, Ordering::Release);
+        let regs: Vec<_> =
+            std::mem::take(&mut *self.kernel_epolls.lock().unwrap_or_else(|e| e.into_inner()));
+        for (epfd, events, data) in regs {
+            // SAFETY: removing the application's registration from its set.
+            unsafe { (real().epoll_ctl)(epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+            if let Some(set) = crate::table::epoll(epfd) {
+                set.shadow_add(fd, self.clone(), events, data);
+            }
+        }
+    }
+
+    /// Records the application's kernel epoll registration of this (plain)
+    /// socket: `op` on set `epfd` succeeded with `events`/`data`.
+    pub fn note_kernel_epoll(&self, epfd: c_int, op: c_int, events: u32, data: u64) {
+        let mut v = self.kernel_epolls.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|r| r.0 != epfd);
+        if op != libc::EPOLL_CTL_DEL {
+            v.push((epfd, events, data));
+        }
+    }
+
+    /// `setsockopt(SOL_SOFTRDMA, SOFTRDMA_DDPMODE, 1)`: switches a
+    /// connected plain socket to DDP, running the MPA exchange on the
+    /// connection now (the client end initiates, the server end answers;
+    /// both ends call it at the same point of their streams). Blocks until
+    /// the exchange ends, at most `SO_RCVTIMEO` or 10 s. Errors: `ENOTCONN`
+    /// (not connected), `ETIMEDOUT` (the peer did not switch), `EPROTO`
+    /// (the peer sent other data first; it is left unread),
+    /// `ECONNREFUSED` (the peer refused: its policy), `ENOMEM`.
+    pub fn set_ddpmode(self: &Arc<Self>, fd: c_int) -> Result<(), c_int> {
+        let deadline = Some(
+            self.deadline(false)
+                .unwrap_or_else(|| Instant::now() + MPA_TIMEOUT),
+        );
+        {
+            let mut inner = self.lock();
+            match (&inner.phase, inner.role) {
+                (Phase::Rc(_), _) => return Ok(()),
+                (Phase::Kernel, Role::Client) => {
+                    if peer_addr(fd).is_none() {
+                        return Err(libc::ENOTCONN);
+                    }
+                    inner.ddp = true;
+                    self.take_over(fd);
+                    inner.slot.set_state(State::Handshake, Reason::None);
+                    self.start_client(&mut inner, fd);
+                }
+                (Phase::Kernel, Role::Server) => {
+                    inner.ddp = true;
+                    self.take_over(fd);
+                    inner.slot.set_state(State::Handshake, Reason::None);
+                    inner.phase = Phase::ServerMpa;
+                }
+                (Phase::Connecting | Phase::ClientMpa(_) | Phase::ServerMpa, _) => {}
+                (Phase::Failed(e), _) => return Err(*e),
+                _ => return Err(libc::ENOTCONN),
+            }
+        }
+        loop {
+            let mut inner = self.lock();
+            self.drive(&mut inner, fd);
+            let wait = match &inner.phase {
+                Phase::Rc(_) => return Ok(()),
+                Phase::Failed(e) => return Err(*e),
+                Phase::Kernel if inner.role == Role::Client => return Err(libc::ECONNREFUSED),
+                Phase::Kernel => return Err(libc::EPROTO),
+                Phase::ClientMpa(c) => (c.efd, libc::POLLIN),
+                Phase::Connecting => (fd, libc::POLLOUT),
+                _ => (fd, libc::POLLIN),
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                if matches!(inner.phase, Phase::ServerMpa) {
+                    // Nothing was read: the socket stays plain.
+                    self.set_kernel(&mut inner, Reason::Policy);
+                    return Err(libc::ETIMEDOUT);
+                }
+                if let Phase::ClientMpa(c) = &inner.phase {
+                    close_raw(c.efd);
+                }
+                self.fail(&mut inner, libc::ETIMEDOUT, Reason::HandshakeFailed);
+                return Err(libc::ETIMEDOUT);
+            }
+            drop(inner);
+            wait_fd(wait.0, wait.1, deadline)?;
+        }
+    }
+
+    /// `getsockopt(SOL_SOFTRDMA, SOFTRDMA_DDPMODE)`: 1 while the socket's
+    /// bytes go over RC.
+    pub fn ddpmode(&self) -> bool {
+        matches!(self.lock().phase, Phase::Rc(_))
     }
 
     /// The application's view of `O_NONBLOCK`.
@@ -457,6 +587,7 @@ impl Sock {
             let mut inner = self.lock();
             let local = local_addr(fd);
             inner.slot.set_role(Role::Listener);
+            inner.role = Role::Listener;
             inner.slot.set_addrs(Some(&fmt_addr(local)), None);
             inner.slot.set_state(State::Kernel, Reason::Listener);
             if inner.listener.is_none() && crate::policy::serve() {
@@ -474,7 +605,7 @@ impl Sock {
     /// # Safety
     /// `addr` points to `len` readable octets (or is null).
     pub unsafe fn connect(
-        &self,
+        self: &Arc<Self>,
         fd: c_int,
         addr: *const libc::sockaddr,
         len: libc::socklen_t,
@@ -488,6 +619,7 @@ impl Sock {
             return unsafe { (real().connect)(fd, addr, len) };
         }
         inner.slot.set_role(Role::Client);
+        inner.role = Role::Client;
         let Some(dest) = dest else {
             self.set_kernel(&mut inner, Reason::Unsupported);
             drop(inner);
@@ -556,6 +688,7 @@ impl Sock {
             .slot
             .set_addrs(Some(&local.to_string()), Some(&dest.to_string()));
         inner.slot.set_state(State::Handshake, Reason::None);
+        self.take_over(fd);
         // SAFETY: forwarding the application's call.
         let r = unsafe { (real().connect)(fd, addr, len) };
         let e = errno();
@@ -642,15 +775,18 @@ impl Sock {
         {
             let mut inner = s.lock();
             inner.slot.set_role(Role::Server);
+            inner.role = Role::Server;
             inner
                 .slot
                 .set_addrs(Some(&fmt_addr(local_addr(nfd))), Some(&fmt_addr(peer)));
             match peer {
-                Some(p) if crate::registry::client_at(p) => {
+                Some(p) if crate::policy::serve() && crate::registry::client_at(p) => {
+                    s.pass.store(false, Ordering::Release);
+                    // The Request is read at the socket's first use, not
+                    // here: a server that forks a child per connection
+                    // (socat `fork`) hands it over untouched.
                     inner.phase = Phase::ServerMpa;
                     inner.slot.set_state(State::Handshake, Reason::None);
-                    // The Request usually follows the connection at once.
-                    s.drive(&mut inner, nfd);
                 }
                 Some(_) => s.set_kernel(&mut inner, Reason::PlainPeer),
                 None => s.set_kernel(&mut inner, Reason::Unsupported),
@@ -766,7 +902,7 @@ impl Sock {
         };
         let _ = resp.handle_bytes(frame, Instant::now());
         let peer = resp.request().and_then(|r| Params::parse(&r.private_data));
-        let want = peer.is_some() && crate::policy::serve();
+        let want = peer.is_some() && (crate::policy::serve() || inner.ddp);
         let conn = if want { Conn::new(&dev).ok() } else { None };
         let (Some(peer), Some(mut conn)) = (peer, conn) else {
             // Not ours to carry: reject, and both ends go on plain.
@@ -830,13 +966,14 @@ impl Sock {
         let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
         let want: usize = bufs.iter().map(|b| b.len()).sum();
         let deadline = self.deadline(false);
+        let mut spin: Option<Instant> = None;
         let mut done = 0usize;
         loop {
             let mut inner = self.lock();
             self.drive(&mut inner, fd);
             let shut_rd = inner.shut_rd;
             let wait = match &mut inner.phase {
-                Phase::Fresh | Phase::Listening | Phase::Kernel => {
+                Phase::Fresh | Phase::Listening | Phase::Kernel | Phase::Ud(_) => {
                     if done > 0 {
                         return Out::Done(Ok(done));
                     }
@@ -900,11 +1037,10 @@ impl Sock {
                             Err(libc::EAGAIN)
                         });
                     }
-                    conn.arm();
-                    if conn.progress() || conn.readable_bytes() > 0 || conn.at_eof() {
+                    if spinning(&mut spin) {
                         continue;
                     }
-                    (conn.wait_fd(), libc::POLLIN)
+                    conn.wait()
                 }
             };
             drop(inner);
@@ -929,9 +1065,6 @@ impl Sock {
                     return Out::Done(if done > 0 { Ok(done) } else { Err(e) });
                 }
             }
-            if let Phase::Rc(conn) = &self.lock().phase {
-                conn.clear_event();
-            }
         }
     }
 
@@ -946,12 +1079,13 @@ impl Sock {
         let nonblock = self.nonblocking() || flags & libc::MSG_DONTWAIT != 0;
         let want: usize = bufs.iter().map(|b| b.len()).sum();
         let deadline = self.deadline(true);
+        let mut spin: Option<Instant> = None;
         let mut done = 0usize;
         loop {
             let mut inner = self.lock();
             self.drive(&mut inner, fd);
             let wait = match &mut inner.phase {
-                Phase::Fresh | Phase::Listening | Phase::Kernel => {
+                Phase::Fresh | Phase::Listening | Phase::Kernel | Phase::Ud(_) => {
                     if done > 0 {
                         return Out::Done(Ok(done));
                     }
@@ -1013,11 +1147,10 @@ impl Sock {
                             Err(libc::EAGAIN)
                         });
                     }
-                    conn.arm();
-                    if conn.progress() || conn.writable() {
+                    if spinning(&mut spin) {
                         continue;
                     }
-                    (conn.wait_fd(), libc::POLLIN)
+                    conn.wait()
                 }
             };
             drop(inner);
@@ -1040,9 +1173,6 @@ impl Sock {
                 Err(e) => {
                     return Out::Done(if done > 0 { Ok(done) } else { Err(e) });
                 }
-            }
-            if let Phase::Rc(conn) = &self.lock().phase {
-                conn.clear_event();
             }
         }
     }
@@ -1070,11 +1200,11 @@ impl Sock {
         Out::Done(Ok(()))
     }
 
-    /// Readiness for `poll`/`select`/`epoll`; `Ready::events` is 0 for a
-    /// plain socket (the caller asks the kernel). With `arm` set to the
-    /// caller's interest, the CQ is armed when none of it holds, so that
-    /// [`Ready::wait`] fires on the next completion.
-    pub fn ready(&self, fd: c_int, arm: Option<i16>) -> Ready {
+    /// Readiness for `poll`/`select`/`epoll` after making what progress
+    /// there is; `Ready::events` is 0 for a plain socket (the caller asks
+    /// the kernel). [`Ready::wait`] is what a caller that finds nothing
+    /// waits on (level-triggered: it holds while progress can be made).
+    pub fn ready(&self, fd: c_int) -> Ready {
         if self.is_inherited() {
             return Ready {
                 events: libc::POLLERR | libc::POLLHUP,
@@ -1087,6 +1217,23 @@ impl Sock {
         let shut_rd = inner.shut_rd;
         match &mut inner.phase {
             Phase::Fresh | Phase::Listening | Phase::Kernel => Ready::default(),
+            Phase::Ud(u) => {
+                let mut ev = 0;
+                u.end.progress();
+                if u.end.has_message() || kernel_readable(fd) {
+                    ev |= libc::POLLIN;
+                }
+                if u.end.can_send() {
+                    ev |= libc::POLLOUT;
+                }
+                if ev & libc::POLLIN == 0 && u.end.arm() && u.end.has_message() {
+                    ev |= libc::POLLIN;
+                }
+                Ready {
+                    events: ev,
+                    wait: Some((u.end.wait_fd(), libc::POLLIN)),
+                }
+            }
             Phase::Failed(_) => Ready {
                 events: libc::POLLIN | libc::POLLOUT | libc::POLLERR | libc::POLLHUP,
                 wait: None,
@@ -1109,26 +1256,11 @@ impl Sock {
                     self.gen.fetch_add(1, Ordering::Relaxed);
                     ev = rc_events(conn, lowat, shut_rd);
                 }
-                let interest = arm.map(|i| i | libc::POLLERR | libc::POLLHUP);
-                if interest.is_some_and(|i| ev & i == 0) {
-                    conn.arm();
-                    if conn.progress() {
-                        self.gen.fetch_add(1, Ordering::Relaxed);
-                    }
-                    ev = rc_events(conn, lowat, shut_rd);
-                }
                 Ready {
                     events: ev,
-                    wait: Some((conn.wait_fd(), libc::POLLIN)),
+                    wait: Some(conn.wait()),
                 }
             }
-        }
-    }
-
-    /// Clears the wake-up descriptor after a wait (RC).
-    pub fn clear_wait(&self) {
-        if let Phase::Rc(conn) = &self.lock().phase {
-            conn.clear_event();
         }
     }
 
@@ -1151,6 +1283,10 @@ impl Sock {
                 Some(conn.readable_bytes())
             }
             Phase::Fresh | Phase::Listening | Phase::Kernel => None,
+            Phase::Ud(u) => {
+                u.end.progress();
+                u.end.peek_meta().map(|(len, _)| len)
+            }
             _ => Some(0),
         }
     }
@@ -1192,10 +1328,342 @@ impl Sock {
         self.close_fd();
     }
 
+    /// A datagram socket gets its UD QP and its registry entry, bound
+    /// where the kernel socket is (binding it to the wildcard first if it
+    /// is not bound yet). False if it could not (it stays plain).
+    fn take_udp(self: &Arc<Self>, inner: &mut Inner, fd: c_int) -> bool {
+        if matches!(inner.phase, Phase::Ud(_)) {
+            return true;
+        }
+        if !matches!(inner.phase, Phase::Fresh) || !crate::policy::enabled() {
+            return false;
+        }
+        let local = match local_addr(fd) {
+            Some(a) if a.port() != 0 => a,
+            Some(a) => {
+                let (ss, sl) = crate::addr::to_sockaddr(&crate::registry::unspecified_like(&a));
+                // SAFETY: a valid address of `sl` octets.
+                if unsafe { libc::bind(fd, &ss as *const _ as *const libc::sockaddr, sl) } != 0 {
+                    return false;
+                }
+                match local_addr(fd) {
+                    Some(a) => a,
+                    None => return false,
+                }
+            }
+            None => return false,
+        };
+        // UD runs over IPv4: an IPv6 socket takes part when it is bound to
+        // the wildcard (dual-stack) or an IPv4-mapped address.
+        let local = match local {
+            SocketAddr::V6(a) if a.ip().is_unspecified() => {
+                SocketAddr::from(([0, 0, 0, 0], a.port()))
+            }
+            SocketAddr::V6(a) => match a.ip().to_ipv4_mapped() {
+                Some(v4) => SocketAddr::from((v4, a.port())),
+                None => return false,
+            },
+            v4 => v4,
+        };
+        let Ok(dev) = crate::device() else {
+            inner.slot.set_state(State::Kernel, Reason::Resources);
+            return false;
+        };
+        let end = match crate::udp::UdEnd::new(&dev, fd, local) {
+            Ok(e) => e,
+            Err(_) => {
+                inner.slot.set_state(State::Kernel, Reason::Resources);
+                return false;
+            }
+        };
+        let (qp_port, qpn) = end.qp_addr();
+        let entry = crate::registry::UdpEntry::new(local, qp_port, qpn).ok();
+        self.engine.store(true, Ordering::Relaxed);
+        inner.slot.set_addrs(Some(&local.to_string()), None);
+        inner.slot.set_state(State::Ud, Reason::None);
+        inner.phase = Phase::Ud(Box::new(UdState { end, _entry: entry }));
+        self.take_over(fd);
+        true
+    }
+
+    /// After a successful `bind` of a datagram socket: softrdma takes it
+    /// (auto policy), so interposed senders reach it over UD.
+    pub fn after_bind(self: &Arc<Self>, fd: c_int) {
+        if self.kind != Kind::Dgram || !crate::policy::serve() {
+            return;
+        }
+        let mut inner = self.lock();
+        self.take_udp(&mut inner, fd);
+    }
+
+    /// `connect` of a datagram socket: the kernel's, then the peer is
+    /// remembered for `send`, and softrdma takes the socket if the peer
+    /// is interposed.
+    ///
+    /// # Safety
+    /// `addr` points to `len` readable octets (or is null).
+    pub unsafe fn connect_dgram(
+        self: &Arc<Self>,
+        fd: c_int,
+        addr: *const libc::sockaddr,
+        len: libc::socklen_t,
+    ) -> c_int {
+        // SAFETY: forwarding the application's call.
+        let r = unsafe { (real().connect)(fd, addr, len) };
+        let e = errno();
+        if r == 0 {
+            // SAFETY: the caller's address.
+            let dest = unsafe { crate::addr::from_sockaddr(addr, len) }
+                .map(|d| SocketAddr::new(d.ip().to_canonical(), d.port()));
+            let mut inner = self.lock();
+            inner.connected = dest;
+            if let Some(d) = dest {
+                inner.slot.set_addrs(None, Some(&d.to_string()));
+                if crate::policy::connect_allowed(d) && crate::registry::udp_peer(d).is_some() {
+                    self.take_udp(&mut inner, fd);
+                }
+            }
+        }
+        // SAFETY: restoring errno for the caller.
+        unsafe { *libc::__errno_location() = e };
+        r
+    }
+
+    /// `sendto`/`sendmsg`/`send`/`write` on a datagram socket: one UD Send
+    /// when the destination (given, or connected) is an interposed
+    /// socket, else the kernel's call.
+    pub fn send_dgram(
+        self: &Arc<Self>,
+        fd: c_int,
+        bufs: &[&[u8]],
+        flags: c_int,
+        dest: Option<SocketAddr>,
+    ) -> Out<usize> {
+        if self.is_inherited() {
+            return Out::Pass;
+        }
+        let nonblock = self.nonblocking() || flags & libc::MSG_DONTWAIT != 0;
+        let mut spin: Option<Instant> = None;
+        loop {
+            let mut inner = self.lock();
+            let Some(dest) = dest.or(inner.connected) else {
+                return Out::Pass;
+            };
+            let dest = SocketAddr::new(dest.ip().to_canonical(), dest.port());
+            if matches!(inner.phase, Phase::Fresh) {
+                if !crate::policy::connect_allowed(dest) {
+                    return Out::Pass;
+                }
+                let fresh = inner
+                    .dgram_plain
+                    .get(&dest)
+                    .is_some_and(|t| t.elapsed() < Duration::from_secs(1));
+                if fresh || crate::registry::udp_peer(dest).is_none() {
+                    if !fresh {
+                        if inner.dgram_plain.len() > 4096 {
+                            inner.dgram_plain.clear();
+                        }
+                        inner.dgram_plain.insert(dest, Instant::now());
+                    }
+                    return Out::Pass;
+                }
+                if !self.take_udp(&mut inner, fd) {
+                    return Out::Pass;
+                }
+            }
+            let Phase::Ud(u) = &mut inner.phase else {
+                return Out::Pass;
+            };
+            u.end.progress();
+            let Some(ah) = u.end.peer(dest) else {
+                return Out::Pass;
+            };
+            let len: usize = bufs.iter().map(|b| b.len()).sum();
+            match u.end.send(&ah, bufs) {
+                Ok(true) => {
+                    inner.slot.sent(len, 1);
+                    self.gen.fetch_add(1, Ordering::Relaxed);
+                    return Out::Done(Ok(len));
+                }
+                Ok(false) => {}
+                Err(e) => return Out::Done(Err(e)),
+            }
+            if nonblock {
+                return Out::Done(Err(libc::EAGAIN));
+            }
+            if spinning(&mut spin) {
+                continue;
+            }
+            let w = u.end.wait_fd();
+            let more = u.end.arm();
+            drop(inner);
+            if !more {
+                let _ = wait_fd(
+                    w,
+                    libc::POLLIN,
+                    Some(Instant::now() + Duration::from_millis(10)),
+                );
+            }
+        }
+    }
+
+    /// `recvfrom`/`recvmsg`/`recv`/`read` on a datagram socket softrdma
+    /// took: the next UD message or kernel datagram. `Pass` for a socket
+    /// without a UD QP.
+    pub fn recv_dgram(&self, fd: c_int, bufs: &mut [&mut [u8]], flags: c_int) -> Out<Dgram> {
+        if self.is_inherited() {
+            return Out::Done(Err(libc::EBADF));
+        }
+        if flags & libc::MSG_OOB != 0 {
+            return Out::Done(Err(libc::EOPNOTSUPP));
+        }
+        let nonblock = self.nonblocking() || flags & libc::MSG_DONTWAIT != 0;
+        let peek = flags & libc::MSG_PEEK != 0;
+        let deadline = self.deadline(false);
+        let mut spin: Option<Instant> = None;
+        loop {
+            let mut inner = self.lock();
+            let connected = inner.connected;
+            let Phase::Ud(u) = &mut inner.phase else {
+                return Out::Pass;
+            };
+            u.end.progress();
+            // A connected socket takes only its peer's datagrams.
+            while let (Some(c), Some((_, src))) = (connected, u.end.peek_meta()) {
+                if src == c {
+                    break;
+                }
+                u.end.read(&mut [], true);
+            }
+            if let Some((len, src)) = u.end.read(bufs, !peek) {
+                let copied = len.min(bufs.iter().map(|b| b.len()).sum());
+                if !peek {
+                    inner.slot.received(len, 1);
+                }
+                self.gen.fetch_add(1, Ordering::Relaxed);
+                return Out::Done(Ok(Dgram { copied, len, src }));
+            }
+            // The kernel socket's datagrams (plain senders).
+            let mut iov: Vec<libc::iovec> = bufs
+                .iter_mut()
+                .map(|b| libc::iovec {
+                    iov_base: b.as_mut_ptr() as *mut libc::c_void,
+                    iov_len: b.len(),
+                })
+                .collect();
+            // SAFETY: sockaddr_storage is plain data.
+            let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+            // SAFETY: msghdr is plain data; the fields set below are valid.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_name = &mut ss as *mut _ as *mut libc::c_void;
+            msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+            msg.msg_iov = iov.as_mut_ptr();
+            msg.msg_iovlen = iov.len();
+            let kflags = (flags & (libc::MSG_PEEK | libc::MSG_TRUNC)) | libc::MSG_DONTWAIT;
+            // SAFETY: the caller's buffers through `iov`, our address buffer.
+            let n = unsafe { (real().recvmsg)(fd, &mut msg, kflags | libc::MSG_TRUNC) };
+            if n >= 0 {
+                // SAFETY: the kernel wrote `msg_namelen` octets of address.
+                let src = unsafe {
+                    crate::addr::from_sockaddr(
+                        &ss as *const _ as *const libc::sockaddr,
+                        msg.msg_namelen,
+                    )
+                };
+                let len = n as usize;
+                let copied = len.min(bufs.iter().map(|b| b.len()).sum());
+                return Out::Done(Ok(Dgram {
+                    copied,
+                    len,
+                    src: src.unwrap_or_else(|| {
+                        crate::registry::unspecified_like(&SocketAddr::from(([0, 0, 0, 0], 0)))
+                    }),
+                }));
+            }
+            let e = errno();
+            if e != libc::EAGAIN && e != libc::EINTR {
+                return Out::Done(Err(e));
+            }
+            if nonblock {
+                return Out::Done(Err(libc::EAGAIN));
+            }
+            if spinning(&mut spin) {
+                continue;
+            }
+            let w = u.end.wait_fd();
+            let more = u.end.arm();
+            drop(inner);
+            if more {
+                continue;
+            }
+            match wait_fd(w, libc::POLLIN, deadline) {
+                Ok(false) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    return Out::Done(Err(libc::EAGAIN));
+                }
+                Ok(_) => {}
+                Err(e) => return Out::Done(Err(e)),
+            }
+        }
+    }
+
     /// Records that descriptor `fd` now names the socket (`dup2` targets).
     pub fn set_fd(&self, fd: c_int) {
         self.lock().slot.set_fd(fd);
     }
+}
+
+/// How long a blocking call polls before it sleeps
+/// (`SOFTRDMA_SOCKETS_SPIN_US`, default 20 µs; 0: sleep at once). While a
+/// caller polls, the answer of a peer that replies within that time
+/// reaches it without waking the progress thread and then this thread.
+pub fn spin_budget() -> Duration {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let us = std::env::var("SOFTRDMA_SOCKETS_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(20);
+        Duration::from_micros(us)
+    })
+}
+
+/// True while a blocking call's spin budget lasts (started on first use).
+fn spinning(until: &mut Option<Instant>) -> bool {
+    let budget = spin_budget();
+    if budget.is_zero() {
+        return false;
+    }
+    let now = Instant::now();
+    let end = *until.get_or_insert(now + budget);
+    if now < end {
+        std::hint::spin_loop();
+        true
+    } else {
+        false
+    }
+}
+
+/// Whether the kernel socket `fd` has something to read now.
+fn kernel_readable(fd: c_int) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no waiting.
+    unsafe { (real().poll)(&mut p, 1, 0) == 1 && p.revents & libc::POLLIN != 0 }
+}
+
+/// What `recvfrom` on a datagram socket returns: octets copied, the
+/// datagram's full length, its source.
+#[derive(Debug, Clone, Copy)]
+pub struct Dgram {
+    /// Octets copied into the buffers.
+    pub copied: usize,
+    /// The datagram's length (more than `copied`: it was truncated).
+    pub len: usize,
+    /// Where it came from.
+    pub src: SocketAddr,
 }
 
 fn rc_events(conn: &Conn, lowat: usize, shut_rd: bool) -> i16 {

@@ -8,8 +8,8 @@
 //! removed at exit; [`snapshot`] of a process that is gone reports
 //! `NotFound` (and removes a file left behind by a crash).
 //!
-//! Layout (native endianness, both ends are on one host): a 64-octet
-//! header (`MAGIC`, version, row count, pid) and [`ROWS`] rows of
+//! Layout (native endianness, both ends are on one host): a 128-octet
+//! header (`MAGIC`, version, row count, pid, totals) and [`ROWS`] rows of
 //! [`ROW_LEN`] octets. A row whose `fd` is −1 is free. Counters are
 //! monotonic; a reader may see a row mid-update (the text fields are
 //! written before `fd` makes the row live, and are not changed after).
@@ -23,13 +23,13 @@ use std::sync::{Mutex, OnceLock};
 /// First octets of a statistics file.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SRSKSTAT");
 /// The layout's version.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Rows in a file: the sockets a process can show at once (later ones
 /// are counted in the header's `overflow`).
 pub const ROWS: usize = 4096;
 /// Octets per row.
 pub const ROW_LEN: usize = 256;
-const HEADER_LEN: usize = 64;
+const HEADER_LEN: usize = 128;
 const ADDR_LEN: usize = 64;
 const FILE_LEN: usize = HEADER_LEN + ROWS * ROW_LEN;
 
@@ -74,6 +74,9 @@ pub enum State {
     /// Inherited across `fork` from a parent that had accelerated it;
     /// unusable here (see `docs/sockets.md`).
     Inherited = 5,
+    /// A datagram socket with a UD QP (interposed peers over UD, others
+    /// through the kernel).
+    Ud = 6,
 }
 
 /// Why a socket is not (or no longer) accelerated.
@@ -138,6 +141,7 @@ impl State {
             State::Rc => "rc",
             State::Closed => "closed",
             State::Inherited => "inherited",
+            State::Ud => "ud",
         }
     }
     fn from_u8(v: u8) -> State {
@@ -147,6 +151,7 @@ impl State {
             3 => State::Rc,
             4 => State::Closed,
             5 => State::Inherited,
+            6 => State::Ud,
             _ => State::Pending,
         }
     }
@@ -223,6 +228,11 @@ struct Header {
     /// Octets sent and received over RC so far.
     rc_tx_bytes: AtomicU64,
     rc_rx_bytes: AtomicU64,
+    /// Datagram sockets given a UD QP so far.
+    ud_socks: AtomicU64,
+    /// Octets sent and received over UD so far.
+    ud_tx_bytes: AtomicU64,
+    ud_rx_bytes: AtomicU64,
 }
 
 /// A process's totals since it started (rows come and go with sockets).
@@ -236,14 +246,26 @@ pub struct Totals {
     pub rc_tx_bytes: u64,
     /// Octets the application received over RC.
     pub rc_rx_bytes: u64,
+    /// Datagram sockets given a UD QP.
+    pub ud_socks: u64,
+    /// Octets the application sent over UD.
+    pub ud_tx_bytes: u64,
+    /// Octets the application received over UD.
+    pub ud_rx_bytes: u64,
 }
 
 impl Totals {
     /// One line, `key=value` pairs (`SOFTRDMA_SOCKETS_REPORT`).
     pub fn line(&self, pid: u32) -> String {
         format!(
-            "pid={pid} rc_conns={} kernel_conns={} rc_tx_bytes={} rc_rx_bytes={}",
-            self.rc_conns, self.kernel_conns, self.rc_tx_bytes, self.rc_rx_bytes
+            "pid={pid} rc_conns={} kernel_conns={} rc_tx_bytes={} rc_rx_bytes={} ud_socks={} ud_tx_bytes={} ud_rx_bytes={}",
+            self.rc_conns,
+            self.kernel_conns,
+            self.rc_tx_bytes,
+            self.rc_rx_bytes,
+            self.ud_socks,
+            self.ud_tx_bytes,
+            self.ud_rx_bytes
         )
     }
 }
@@ -254,6 +276,9 @@ fn header_totals(h: &Header) -> Totals {
         kernel_conns: h.kernel_conns.load(Ordering::Relaxed),
         rc_tx_bytes: h.rc_tx_bytes.load(Ordering::Relaxed),
         rc_rx_bytes: h.rc_rx_bytes.load(Ordering::Relaxed),
+        ud_socks: h.ud_socks.load(Ordering::Relaxed),
+        ud_tx_bytes: h.ud_tx_bytes.load(Ordering::Relaxed),
+        ud_rx_bytes: h.ud_rx_bytes.load(Ordering::Relaxed),
     }
 }
 
@@ -432,7 +457,9 @@ impl Slot {
             let old = r.state.swap(state as u8, Ordering::Relaxed);
             r.reason.store(reason as u8, Ordering::Relaxed);
             let role = r.role.load(Ordering::Relaxed);
-            let end = role == Role::Client as u8 || role == Role::Server as u8;
+            let end = role == Role::Client as u8
+                || role == Role::Server as u8
+                || (state == State::Ud && old != State::Ud as u8);
             if let (Some(h), true) = (self.header(), end && old != state as u8) {
                 match state {
                     State::Rc => {
@@ -440,6 +467,9 @@ impl Slot {
                     }
                     State::Kernel if old != State::Rc as u8 => {
                         h.kernel_conns.fetch_add(1, Ordering::Relaxed);
+                    }
+                    State::Ud => {
+                        h.ud_socks.fetch_add(1, Ordering::Relaxed);
                     }
                     _ => {}
                 }
@@ -488,8 +518,12 @@ impl Slot {
             r.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
             r.tx_msgs.fetch_add(msgs, Ordering::Relaxed);
         }
-        if let Some(h) = self.header() {
-            h.rc_tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        if let (Some(h), Some(r)) = (self.header(), self.row()) {
+            if r.kind.load(Ordering::Relaxed) == Kind::Dgram as u8 {
+                h.ud_tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+            } else {
+                h.rc_tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+            }
         }
     }
 
@@ -499,8 +533,12 @@ impl Slot {
             r.rx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
             r.rx_msgs.fetch_add(msgs, Ordering::Relaxed);
         }
-        if let Some(h) = self.header() {
-            h.rc_rx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        if let (Some(h), Some(r)) = (self.header(), self.row()) {
+            if r.kind.load(Ordering::Relaxed) == Kind::Dgram as u8 {
+                h.ud_rx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+            } else {
+                h.rc_rx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+            }
         }
     }
 
@@ -689,7 +727,15 @@ pub fn after_fork_child() {
             // SAFETY: the header of the (new) live mapping.
             let h = unsafe { &*(t.base as *const Header) };
             h.pid.store(std::process::id(), Ordering::Relaxed);
-            for c in [&h.rc_conns, &h.kernel_conns, &h.rc_tx_bytes, &h.rc_rx_bytes] {
+            for c in [
+                &h.rc_conns,
+                &h.kernel_conns,
+                &h.rc_tx_bytes,
+                &h.rc_rx_bytes,
+                &h.ud_socks,
+                &h.ud_tx_bytes,
+                &h.ud_rx_bytes,
+            ] {
                 c.store(0, Ordering::Relaxed);
             }
             *t.path.lock().unwrap_or_else(|e| e.into_inner()) = path;

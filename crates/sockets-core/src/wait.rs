@@ -5,9 +5,9 @@
 //! end of stream), not its kernel socket's, whose traffic is iWARP. So
 //! the calls ask each carried socket itself ([`Sock::ready`]), the kernel
 //! for the rest, and to block they wait in the kernel on every kernel
-//! descriptor plus each carried socket's wake-up descriptor (its
-//! completion channel, armed first; its kernel socket while the MPA
-//! exchange runs), then ask again.
+//! descriptor plus each carried socket's wake-up descriptor (the
+//! connection's own TCP socket: whatever arrives on it, or room to write
+//! what the QP holds, is progress the next look makes), then ask again.
 //!
 //! An epoll set keeps carried sockets out of the kernel set: they live in
 //! a shadow list ([`EpollSet`]) with the application's events and
@@ -77,41 +77,34 @@ pub fn poll(
     let deadline = deadline_of(timeout_ms);
     loop {
         // Carried sockets now; plain ones (and those that turned plain)
-        // go to the kernel.
+        // go to the kernel, with each carried socket's wake-up
+        // descriptor when there is nothing to report yet.
         let mut kern: Vec<pollfd> = fds.to_vec();
         let mut mine = vec![0i16; fds.len()];
         let mut any = false;
+        let mut extra = Vec::new();
         for (i, s) in &carried {
             if s.is_pass() {
                 continue;
             }
-            let r = s.ready(fds[*i].fd, None);
+            let r = s.ready(fds[*i].fd);
             kern[*i].fd = -1;
             mine[*i] = r.events & (fds[*i].events | ALWAYS);
             any |= mine[*i] != 0;
-        }
-        let timeout = if any { 0 } else { remaining_ms(deadline) };
-        let mut extra = Vec::new();
-        if timeout != 0 {
-            for (i, s) in &carried {
-                if s.is_pass() {
-                    continue;
-                }
-                let r = s.ready(fds[*i].fd, Some(fds[*i].events));
-                mine[*i] = r.events & (fds[*i].events | ALWAYS);
-                any |= mine[*i] != 0;
-                if let Some((fd, ev)) = r.wait {
-                    extra.push(pollfd {
-                        fd,
-                        events: ev,
-                        revents: 0,
-                    });
-                }
+            if let Some((fd, ev)) = r.wait {
+                extra.push(pollfd {
+                    fd,
+                    events: ev,
+                    revents: 0,
+                });
             }
         }
-        let n_kern = kern.len();
+        let timeout = if any { 0 } else { remaining_ms(deadline) };
+        if any {
+            extra.clear();
+        }
         kern.extend(extra);
-        let r = block(&mut kern, if any { 0 } else { timeout });
+        let r = block(&mut kern, timeout);
         if r < 0 {
             return r;
         }
@@ -129,12 +122,6 @@ pub fn poll(
         }
         if count > 0 || timeout == 0 {
             return count;
-        }
-        let woke = kern[n_kern..].iter().any(|p| p.revents != 0);
-        if woke {
-            for (_, s) in &carried {
-                s.clear_wait();
-            }
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return 0;
@@ -251,6 +238,11 @@ struct Shadow {
     last_gen: Option<u64>,
     /// The wake-up descriptor registered in the private set.
     q_reg: Option<(c_int, u32)>,
+    /// The socket's [`Sock::gen`] when last looked at, and whether it was
+    /// ready then: a socket that has not changed since, was not ready and
+    /// whose wake-up descriptor is quiet is not looked at again.
+    scanned_gen: Option<u64>,
+    was_ready: bool,
 }
 
 /// An application epoll set and its shadow list of carried sockets.
@@ -347,6 +339,8 @@ impl EpollSet {
                         disabled: false,
                         last_gen: None,
                         q_reg: None,
+                        scanned_gen: None,
+                        was_ready: false,
                     });
                     Some(Ok(()))
                 }
@@ -359,6 +353,7 @@ impl EpollSet {
                     s.data = data;
                     s.disabled = false;
                     s.last_gen = None;
+                    s.scanned_gen = None;
                     Some(Ok(()))
                 }
             },
@@ -385,6 +380,25 @@ impl EpollSet {
         })
     }
 
+    /// Adds a socket softrdma just took to the shadow list (its kernel
+    /// registration is gone).
+    pub fn shadow_add(&self, fd: c_int, sock: Arc<Sock>, events: u32, data: u64) {
+        let mut sh = self.shadow.lock().unwrap_or_else(|e| e.into_inner());
+        sh.retain(|s| s.fd != fd);
+        sh.push(Shadow {
+            fd,
+            sock,
+            events,
+            data,
+            disabled: false,
+            last_gen: None,
+            q_reg: None,
+            scanned_gen: None,
+            was_ready: false,
+        });
+        self.any.store(true, Ordering::Release);
+    }
+
     fn forget_closed(&self, sh: &mut Vec<Shadow>) {
         let q = self.q.load(Ordering::Acquire);
         sh.retain(|s| {
@@ -403,13 +417,17 @@ impl EpollSet {
     }
 
     /// Reports ready shadowed sockets into `out`; moves sockets that
-    /// turned plain into the kernel set. With `arm`, arms every socket
-    /// and registers its wake-up descriptor in the private set.
-    fn scan(&self, out: &mut [epoll_event], arm: bool) -> usize {
+    /// turned plain into the kernel set. With `register`, brings each
+    /// socket's wake-up descriptor in the private set up to date.
+    ///
+    /// `hints`: the sockets whose wake-up descriptors hold (from the
+    /// private set); with them, only those, the ones that changed, were
+    /// ready or are not registered yet are looked at (`None`: all).
+    fn scan(&self, out: &mut [epoll_event], register: bool, hints: Option<&[c_int]>) -> usize {
         let mut sh = self.shadow.lock().unwrap_or_else(|e| e.into_inner());
         self.forget_closed(&mut sh);
         let mut n = 0;
-        let q = if arm { self.q() } else { -1 };
+        let q = if register { self.q() } else { -1 };
         let mut i = 0;
         while i < sh.len() {
             if sh[i].sock.is_pass() {
@@ -426,7 +444,11 @@ impl EpollSet {
                     u64: s.data,
                 };
                 // SAFETY: registering the application's socket in its own set.
-                unsafe { (real().epoll_ctl)(self.epfd, libc::EPOLL_CTL_ADD, s.fd, &mut ev) };
+                if unsafe { (real().epoll_ctl)(self.epfd, libc::EPOLL_CTL_ADD, s.fd, &mut ev) } == 0
+                {
+                    s.sock
+                        .note_kernel_epoll(self.epfd, libc::EPOLL_CTL_ADD, s.events, s.data);
+                }
                 continue;
             }
             let s = &mut sh[i];
@@ -434,14 +456,22 @@ impl EpollSet {
             if s.disabled {
                 continue;
             }
-            // An edge-triggered entry whose events hold but were reported
-            // waits for the next change: arm whatever holds now.
+            if let Some(h) = hints {
+                let quiet = s.q_reg.is_some()
+                    && !s.was_ready
+                    && s.scanned_gen == Some(s.sock.gen.load(Ordering::Relaxed))
+                    && !h.contains(&s.fd);
+                if quiet {
+                    continue;
+                }
+            }
             let et = s.events & libc::EPOLLET as u32 != 0;
-            let interest = if et { 0 } else { s.events as i16 };
-            let r = s.sock.ready(s.fd, arm.then_some(interest));
+            let r = s.sock.ready(s.fd);
             let gen = s.sock.gen.load(Ordering::Relaxed);
+            s.scanned_gen = Some(gen);
             let mask = (s.events as i16 as i32 | libc::EPOLLERR | libc::EPOLLHUP) as i16;
             let ev = r.events & mask;
+            s.was_ready = ev != 0;
             if ev != 0 && n < out.len() && !(et && s.last_gen == Some(gen)) {
                 out[n] = epoll_event {
                     events: ev as u16 as u32,
@@ -453,10 +483,8 @@ impl EpollSet {
                     s.disabled = true;
                 }
             }
-            if arm && q >= 0 {
-                let want = r
-                    .wait
-                    .map(|(fd, e)| (fd, e as u16 as u32 | libc::EPOLLET as u32));
+            if register && q >= 0 {
+                let want = r.wait.map(|(fd, e)| (fd, e as u16 as u32));
                 if want != s.q_reg {
                     // SAFETY: our own private set and the sockets' own
                     // wake-up descriptors.
@@ -506,7 +534,8 @@ impl EpollSet {
         let outs = unsafe { std::slice::from_raw_parts_mut(out, max as usize) };
         let deadline = deadline_of(timeout_ms);
         loop {
-            let n = self.scan(outs, false);
+            let hints = self.hints();
+            let n = self.scan(outs, false, hints.as_deref());
             if (n as c_int) < max {
                 // SAFETY: the rest of the caller's array.
                 let m = kernel(unsafe { out.add(n) }, max - n as c_int, 0);
@@ -520,9 +549,9 @@ impl EpollSet {
             if n > 0 || timeout_ms == 0 {
                 return n as c_int;
             }
-            // Arm, then look again: a completion between the look and the
-            // arming would otherwise be missed.
-            let n = self.scan(outs, true);
+            // Register the wake-up descriptors (level-triggered: one
+            // that holds wakes the wait at once), looking once more.
+            let n = self.scan(outs, true, hints.as_deref());
             if n > 0 {
                 return n as c_int;
             }
@@ -542,17 +571,34 @@ impl EpollSet {
                 set_errno(e);
                 return -1;
             }
-            for ev in &evs[..r as usize] {
-                if ev.u64 != Q_APP {
-                    if let Some(s) = crate::table::sock(ev.u64 as c_int) {
-                        s.clear_wait();
-                    }
-                }
-            }
             if r == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
                 return 0;
             }
         }
+    }
+
+    /// The sockets whose wake-up descriptors hold now, asked of the
+    /// private set without waiting; `None` (look at every socket) before
+    /// the set exists or when more hold than one call returns.
+    fn hints(&self) -> Option<Vec<c_int>> {
+        let q = self.q.load(Ordering::Acquire);
+        if q < 0 {
+            return None;
+        }
+        const CAP: usize = 256;
+        let mut evs = [epoll_event { events: 0, u64: 0 }; CAP];
+        // SAFETY: our private set and a local array.
+        let r = unsafe { (real().epoll_wait)(q, evs.as_mut_ptr(), CAP as c_int, 0) };
+        if r < 0 || r as usize == CAP {
+            return None;
+        }
+        Some(
+            evs[..r as usize]
+                .iter()
+                .filter(|e| e.u64 != Q_APP)
+                .map(|e| e.u64 as c_int)
+                .collect(),
+        )
     }
 
     /// Closes the private set (the application closed its set).

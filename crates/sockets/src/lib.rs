@@ -42,6 +42,7 @@ macro_rules! export {
 export! {
     fn socket(d: c_int, t: c_int, p: c_int) -> c_int = socket;
     fn connect(fd: c_int, a: *const sockaddr, l: socklen_t) -> c_int = connect;
+    fn bind(fd: c_int, a: *const sockaddr, l: socklen_t) -> c_int = bind;
     fn listen(fd: c_int, b: c_int) -> c_int = listen;
     fn accept4(fd: c_int, a: *mut sockaddr, l: *mut socklen_t, f: c_int) -> c_int = accept4;
     fn close(fd: c_int) -> c_int = close;

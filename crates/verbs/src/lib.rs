@@ -625,6 +625,13 @@ impl QueuePair {
         *self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Its user drives all of its progress and waits on the connection's
+    /// socket itself (`softrdma_engine::Qp::set_self_driven`); before the
+    /// connection is made.
+    pub fn set_self_driven(&self) {
+        self.qp.set_self_driven();
+    }
+
     /// True when nothing the QP framed is left to write to its connection
     /// (a Send's completion can come before its last octets reach TCP).
     pub fn tx_idle(&self) -> bool {

@@ -1,0 +1,357 @@
+//! Datagram sockets over UD queue pairs.
+//!
+//! A UDP socket that softrdma takes keeps its kernel socket (plain peers
+//! still reach it there) and gets one UD QP, entered in the registry under
+//! the socket's own address. A `sendto` toward an address the registry
+//! (or an earlier datagram from it) shows as interposed is one UD Send to
+//! that socket's QP; anything else goes to the kernel. Each UD message
+//! starts with an 8-octet header:
+//!
+//! | octets | field |
+//! |---|---|
+//! | 0..2 | `b"SU"` |
+//! | 2..4 | the sender socket's UDP port (big endian) |
+//! | 4..8 | zero |
+//!
+//! so the receiver reports the sender's socket address (the completion's
+//! source IP, the header's port) as `recvfrom` would, and answers it over
+//! UD without asking the registry (it remembers the sender's QP).
+//!
+//! Receives are served from pre-posted buffers and copied out; a socket
+//! reads whichever of its two sources (UD messages, kernel datagrams) has
+//! something, UD first. Loss is UDP's: a message that finds no posted
+//! buffer is dropped, as a datagram that finds a full socket buffer.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use softrdma_verbs::{
+    Access, AddressHandle, Completion, CompletionChannel, CompletionQueue, MemoryRegion, Payload,
+    QpCaps, RecvWr, SendFlags, SendOp, SendWr, SgList, UdQpOptions, UdQueuePair, WcOpcode,
+    WcStatus, WorkCompletion,
+};
+
+use crate::conn::Device;
+
+/// Octets of the UD header.
+pub const HDR: usize = 8;
+/// The largest datagram carried (UDP's own limit).
+pub const MAX_DGRAM: usize = 65_507;
+/// Octets per receive buffer.
+const BUF: usize = HDR + MAX_DGRAM;
+/// Receive buffers posted per socket.
+const RX_BUFS: usize = 128;
+/// Send slots per socket.
+const TX_BUFS: usize = 16;
+/// How long "not interposed" is believed of a destination before the
+/// registry is asked again.
+const NEGATIVE_TTL: Duration = Duration::from_secs(1);
+
+struct RxMsg {
+    idx: usize,
+    len: usize,
+    src: SocketAddr,
+}
+
+/// A datagram socket's UD side.
+pub struct UdEnd {
+    qp: UdQueuePair,
+    cq: CompletionQueue,
+    chan: CompletionChannel,
+    rx_mr: MemoryRegion,
+    tx_mr: MemoryRegion,
+    rx: VecDeque<RxMsg>,
+    tx_free: Vec<usize>,
+    /// Destinations known to be interposed (their QP's address handle), or
+    /// not (`None`, with when that was last checked).
+    peers: HashMap<SocketAddr, (Option<AddressHandle>, Instant)>,
+    /// The socket's own UDP port (the header's).
+    port: u16,
+    /// Private epoll set over the kernel socket and the completion channel:
+    /// the one descriptor a waiter sleeps on.
+    waitfd: i32,
+    /// Messages sent and received (statistics).
+    pub msgs_out: u64,
+    /// As [`UdEnd::msgs_out`], inbound.
+    pub msgs_in: u64,
+}
+
+impl std::fmt::Debug for UdEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UdEnd")
+            .field("qpn", &self.qp.qpn())
+            .field("port", &self.port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for UdEnd {
+    fn drop(&mut self) {
+        if self.waitfd >= 0 {
+            // SAFETY: our own epoll descriptor.
+            unsafe { (crate::real::real().close)(self.waitfd) };
+        }
+    }
+}
+
+fn epoll_add(ep: i32, fd: i32) {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: fd as u64,
+    };
+    // SAFETY: registering a descriptor in our own epoll set.
+    unsafe { (crate::real::real().epoll_ctl)(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+}
+
+impl UdEnd {
+    /// A UD QP for the socket `fd` bound to `local` (its kernel socket
+    /// stays the socket's other source), every receive posted.
+    pub fn new(dev: &Device, fd: i32, local: SocketAddr) -> std::io::Result<UdEnd> {
+        let chan = dev.ctx().create_comp_channel()?;
+        let cq = dev
+            .ctx()
+            .create_cq(2 * (RX_BUFS + TX_BUFS) + 8, Some(&chan));
+        let bind = SocketAddr::new(local.ip(), 0);
+        let qp = dev
+            .pd()
+            .create_ud_qp(
+                &cq,
+                &cq,
+                QpCaps {
+                    max_send_wr: TX_BUFS + 4,
+                    max_recv_wr: RX_BUFS,
+                },
+                UdQpOptions {
+                    bind,
+                    max_msg: BUF,
+                    ..UdQpOptions::default()
+                },
+            )
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let reg = |n: usize, a: Access| {
+            dev.pd()
+                .register(n * BUF, a)
+                .map_err(|e| std::io::Error::other(e.to_string()))
+        };
+        let rx_mr = reg(RX_BUFS, Access::LOCAL_WRITE)?;
+        let tx_mr = reg(TX_BUFS, Access(0))?;
+        // SAFETY: a new epoll set of our own.
+        let waitfd = unsafe { (crate::real::real().epoll_create1)(libc::EPOLL_CLOEXEC) };
+        if waitfd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        epoll_add(waitfd, fd);
+        epoll_add(waitfd, chan.fd());
+        let u = UdEnd {
+            qp,
+            cq,
+            chan,
+            rx_mr,
+            tx_mr,
+            rx: VecDeque::new(),
+            tx_free: (0..TX_BUFS).rev().collect(),
+            peers: HashMap::new(),
+            port: local.port(),
+            waitfd,
+            msgs_out: 0,
+            msgs_in: 0,
+        };
+        for i in 0..RX_BUFS {
+            u.post_recv(i);
+        }
+        Ok(u)
+    }
+
+    fn post_recv(&self, idx: usize) {
+        let sge = self.rx_mr.sge(idx * BUF, BUF as u32);
+        let _ = self.qp.post_recv(RecvWr {
+            wr_id: idx as u64,
+            sgl: SgList::single(sge.addr, sge.length, sge.lkey),
+        });
+    }
+
+    /// The QP's UDP port and number (the registry entry).
+    pub fn qp_addr(&self) -> (u16, u32) {
+        let a = self.qp.address();
+        (a.port, a.qpn)
+    }
+
+    /// The descriptor a waiter sleeps on (readable: a kernel datagram, or
+    /// the armed CQ fired).
+    pub fn wait_fd(&self) -> i32 {
+        self.waitfd
+    }
+
+    /// Takes the CQ's completions. True if anything changed.
+    pub fn progress(&mut self) -> bool {
+        let blank = Completion {
+            wc: WorkCompletion::new(0, WcStatus::GeneralErr, WcOpcode::Send, 0),
+            qp_num: 0,
+        };
+        let mut out = [blank; 32];
+        let mut changed = false;
+        loop {
+            let n = self.cq.poll(&mut out);
+            for c in &out[..n] {
+                self.complete(&c.wc);
+            }
+            changed |= n > 0;
+            if n < out.len() {
+                break;
+            }
+        }
+        changed
+    }
+
+    fn complete(&mut self, wc: &WorkCompletion) {
+        match wc.opcode {
+            WcOpcode::Recv => {
+                let idx = wc.wr_id as usize;
+                let len = wc.byte_len as usize;
+                let mut h = [0u8; HDR];
+                let ok = wc.status == WcStatus::Success
+                    && idx < RX_BUFS
+                    && len >= HDR
+                    && self.rx_mr.read_at(idx * BUF, &mut h).is_ok()
+                    && h[..2] == *b"SU";
+                let src = wc.src.filter(|_| ok);
+                match src {
+                    Some(s) => {
+                        let port = u16::from_be_bytes([h[2], h[3]]);
+                        let from = SocketAddr::new(s.ip.to_canonical(), port);
+                        // Its QP answers for it from now on.
+                        if let Ok(ah) = self.qp.pd().create_ah(s) {
+                            self.peers.insert(from, (Some(ah), Instant::now()));
+                        }
+                        self.msgs_in += 1;
+                        self.rx.push_back(RxMsg {
+                            idx,
+                            len: len - HDR,
+                            src: from,
+                        });
+                    }
+                    None if idx < RX_BUFS => self.post_recv(idx),
+                    None => {}
+                }
+            }
+            _ => {
+                if wc.wr_id < TX_BUFS as u64 {
+                    self.tx_free.push(wc.wr_id as usize);
+                }
+            }
+        }
+    }
+
+    /// Arms the CQ and drains the channel (before a wait on
+    /// [`UdEnd::wait_fd`]); true if completions arrived meanwhile.
+    pub fn arm(&mut self) -> bool {
+        while self.chan.get_event(Some(Duration::ZERO)).is_some() {}
+        self.cq.req_notify(false);
+        self.progress()
+    }
+
+    /// True with a UD message queued.
+    pub fn has_message(&self) -> bool {
+        !self.rx.is_empty()
+    }
+
+    /// Room to send without waiting.
+    pub fn can_send(&self) -> bool {
+        !self.tx_free.is_empty()
+    }
+
+    /// The length and source of the next UD message.
+    pub fn peek_meta(&self) -> Option<(usize, SocketAddr)> {
+        self.rx.front().map(|m| (m.len, m.src))
+    }
+
+    /// Copies the next message into `bufs` (in order); with `consume` the
+    /// message is gone after (the rest of a long one is discarded, as
+    /// UDP does). Returns its full length and source.
+    pub fn read(&mut self, bufs: &mut [&mut [u8]], consume: bool) -> Option<(usize, SocketAddr)> {
+        let m = self.rx.front()?;
+        let (idx, len, src) = (m.idx, m.len, m.src);
+        let mut off = 0;
+        for b in bufs.iter_mut() {
+            if off >= len {
+                break;
+            }
+            let n = b.len().min(len - off);
+            let _ = self.rx_mr.read_at(idx * BUF + HDR + off, &mut b[..n]);
+            off += n;
+        }
+        if consume {
+            self.rx.pop_front();
+            self.post_recv(idx);
+        }
+        Some((len, src))
+    }
+
+    /// The address handle of `dest` if it is an interposed socket (asking
+    /// the registry when the answer is not known or has grown old).
+    pub fn peer(&mut self, dest: SocketAddr) -> Option<AddressHandle> {
+        let dest = SocketAddr::new(dest.ip().to_canonical(), dest.port());
+        if dest.is_ipv6() {
+            return None;
+        }
+        if let Some((ah, at)) = self.peers.get(&dest) {
+            if ah.is_some() || at.elapsed() < NEGATIVE_TTL {
+                return ah.clone();
+            }
+        }
+        let ah = crate::registry::udp_peer(dest).and_then(|(port, qpn)| {
+            let ip = match dest.ip() {
+                ip if ip.is_unspecified() => IpAddr::from([127, 0, 0, 1]),
+                ip => ip,
+            };
+            self.qp.pd().create_ah_to(ip, port, qpn).ok()
+        });
+        self.peers.insert(dest, (ah.clone(), Instant::now()));
+        ah
+    }
+
+    /// Sends one datagram of `data` (gathered) to `ah`. `Ok(false)`: no
+    /// send slot free now.
+    pub fn send(&mut self, ah: &AddressHandle, data: &[&[u8]]) -> Result<bool, i32> {
+        let len: usize = data.iter().map(|d| d.len()).sum();
+        if len > MAX_DGRAM {
+            return Err(libc::EMSGSIZE);
+        }
+        let Some(idx) = self.tx_free.pop() else {
+            return Ok(false);
+        };
+        let mut h = [0u8; HDR];
+        h[..2].copy_from_slice(b"SU");
+        h[2..4].copy_from_slice(&self.port.to_be_bytes());
+        let _ = self.tx_mr.write_at(idx * BUF, &h);
+        let mut off = HDR;
+        for d in data {
+            let _ = self.tx_mr.write_at(idx * BUF + off, d);
+            off += d.len();
+        }
+        let sge = self.tx_mr.sge(idx * BUF, off as u32);
+        let wr = SendWr {
+            wr_id: idx as u64,
+            op: SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+            payload: Payload::Sgl(SgList::single(sge.addr, sge.length, sge.lkey)),
+            flags: SendFlags {
+                signaled: true,
+                ..SendFlags::default()
+            },
+        };
+        match self.qp.post_send(wr, ah) {
+            Ok(()) => {
+                self.msgs_out += 1;
+                Ok(true)
+            }
+            Err(_) => {
+                self.tx_free.push(idx);
+                Err(libc::EIO)
+            }
+        }
+    }
+}
