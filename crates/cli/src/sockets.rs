@@ -43,8 +43,8 @@ enum SocketsCommand {
 #[command(
     about = "Print a process's socket totals and per-socket table",
     long_about = "Prints the totals of process PID (connections carried over RC, \
-        connection ends left to the kernel, octets sent and received over RC) as one \
-        line of key=value pairs, then one row per live socket: descriptor, tcp or udp, \
+        connection ends left to the kernel, octets sent and received over RC, datagram \
+        sockets given a UD queue pair and their octets) as one line of key=value pairs, then one row per live socket: descriptor, tcp or udp, \
         role, state (pending, kernel, handshake, rc, closed, inherited), why it is not \
         accelerated, addresses, octets and messages each way."
 )]
@@ -63,7 +63,7 @@ struct StatArgs {
     about = "List the interposed processes and their totals",
     long_about = "Prints, for every process that has a statistics table in the registry \
         directory, its totals line (pid=N rc_conns=N kernel_conns=N rc_tx_bytes=N \
-        rc_rx_bytes=N), by pid. Nothing when there is none."
+        rc_rx_bytes=N ud_socks=N ud_tx_bytes=N ud_rx_bytes=N), by pid. Nothing when there is none."
 )]
 struct ListArgs {
     /// A JSON array instead: [{"pid", "totals": {...}}, ...].
@@ -85,6 +85,9 @@ fn totals_json(t: &Totals) -> serde_json::Value {
         "kernel_conns": t.kernel_conns,
         "rc_tx_bytes": t.rc_tx_bytes,
         "rc_rx_bytes": t.rc_rx_bytes,
+        "ud_socks": t.ud_socks,
+        "ud_tx_bytes": t.ud_tx_bytes,
+        "ud_rx_bytes": t.ud_rx_bytes,
     })
 }
 
@@ -199,6 +202,9 @@ mod tests {
             kernel_conns: 1,
             rc_tx_bytes: 300,
             rc_rx_bytes: 400,
+            ud_socks: 5,
+            ud_tx_bytes: 600,
+            ud_rx_bytes: 700,
         };
         let row = Row {
             fd: 7,
@@ -219,6 +225,9 @@ mod tests {
         assert_eq!(v["totals"]["kernel_conns"], 1);
         assert_eq!(v["totals"]["rc_tx_bytes"], 300);
         assert_eq!(v["totals"]["rc_rx_bytes"], 400);
+        assert_eq!(v["totals"]["ud_socks"], 5);
+        assert_eq!(v["totals"]["ud_tx_bytes"], 600);
+        assert_eq!(v["totals"]["ud_rx_bytes"], 700);
         let s = &v["sockets"][0];
         assert_eq!(s["fd"], 7);
         assert_eq!(s["kind"], "tcp");

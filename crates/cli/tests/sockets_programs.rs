@@ -21,8 +21,12 @@
 //!   capture) this part is skipped with a note; without `tshark` the test
 //!   fails unless `SOFTRDMA_SKIP_TSHARK=1`.
 //!
-//! UDP (sockperf's default, memcached's UDP port) is not carried by
-//! softrdma: its runs expect no RC and no DDP in any pairing.
+//! UDP (sockperf's default) between two interposed sockets goes over UD
+//! queue pairs, whose datagrams use a UDP port of their own: both
+//! interposed, each side moved UD octets (`ud_tx_bytes`/`ud_rx_bytes`) and
+//! the capture of the program's own port holds no datagram at all; one
+//! side interposed, no UD octets and the datagrams are on that port. No
+//! RC and no DDP/RDMAP over TCP in any UDP pairing.
 //!
 //! Every process runs in its own process group under a deadline: a hang
 //! is killed (with its threads' stacks taken by gdb first, when installed)
@@ -587,7 +591,7 @@ impl Side {
 enum Transport {
     /// TCP: over RC when both ends are interposed.
     Tcp,
-    /// UDP: never over RC.
+    /// UDP: over UD when both ends are interposed.
     Udp,
 }
 
@@ -599,20 +603,27 @@ struct Report {
     kernel_conns: u64,
     rc_tx_bytes: u64,
     rc_rx_bytes: u64,
+    ud_socks: u64,
+    ud_tx_bytes: u64,
+    ud_rx_bytes: u64,
 }
 
-/// Parses `pid=N rc_conns=N kernel_conns=N rc_tx_bytes=N rc_rx_bytes=N`
-/// lines (one per interposed process that exited) and sums them.
+/// Parses `pid=N rc_conns=N kernel_conns=N rc_tx_bytes=N rc_rx_bytes=N
+/// ud_socks=N ud_tx_bytes=N ud_rx_bytes=N` lines (one per interposed
+/// process that exited) and sums them.
 fn parse_report(text: &str) -> Result<Report, String> {
     let mut r = Report::default();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let mut got = [None; 5];
-        const KEYS: [&str; 5] = [
+        let mut got = [None; 8];
+        const KEYS: [&str; 8] = [
             "pid",
             "rc_conns",
             "kernel_conns",
             "rc_tx_bytes",
             "rc_rx_bytes",
+            "ud_socks",
+            "ud_tx_bytes",
+            "ud_rx_bytes",
         ];
         for kv in line.split_whitespace() {
             let (k, v) = kv
@@ -625,13 +636,18 @@ fn parse_report(text: &str) -> Result<Report, String> {
                 got[i] = Some(v);
             }
         }
-        let [Some(_), Some(rc), Some(kern), Some(tx), Some(rx)] = got else {
+        let [Some(_), Some(rc), Some(kern), Some(tx), Some(rx), Some(ud), Some(utx), Some(urx)] =
+            got
+        else {
             return Err(format!("report line {line:?} lacks one of {KEYS:?}"));
         };
         r.rc_conns += rc;
         r.kernel_conns += kern;
         r.rc_tx_bytes += tx;
         r.rc_rx_bytes += rx;
+        r.ud_socks += ud;
+        r.ud_tx_bytes += utx;
+        r.ud_rx_bytes += urx;
         r.lines.push(line.to_string());
     }
     Ok(r)
@@ -876,10 +892,29 @@ impl Case {
                         )
                     });
                 }
-                (Transport::Udp, _) => {
+                (Transport::Udp, pairing) => {
                     self.check(r.rc_conns == 0, || {
                         format!("UDP only, yet the {who} used RC: {}", shown())
                     });
+                    if pairing == Pairing::Both {
+                        self.check(r.ud_socks >= 1, || {
+                            format!(
+                                "both ends interposed, but the {who} gave no datagram socket \
+                                 a UD QP: {}",
+                                shown()
+                            )
+                        });
+                        self.check(r.ud_tx_bytes + r.ud_rx_bytes > 0, || {
+                            format!(
+                                "both ends interposed, but the {who} moved no octet over UD: {}",
+                                shown()
+                            )
+                        });
+                    } else {
+                        self.check(r.ud_tx_bytes + r.ud_rx_bytes == 0, || {
+                            format!("the peer is plain, yet the {who} used UD: {}", shown())
+                        });
+                    }
                 }
             }
         }
@@ -1012,8 +1047,10 @@ impl Case {
     }
 
     /// Stops the capture and checks what tshark finds in it: DDP/RDMAP
-    /// frames when both ends carry TCP over RC, none otherwise (but
-    /// payload, so the capture saw the run).
+    /// frames when both ends carry TCP over RC; when both carry UDP over
+    /// UD, nothing at all on the program's ports (UD has ports of its
+    /// own); otherwise no DDP/RDMAP but payload, so the capture saw the
+    /// run.
     fn check_capture(&self, cap: Option<Capture>, transport: Transport) {
         let Some(n) = cap.and_then(|c| self.dissect(c)) else {
             return;
@@ -1021,6 +1058,13 @@ impl Case {
         if transport == Transport::Tcp && self.pairing == Pairing::Both {
             self.check(n.ddp > 0, || {
                 format!("both ends interposed, yet no DDP/RDMAP frame: {n}")
+            });
+        } else if self.pairing == Pairing::Both {
+            self.check(n.payload == 0, || {
+                format!(
+                    "both ends interposed, yet datagrams on the program's own port \
+                     (the kernel's, not UD's): {n}"
+                )
             });
         } else {
             self.check(n.payload > 0, || {
@@ -1777,8 +1821,8 @@ fn sockperf_iomux(p: Pairing) {
     case.finish();
 }
 
-/// sockperf over UDP: a 1 s ping-pong; UDP stays on the kernel in every
-/// pairing.
+/// sockperf over UDP: a 1 s ping-pong, over UD when both ends are
+/// interposed.
 fn sockperf_udp(p: Pairing) {
     let case = Case::new("sockperf_udp", p);
     let port = free_port(true);
@@ -2046,8 +2090,10 @@ fn the_capture_check_sees_iwarp() {
 #[test]
 fn report_lines_parse_and_sum() {
     let r = parse_report(
-        "pid=1 rc_conns=2 kernel_conns=0 rc_tx_bytes=10 rc_rx_bytes=20\n\
-         pid=2 rc_conns=1 kernel_conns=3 rc_tx_bytes=5 rc_rx_bytes=0\n",
+        "pid=1 rc_conns=2 kernel_conns=0 rc_tx_bytes=10 rc_rx_bytes=20 ud_socks=1 \
+         ud_tx_bytes=7 ud_rx_bytes=0\n\
+         pid=2 rc_conns=1 kernel_conns=3 rc_tx_bytes=5 rc_rx_bytes=0 ud_socks=0 \
+         ud_tx_bytes=0 ud_rx_bytes=9\n",
     )
     .unwrap();
     assert_eq!(
@@ -2060,7 +2106,10 @@ fn report_lines_parse_and_sum() {
         ),
         (2, 3, 3, 15, 20)
     );
+    assert_eq!((r.ud_socks, r.ud_tx_bytes, r.ud_rx_bytes), (1, 7, 9));
     assert!(parse_report("").unwrap().lines.is_empty());
     assert!(parse_report("pid=1 rc_conns=2").is_err());
     assert!(parse_report("pid=1 rc_conns=x kernel_conns=0 rc_tx_bytes=0 rc_rx_bytes=0").is_err());
+    // Every total is required.
+    assert!(parse_report("pid=1 rc_conns=0 kernel_conns=0 rc_tx_bytes=0 rc_rx_bytes=0").is_err());
 }
