@@ -11,6 +11,10 @@
 //!   knows this host's listeners): a client connecting there sends an MPA
 //!   Request without asking the registry. A plain server there would read
 //!   that Request as data: list only peers that are interposed.
+//! * `SOFTRDMA_SOCKETS_UDP`: `ud` (the default) carries datagram sockets
+//!   over UD (loss as UDP's), `rd` over softrdma's reliable datagrams
+//!   (acknowledged and retransmitted); both ends must use the same, else
+//!   their datagrams go through the kernel.
 //! * `SOFTRDMA_SOCKETS_EXCLUDE`: comma-separated `ADDR[/PREFIX][:PORT]` or
 //!   `:PORT` that are never accelerated, as client (destination) or server
 //!   (local address).
@@ -142,6 +146,19 @@ fn policy() -> &'static Policy {
             opt_in,
             peers: list("SOFTRDMA_SOCKETS_PEERS"),
             exclude: list("SOFTRDMA_SOCKETS_EXCLUDE"),
+        }
+    })
+}
+
+/// The datagram transport of this process's UDP sockets.
+pub fn udp_transport() -> crate::udp::Transport {
+    static T: OnceLock<crate::udp::Transport> = OnceLock::new();
+    *T.get_or_init(|| match std::env::var("SOFTRDMA_SOCKETS_UDP").as_deref() {
+        Ok("rd") => crate::udp::Transport::Rd,
+        Ok("ud") | Ok("") | Err(_) => crate::udp::Transport::Ud,
+        Ok(other) => {
+            eprintln!("softrdma-sockets: SOFTRDMA_SOCKETS_UDP={other:?} is not ud or rd; using ud");
+            crate::udp::Transport::Ud
         }
     })
 }

@@ -14,7 +14,7 @@
 //!   MPA exchange ends or the socket closes.
 //!
 //! * `udp-<addr>-<port>`: a datagram socket bound to `addr:port` with a UD
-//!   QP; holds `<netns> <pid> <qp port> <qpn>`. Written when softrdma
+//!   (or RD) QP; holds `<netns> <pid> <qp port> <qpn> <ud|rd>`. Written when softrdma
 //!   takes the socket, removed when its creator closes it.
 //!
 //! A client connecting to `addr:port` accelerates when a listener entry
@@ -264,11 +264,26 @@ pub struct UdpEntry {
 impl UdpEntry {
     /// Registers the socket bound to `local` whose QP is `qpn` at UDP
     /// port `qp_port`.
-    pub fn new(local: SocketAddr, qp_port: u16, qpn: u32) -> io::Result<UdpEntry> {
+    pub fn new(
+        local: SocketAddr,
+        qp_port: u16,
+        qpn: u32,
+        transport: crate::udp::Transport,
+    ) -> io::Result<UdpEntry> {
         ensure_dir()?;
         let path = udp_path(local);
         let pid = std::process::id();
-        std::fs::write(&path, format!("{} {} {} {}", netns(), pid, qp_port, qpn))?;
+        std::fs::write(
+            &path,
+            format!(
+                "{} {} {} {} {}",
+                netns(),
+                pid,
+                qp_port,
+                qpn,
+                transport.as_str()
+            ),
+        )?;
         Ok(UdpEntry { path, pid })
     }
 }
@@ -281,10 +296,10 @@ impl Drop for UdpEntry {
     }
 }
 
-/// The QP (UDP port, QPN) of the interposed datagram socket at `dest`, if
-/// there is one: bound to that address, or to the wildcard of a local
-/// destination in this network namespace.
-pub fn udp_peer(dest: SocketAddr) -> Option<(u16, u32)> {
+/// The QP (UDP port, QPN, transport) of the interposed datagram socket at
+/// `dest`, if there is one: bound to that address, or to the wildcard of a
+/// local destination in this network namespace.
+pub fn udp_peer(dest: SocketAddr) -> Option<(u16, u32, crate::udp::Transport)> {
     let ip = canon(dest.ip());
     let exact = SocketAddr::new(ip, dest.port());
     let wild = SocketAddr::new(
@@ -300,11 +315,12 @@ pub fn udp_peer(dest: SocketAddr) -> Option<(u16, u32)> {
             continue;
         };
         let f: Vec<&str> = text.split_whitespace().collect();
-        let (Some(Ok(ens)), Some(Ok(pid)), Some(Ok(port)), Some(Ok(qpn))) = (
+        let (Some(Ok(ens)), Some(Ok(pid)), Some(Ok(port)), Some(Ok(qpn)), Some(t)) = (
             f.first().map(|v| v.parse::<u64>()),
             f.get(1).map(|v| v.parse::<u32>()),
             f.get(2).map(|v| v.parse::<u16>()),
             f.get(3).map(|v| v.parse::<u32>()),
+            f.get(4).and_then(|v| crate::udp::Transport::parse(v)),
         ) else {
             continue;
         };
@@ -319,7 +335,7 @@ pub fn udp_peer(dest: SocketAddr) -> Option<(u16, u32)> {
             same_ns || !ip.is_loopback()
         };
         if ok {
-            return Some((port, qpn));
+            return Some((port, qpn, t));
         }
     }
     None

@@ -1376,8 +1376,8 @@ impl Sock {
                 return false;
             }
         };
-        let (qp_port, qpn) = end.qp_addr();
-        let entry = crate::registry::UdpEntry::new(local, qp_port, qpn).ok();
+        let (qp_port, qpn, transport) = end.qp_addr();
+        let entry = crate::registry::UdpEntry::new(local, qp_port, qpn, transport).ok();
         self.engine.store(true, Ordering::Relaxed);
         inner.slot.set_addrs(Some(&local.to_string()), None);
         inner.slot.set_state(State::Ud, Reason::None);

@@ -27,9 +27,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use softrdma_verbs::{
-    Access, AddressHandle, Completion, CompletionChannel, CompletionQueue, MemoryRegion, Payload,
-    QpCaps, RecvWr, SendFlags, SendOp, SendWr, SgList, UdQpOptions, UdQueuePair, WcOpcode,
-    WcStatus, WorkCompletion,
+    Access, AddressHandle, Completion, CompletionChannel, CompletionQueue, DgramAddr, MemoryRegion,
+    Payload, ProtectionDomain, QpCaps, RdQpOptions, RdQueuePair, RecvWr, SendFlags, SendOp, SendWr,
+    SgList, UdQpOptions, UdQueuePair, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::conn::Device;
@@ -48,6 +48,73 @@ const TX_BUFS: usize = 16;
 /// registry is asked again.
 const NEGATIVE_TTL: Duration = Duration::from_secs(1);
 
+/// The datagram transport of a socket's QP (`SOFTRDMA_SOCKETS_UDP`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Unreliable datagrams: loss as UDP's.
+    Ud,
+    /// Reliable datagrams (softrdma's RD): acknowledged, retransmitted,
+    /// in order per peer; a Send completes when the peer has it.
+    Rd,
+}
+
+impl Transport {
+    /// The registry's word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Ud => "ud",
+            Transport::Rd => "rd",
+        }
+    }
+
+    /// Parses the registry's word.
+    pub fn parse(s: &str) -> Option<Transport> {
+        match s {
+            "ud" => Some(Transport::Ud),
+            "rd" => Some(Transport::Rd),
+            _ => None,
+        }
+    }
+}
+
+enum DQp {
+    Ud(UdQueuePair),
+    Rd(RdQueuePair),
+}
+
+impl DQp {
+    fn post_recv(&self, wr: RecvWr) -> bool {
+        match self {
+            DQp::Ud(q) => q.post_recv(wr).is_ok(),
+            DQp::Rd(q) => q.post_recv(wr).is_ok(),
+        }
+    }
+    fn post_send(&self, wr: SendWr, ah: &AddressHandle) -> bool {
+        match self {
+            DQp::Ud(q) => q.post_send(wr, ah).is_ok(),
+            DQp::Rd(q) => q.post_send(wr, ah).is_ok(),
+        }
+    }
+    fn address(&self) -> DgramAddr {
+        match self {
+            DQp::Ud(q) => q.address(),
+            DQp::Rd(q) => q.address(),
+        }
+    }
+    fn pd(&self) -> &ProtectionDomain {
+        match self {
+            DQp::Ud(q) => q.pd(),
+            DQp::Rd(q) => q.pd(),
+        }
+    }
+    fn qpn(&self) -> u32 {
+        match self {
+            DQp::Ud(q) => q.qpn(),
+            DQp::Rd(q) => q.qpn(),
+        }
+    }
+}
+
 struct RxMsg {
     idx: usize,
     len: usize,
@@ -56,7 +123,8 @@ struct RxMsg {
 
 /// A datagram socket's UD side.
 pub struct UdEnd {
-    qp: UdQueuePair,
+    qp: DQp,
+    transport: Transport,
     cq: CompletionQueue,
     chan: CompletionChannel,
     rx_mr: MemoryRegion,
@@ -81,6 +149,7 @@ impl std::fmt::Debug for UdEnd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UdEnd")
             .field("qpn", &self.qp.qpn())
+            .field("transport", &self.transport)
             .field("port", &self.port)
             .finish_non_exhaustive()
     }
@@ -113,22 +182,40 @@ impl UdEnd {
             .ctx()
             .create_cq(2 * (RX_BUFS + TX_BUFS) + 8, Some(&chan));
         let bind = SocketAddr::new(local.ip(), 0);
-        let qp = dev
-            .pd()
-            .create_ud_qp(
-                &cq,
-                &cq,
-                QpCaps {
-                    max_send_wr: TX_BUFS + 4,
-                    max_recv_wr: RX_BUFS,
-                },
-                UdQpOptions {
-                    bind,
-                    max_msg: BUF,
-                    ..UdQpOptions::default()
-                },
-            )
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let caps = QpCaps {
+            max_send_wr: TX_BUFS + 4,
+            max_recv_wr: RX_BUFS,
+        };
+        let transport = crate::policy::udp_transport();
+        let qp = match transport {
+            Transport::Ud => dev
+                .pd()
+                .create_ud_qp(
+                    &cq,
+                    &cq,
+                    caps,
+                    UdQpOptions {
+                        bind,
+                        max_msg: BUF,
+                        ..UdQpOptions::default()
+                    },
+                )
+                .map(DQp::Ud),
+            Transport::Rd => dev
+                .pd()
+                .create_rd_qp(
+                    &cq,
+                    &cq,
+                    caps,
+                    RdQpOptions {
+                        bind,
+                        max_msg: BUF,
+                        ..RdQpOptions::default()
+                    },
+                )
+                .map(DQp::Rd),
+        }
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
         let reg = |n: usize, a: Access| {
             dev.pd()
                 .register(n * BUF, a)
@@ -145,6 +232,7 @@ impl UdEnd {
         epoll_add(waitfd, chan.fd());
         let u = UdEnd {
             qp,
+            transport,
             cq,
             chan,
             rx_mr,
@@ -171,10 +259,10 @@ impl UdEnd {
         });
     }
 
-    /// The QP's UDP port and number (the registry entry).
-    pub fn qp_addr(&self) -> (u16, u32) {
+    /// The QP's UDP port, number and transport (the registry entry).
+    pub fn qp_addr(&self) -> (u16, u32, Transport) {
         let a = self.qp.address();
-        (a.port, a.qpn)
+        (a.port, a.qpn, self.transport)
     }
 
     /// The descriptor a waiter sleeps on (readable: a kernel datagram, or
@@ -300,7 +388,12 @@ impl UdEnd {
                 return ah.clone();
             }
         }
-        let ah = crate::registry::udp_peer(dest).and_then(|(port, qpn)| {
+        let ours = self.transport;
+        let ah = crate::registry::udp_peer(dest).and_then(|(port, qpn, t)| {
+            // Both ends must run the same datagram transport.
+            if t != ours {
+                return None;
+            }
             let ip = match dest.ip() {
                 ip if ip.is_unspecified() => IpAddr::from([127, 0, 0, 1]),
                 ip => ip,
@@ -343,15 +436,12 @@ impl UdEnd {
                 ..SendFlags::default()
             },
         };
-        match self.qp.post_send(wr, ah) {
-            Ok(()) => {
-                self.msgs_out += 1;
-                Ok(true)
-            }
-            Err(_) => {
-                self.tx_free.push(idx);
-                Err(libc::EIO)
-            }
+        if self.qp.post_send(wr, ah) {
+            self.msgs_out += 1;
+            Ok(true)
+        } else {
+            self.tx_free.push(idx);
+            Err(libc::EIO)
         }
     }
 }
