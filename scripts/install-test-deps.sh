@@ -25,7 +25,21 @@ APT_PACKAGES=(
     libfabric-bin # softrdma-capi-rdmacm: fi_info / fi_pingpong over libfabric's verbs provider
     qperf # softrdma-capi: unmodified qperf RC/UC/UD/RDMA/atomic tests over our libraries
     pkg-config # scripts/test-install.sh: builds C programs against an installed prefix
-    gdb # softrdma-capi: a program killed at its deadline has its threads' stacks printed first
+    gdb # softrdma-capi, softrdma-cli sockets_programs: a program killed at its deadline has its threads' stacks printed first
+    # softrdma-cli sockets_programs: unmodified TCP programs under `softrdma run --sockets`
+    # (server and client each interposed or not), and the capture of their connections.
+    redis-server # sockets_programs: redis-server for redis-benchmark, a 1 MiB SET/GET, BGSAVE (fork) with a client connected
+    redis-tools # sockets_programs: redis-benchmark and redis-cli, the clients
+    socat # sockets_programs: a 100 MiB file byte-exact, and a forking echo server (EXEC:cat)
+    netcat-openbsd # sockets_programs: nc -N, half-close (shutdown of one direction) both ways
+    iperf3 # sockets_programs: throughput, reverse (-R) and parallel streams (-P 4), --json results
+    nginx-light # sockets_programs: two worker processes with sendfile serving files to curl and wrk
+    curl # sockets_programs: fetches a 10 MiB file from nginx, compared byte-exact
+    memcached # sockets_programs: memcached over TCP (its UDP port stays on the kernel)
+    libmemcached-tools # sockets_programs: memcaslap load, memccp/memccat of a value compared byte-exact
+    sockperf # sockets_programs: TCP ping-pong and throughput with select/poll/epoll servers; UDP
+    wrk # sockets_programs: HTTP load against nginx (request count, no socket errors)
+    tcpdump # sockets_programs: captures each run on lo; tshark then finds (or not) DDP/RDMAP in it
 )
 
 # Wait up to 10 minutes if another apt/dpkg holds the lock.
@@ -50,6 +64,11 @@ preseed() {
         tshark)
             # Do not install dumpcap setuid (and do not ask about it).
             echo "wireshark-common wireshark-common/install-setuid boolean false" |
+                as_root debconf-set-selections
+            ;;
+        iperf3)
+            # No iperf3 daemon at boot (and no question about it).
+            echo "iperf3 iperf3/start_daemon boolean false" |
                 as_root debconf-set-selections
             ;;
     esac

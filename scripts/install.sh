@@ -12,7 +12,11 @@
 #                                             system rdma-core; `softrdma run` puts it
 #                                             first on LD_LIBRARY_PATH for one program
 #   PREFIX/lib/softrdma/lib{ibverbs,rdmacm}.so  links for the linker (-libverbs, -lrdmacm)
-#   PREFIX/include/softrdma/*.h               the public headers
+#   PREFIX/lib/softrdma/libsoftrdma-sockets.so.1  the sockets interposer (SONAME
+#                                             libsoftrdma-sockets.so.1); `softrdma run
+#                                             --sockets` puts it on LD_PRELOAD for one
+#                                             program
+#   PREFIX/include/softrdma/*.h               the public headers (verbs.h, sockets.h, ...)
 #   PREFIX/lib/pkgconfig/softrdma-verbs.pc    pkg-config: -I.../include -L.../lib/softrdma -libverbs
 #   PREFIX/lib/pkgconfig/softrdma-rdmacm.pc   pkg-config: the same with -lrdmacm
 #   PREFIX/lib/softrdma/install-manifest.txt  every file and directory this install created
@@ -88,10 +92,11 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 if [ "$build" = 1 ]; then
     log "building (cargo build --release)"
-    cargo build --release --locked -p softrdma-cli -p softrdma-capi -p softrdma-capi-rdmacm >&2
+    cargo build --release --locked -p softrdma-cli -p softrdma-capi -p softrdma-capi-rdmacm \
+        -p softrdma-sockets >&2
 fi
 rel=$repo/target/release
-for f in softrdma libibverbs.so librdmacm.so; do
+for f in softrdma libibverbs.so librdmacm.so libsoftrdma_sockets.so; do
     [ -f "$rel/$f" ] || { log "$rel/$f is missing (run without --no-build)"; exit 1; }
 done
 version=$("$rel/softrdma" --version | awk '{ print $2 }')
@@ -143,6 +148,7 @@ put 0755 "$rel/libibverbs.so" "$libdir/libibverbs.so.1"
 put 0755 "$rel/librdmacm.so" "$libdir/librdmacm.so.1"
 link libibverbs.so.1 "$libdir/libibverbs.so"
 link librdmacm.so.1 "$libdir/librdmacm.so"
+put 0755 "$rel/libsoftrdma_sockets.so" "$libdir/libsoftrdma-sockets.so.1"
 for h in crates/*/include/softrdma/*.h; do
     put 0644 "$h" "$prefix/include/softrdma/$(basename "$h")"
 done

@@ -2,13 +2,15 @@
 # The install step, checked as a user would use it: install into a
 # temporary prefix that already holds files of its own, build C programs
 # against the installed headers with pkg-config's flags, run them through the
-# installed `softrdma run`, uninstall, and compare the prefix with what it was.
+# installed `softrdma run` (and a program under the installed sockets
+# interposer, `softrdma run --sockets`), uninstall, and compare the prefix
+# with what it was.
 #
 #   scripts/test-install.sh        (after cargo build --release; scripts/test.sh runs it)
 #
 # Prints one line per check and closes with "install: N passed, M failed".
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/softrdma-install-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -26,6 +28,16 @@ check() { # check NAME CMD...: runs CMD, output in $work/NAME.log
         printf 'install %-52s FAILED\n' "$name"
         tail -n 30 "$log"
     fi
+}
+# out_has PATTERN CMD...: CMD succeeds and its output, read whole, matches
+# PATTERN (grep -q in a pipeline could quit at its first match and fail the
+# pipeline, under pipefail, through the writer's broken pipe). Shows the
+# output when not.
+out_has() {
+    local pat=$1 out
+    shift
+    out=$("$@") || { printf '%s\n' "$out"; echo "failed: $*"; return 1; }
+    grep -q -- "$pat" <<<"$out" || { printf '%s\n' "$out"; echo "no '$pat' in the output of: $*"; return 1; }
 }
 snapshot() { # every path under the prefix with its type, mode and content hash
     (cd "$prefix" && find . -printf '%y %m %p\n' | sort && find . -type f -exec sha256sum {} + | sort -k 2)
@@ -49,7 +61,7 @@ installed_layout() {
     done
     # The drop-in libraries stay out of the prefix's own lib directory.
     [ ! -e "$prefix/lib/libibverbs.so.1" ] || { echo "lib/libibverbs.so.1 would shadow rdma-core"; return 1; }
-    readelf -d "$prefix/lib/softrdma/libibverbs.so.1" | grep -q 'SONAME.*\[libibverbs.so.1\]'
+    out_has 'SONAME.*\[libibverbs.so.1\]' readelf -d "$prefix/lib/softrdma/libibverbs.so.1"
 }
 check "layout: binary, private lib dir, headers, .pc files" installed_layout
 
@@ -88,16 +100,40 @@ int main(void)
 EOF
     # shellcheck disable=SC2046
     cc -Wall -Werror -o "$work/cm" "$work/cm.c" $(pkg-config --cflags --libs softrdma-rdmacm) &&
-        "$prefix/bin/softrdma" run -- "$work/cm" | grep -q 'cm: OK' &&
+        out_has 'cm: OK' "$prefix/bin/softrdma" run -- "$work/cm" &&
         # It ran on softrdma's librdmacm, not the system's.
-        "$prefix/bin/softrdma" run -- sh -c "ldd '$work/cm'" | grep -q "$prefix/lib/softrdma/.*librdmacm.so.1"
+        out_has "$prefix/lib/softrdma/.*librdmacm.so.1" "$prefix/bin/softrdma" run -- sh -c "ldd '$work/cm'"
 }
 check "rdma_cm program via pkg-config, softrdma's librdmacm" rdmacm_program
 
+sockets_interposer() {
+    local lib=$prefix/lib/softrdma/libsoftrdma-sockets.so.1 h
+    [ -f "$lib" ] || { echo "missing: lib/softrdma/libsoftrdma-sockets.so.1"; return 1; }
+    [ ! -e "$prefix/lib/libsoftrdma-sockets.so.1" ] || { echo "the interposer is outside lib/softrdma"; return 1; }
+    out_has 'SONAME.*\[libsoftrdma-sockets.so.1\]' readelf -d "$lib" || return 1
+    for h in crates/*/include/softrdma/sockets.h; do
+        [ -f "$h" ] || continue
+        cmp "$h" "$prefix/include/softrdma/sockets.h" || { echo "include/softrdma/sockets.h not installed"; return 1; }
+    done
+    # The installed launcher finds the installed interposer, puts it first on
+    # LD_PRELOAD (before what was there), and the program runs with it loaded.
+    "$prefix/bin/softrdma" run --sockets -- true || { echo "softrdma run --sockets -- true failed"; return 1; }
+    local got
+    # shellcheck disable=SC2016 # $LD_PRELOAD is the child shell's
+    got=$(LD_PRELOAD='' "$prefix/bin/softrdma" run --sockets -- sh -c 'printf %s "$LD_PRELOAD"')
+    [ "$got" = "$lib" ] || { echo "LD_PRELOAD is '$got', not '$lib'"; return 1; }
+    out_has "$lib" "$prefix/bin/softrdma" run --sockets -- cat /proc/self/maps ||
+        { echo "the interposer is not mapped in a program run with --sockets"; return 1; }
+    "$prefix/bin/softrdma" sockets list >/dev/null
+}
+check "sockets interposer installed, softrdma run --sockets" sockets_interposer
+
 help_text() {
-    "$prefix/bin/softrdma" --help | grep -qi 'usage' &&
-        "$prefix/bin/softrdma" run --help | grep -qi 'usage' &&
-        "$prefix/bin/softrdma" --version | grep -q '^softrdma '
+    out_has 'Usage' "$prefix/bin/softrdma" --help &&
+        out_has 'Usage' "$prefix/bin/softrdma" run --help &&
+        out_has '--sockets' "$prefix/bin/softrdma" run --help &&
+        out_has 'Usage' "$prefix/bin/softrdma" sockets stat --help &&
+        out_has '^softrdma ' "$prefix/bin/softrdma" --version
 }
 check "installed softrdma answers --help and --version" help_text
 

@@ -2,7 +2,8 @@
 //!
 //! The command line is declared with clap's derive API: [`Cli`] and its
 //! [`Command`]s here, each command's options beside the code that runs it
-//! ([`perf::PerfArgs`], [`rping::RpingArgs`], [`run::RunArgs`]). Every
+//! ([`perf::PerfArgs`], [`rping::RpingArgs`], [`run::RunArgs`],
+//! [`sockets::SocketsArgs`]). Every
 //! option carries its doc comment as help; `softrdma help COMMAND` and
 //! `--help` print the long form. A bad command line prints the error and
 //! the command's usage on stderr and exits with status 2; `--help` and
@@ -11,6 +12,7 @@
 mod perf;
 mod rping;
 mod run;
+mod sockets;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -18,7 +20,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 /// RDMA in user space: benchmarks, an rping, and a launcher for verbs
-/// programs.
+/// and TCP programs.
 #[derive(Debug, Parser)]
 #[command(
     name = "softrdma",
@@ -31,7 +33,8 @@ use clap::{Parser, Subcommand};
         (dynamically connected). This tool measures softrdma against raw sockets \
         (perf), pings a peer the way rdma-core's rping does (rping), and runs \
         unmodified verbs programs over softrdma's drop-in libibverbs.so.1 and \
-        librdmacm.so.1 (run).",
+        librdmacm.so.1 (run), or unmodified TCP programs over its sockets interposer \
+        (run --sockets), whose sockets it shows (sockets).",
     after_long_help = "Exit status: 0 on success, 1 when the command ran and failed, 2 for \
         a bad command line (run: 127 when the program or the libraries cannot be found).\n\n\
         `softrdma help COMMAND` or `softrdma COMMAND --help` describes a command."
@@ -47,6 +50,7 @@ enum Command {
     Perf(perf::PerfArgs),
     Rping(rping::RpingArgs),
     Run(run::RunArgs),
+    Sockets(sockets::SocketsArgs),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +59,7 @@ fn main() -> ExitCode {
         Command::Perf(a) => perf::main(a),
         Command::Rping(a) => rping::main(a),
         Command::Run(a) => run::main(a),
+        Command::Sockets(a) => sockets::main(a),
     }
 }
 
