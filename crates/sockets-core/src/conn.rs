@@ -175,6 +175,9 @@ pub struct Conn {
     tx_free: Vec<usize>,
     /// The slot being filled and how many stream octets it holds.
     tx_open: Option<(usize, usize)>,
+    /// Full slots waiting for a data credit, oldest first (they go out
+    /// before the open slot).
+    tx_ready: VecDeque<(usize, usize)>,
     tx_inflight: usize,
     data_credits: u32,
     ctrl_credits: u32,
@@ -216,7 +219,7 @@ impl Conn {
         let nrx = (DATA_BUFS + CTRL_BUFS) as usize;
         let ntx = DATA_BUFS as usize;
         let cq = dev.ctx.create_cq(2 * (nrx + ntx) + 8, None);
-        let qp = dev.pd.create_qp(
+        let qp = dev.pd.create_cm_qp(
             &cq,
             &cq,
             QpCaps {
@@ -245,6 +248,7 @@ impl Conn {
             rx_bytes: 0,
             tx_free: (0..ntx).rev().collect(),
             tx_open: None,
+            tx_ready: VecDeque::new(),
             tx_inflight: 0,
             data_credits: 0,
             ctrl_credits: 0,
@@ -322,7 +326,12 @@ impl Conn {
                 break;
             }
         }
-        if changed || self.tx_open.is_some() || self.shut_wr || self.owed_data > 0 {
+        if changed
+            || self.tx_open.is_some()
+            || !self.tx_ready.is_empty()
+            || self.shut_wr
+            || self.owed_data > 0
+        {
             changed |= self.flush();
         }
         changed
@@ -432,35 +441,45 @@ impl Conn {
         if self.broken {
             return false;
         }
-        if let Some((idx, n)) = self.tx_open {
-            if self.data_credits > 0 {
-                self.tx_open = None;
-                let h = self.header(KIND_DATA);
-                let _ = self.tx_mr.write_at(idx * BUF, &h);
-                let sge = self.tx_mr.sge(idx * BUF, (HDR + n) as u32);
-                let wr = SendWr {
-                    wr_id: idx as u64,
-                    op: SendOp::Send {
-                        imm: None,
-                        invalidate: None,
-                    },
-                    payload: Payload::Sgl(SgList::single(sge.addr, sge.length, sge.lkey)),
-                    flags: SendFlags {
-                        signaled: true,
-                        ..SendFlags::default()
-                    },
-                };
-                self.data_credits -= 1;
-                self.tx_inflight += 1;
-                self.msgs_out += 1;
-                if self.qp.post_send(wr).is_err() {
-                    self.broken = true;
-                    return sent;
-                }
-                sent = true;
+        while self.data_credits > 0 {
+            let next = match self.tx_ready.pop_front() {
+                Some(x) => x,
+                None => match self.tx_open.take() {
+                    Some(x) => x,
+                    None => break,
+                },
+            };
+            let (idx, n) = next;
+            let h = self.header(KIND_DATA);
+            let _ = self.tx_mr.write_at(idx * BUF, &h);
+            let sge = self.tx_mr.sge(idx * BUF, (HDR + n) as u32);
+            let wr = SendWr {
+                wr_id: idx as u64,
+                op: SendOp::Send {
+                    imm: None,
+                    invalidate: None,
+                },
+                payload: Payload::Sgl(SgList::single(sge.addr, sge.length, sge.lkey)),
+                flags: SendFlags {
+                    signaled: true,
+                    ..SendFlags::default()
+                },
+            };
+            self.data_credits -= 1;
+            self.tx_inflight += 1;
+            self.msgs_out += 1;
+            if self.qp.post_send(wr).is_err() {
+                self.broken = true;
+                return sent;
             }
+            sent = true;
         }
-        if self.shut_wr && !self.fin_sent && self.tx_open.is_none() && self.ctrl_credits > 0 {
+        if self.shut_wr
+            && !self.fin_sent
+            && self.tx_open.is_none()
+            && self.tx_ready.is_empty()
+            && self.ctrl_credits > 0
+        {
             self.fin_sent = self.post_ctrl(KIND_FIN);
             sent |= self.fin_sent;
         }
@@ -571,12 +590,14 @@ impl Conn {
         while done < data.len() {
             let (idx, fill) = match self.tx_open {
                 Some((idx, fill)) if fill < BUF - HDR => (idx, fill),
-                Some(_) => {
-                    // Full and waiting for a credit.
-                    break;
-                }
-                None => match self.tx_free.pop() {
-                    Some(idx) => (idx, 0),
+                full => match self.tx_free.pop() {
+                    Some(idx) => {
+                        // A full open slot waits its turn for a credit.
+                        if let Some(f) = full {
+                            self.tx_ready.push_back(f);
+                        }
+                        (idx, 0)
+                    }
                     None => break,
                 },
             };
@@ -614,6 +635,7 @@ impl Conn {
     pub fn drained(&self) -> bool {
         self.broken
             || (self.tx_open.is_none()
+                && self.tx_ready.is_empty()
                 && self.tx_inflight == 0
                 && (!self.shut_wr || self.fin_sent)
                 && self.qp.tx_idle())

@@ -207,6 +207,26 @@ impl ProtectionDomain {
         }
     }
 
+    /// An RC queue pair connected only through connection managers (`cm`
+    /// or [`cm::attach_negotiated`]), never IB-style by QP number: it gets
+    /// a plain number and no listener (and no thread) is opened for it.
+    pub fn create_cm_qp(
+        &self,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        caps: QpCaps,
+    ) -> QueuePair {
+        let qpn = NEXT_QPN.fetch_add(1, Ordering::Relaxed) & 0x00FF_FFFF;
+        let qp = self
+            .ctx
+            .create_qp(qpn, self.pd, caps, send_cq.cq.clone(), recv_cq.cq.clone());
+        QueuePair {
+            qp,
+            ctx: self.ctx.clone(),
+            state: Arc::new(std::sync::Mutex::new(QpState::Init)),
+        }
+    }
+
     /// The protection domain's number.
     pub fn number(&self) -> u32 {
         self.pd
