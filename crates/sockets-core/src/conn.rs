@@ -666,3 +666,37 @@ impl Conn {
         self.qp.disconnect();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_round_trip_and_refuse_what_is_not_ours() {
+        let p = Params::ours(1);
+        let b = p.to_bytes();
+        assert_eq!(&b[..4], b"SRSK");
+        assert_eq!(Params::parse(&b), Some(p));
+        // Trailing octets (a longer private data) are ignored.
+        let mut long = b.to_vec();
+        long.extend_from_slice(&[9; 8]);
+        assert_eq!(Params::parse(&long), Some(p));
+        // Short, foreign, other versions, nonsense numbers.
+        assert_eq!(Params::parse(&b[..PARAMS_LEN - 1]), None);
+        let mut other = b;
+        other[0] = b'X';
+        assert_eq!(Params::parse(&other), None);
+        let mut v2 = b;
+        v2[4] = VERSION + 1;
+        assert_eq!(Params::parse(&v2), None);
+        let mut no_data = b;
+        no_data[8..12].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(Params::parse(&no_data), None);
+        let mut few_ctrl = b;
+        few_ctrl[6..8].copy_from_slice(&2u16.to_le_bytes());
+        assert_eq!(Params::parse(&few_ctrl), None, "three control credits are the minimum");
+        let mut tiny = b;
+        tiny[12..16].copy_from_slice(&(HDR as u32).to_le_bytes());
+        assert_eq!(Params::parse(&tiny), None, "a buffer must hold more than the header");
+    }
+}
