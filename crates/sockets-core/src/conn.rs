@@ -444,6 +444,13 @@ impl Conn {
         while self.data_credits > 0 {
             let next = match self.tx_ready.pop_front() {
                 Some(x) => x,
+                // A partly filled slot waits while more than half the
+                // window is out: later writes join it, so a stream of small
+                // writes does not spend a credit (a 64 KiB buffer and a
+                // wake-up at the peer) per write. It leaves when credits
+                // come back, which they do: the peer owes half the window
+                // once it has read what is out (`flush`'s credit rule).
+                None if self.holding() => break,
                 None => match self.tx_open.take() {
                     Some(x) => x,
                     None => break,
@@ -487,6 +494,16 @@ impl Conn {
             sent |= self.post_ctrl(KIND_CREDIT);
         }
         sent
+    }
+
+    /// True while the open slot is held back to coalesce later writes:
+    /// it is not full, the end of stream is not due, and more than half
+    /// the peer's window is in flight.
+    fn holding(&self) -> bool {
+        let half = self.peer.data_bufs / 2;
+        self.tx_open.is_some_and(|(_, n)| n < BUF - HDR)
+            && !self.shut_wr
+            && self.data_credits < self.peer.data_bufs - half
     }
 
     /// Octets ready to read.
@@ -694,9 +711,17 @@ mod tests {
         assert_eq!(Params::parse(&no_data), None);
         let mut few_ctrl = b;
         few_ctrl[6..8].copy_from_slice(&2u16.to_le_bytes());
-        assert_eq!(Params::parse(&few_ctrl), None, "three control credits are the minimum");
+        assert_eq!(
+            Params::parse(&few_ctrl),
+            None,
+            "three control credits are the minimum"
+        );
         let mut tiny = b;
         tiny[12..16].copy_from_slice(&(HDR as u32).to_le_bytes());
-        assert_eq!(Params::parse(&tiny), None, "a buffer must hold more than the header");
+        assert_eq!(
+            Params::parse(&tiny),
+            None,
+            "a buffer must hold more than the header"
+        );
     }
 }
