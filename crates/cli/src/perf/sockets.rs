@@ -48,7 +48,6 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::cell::WaitMode;
-use super::cli::wait_arg;
 use super::loss::proc::load_note;
 use super::report::Progress;
 use super::tcp_cc;
@@ -103,7 +102,7 @@ pub(crate) struct SocketsArgs {
     ///
     /// iperf3 and redis have no such choice and wait as they always do
     /// (select, epoll).
-    #[arg(long, value_name = "MODE", default_value = "event", value_parser = wait_arg())]
+    #[arg(long, value_name = "MODE", default_value = "event", value_parser = wait_names())]
     wait: WaitMode,
 
     /// Only these benchmarks, comma-separated [default: all].
@@ -115,6 +114,17 @@ pub(crate) struct SocketsArgs {
     /// /usr/lib/rsocket/... that exists].
     #[arg(long, value_name = "PATH")]
     rspreload: Option<PathBuf>,
+}
+
+/// `--wait`: the programs' wait modes, by the names `softrdma perf`'s
+/// tests take.
+fn wait_names() -> impl clap::builder::TypedValueParser<Value = WaitMode> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new([
+        PossibleValue::new("event").help("blocking sockets, as the programs come"),
+        PossibleValue::new("poll").help("sockperf --nonblocked on both ends"),
+    ])
+    .map(|s| WaitMode::parse(&s).expect("a possible value"))
 }
 
 /// The benchmarks of [`BENCHES`] by key, as table indices.
@@ -1131,12 +1141,19 @@ struct Target {
     /// `<=` or `>=`.
     bound: &'static str,
     limit: f64,
-    /// The figure of each row it covers (`null`: missing).
-    rows: Vec<(String, Option<f64>)>,
-    /// The row furthest from the bound, and its figure.
-    worst: Option<(String, f64)>,
+    /// The figure of each row it covers (`ratio` `null`: missing).
+    rows: Vec<TargetRow>,
+    /// The row furthest from the bound.
+    worst: Option<TargetRow>,
     /// `met`, `not met` or `not judged` (a row is missing, none fails).
     status: &'static str,
+}
+
+/// A row's figure under a target.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+struct TargetRow {
+    row: String,
+    ratio: Option<f64>,
 }
 
 /// Judges `rows`' figures against `bound limit`.
@@ -1157,6 +1174,10 @@ fn judge(
             } else {
                 a
             }
+        })
+        .map(|(row, v)| TargetRow {
+            row,
+            ratio: Some(v),
         });
     let fails = rows
         .iter()
@@ -1173,7 +1194,10 @@ fn judge(
         name,
         bound,
         limit,
-        rows,
+        rows: rows
+            .into_iter()
+            .map(|(row, ratio)| TargetRow { row, ratio })
+            .collect(),
         worst,
         status,
     }
@@ -1328,8 +1352,11 @@ fn format_targets(t: &[Target], runs: u32) -> String {
     );
     for t in t {
         let worst = match &t.worst {
-            Some((l, v)) => format!("{v:.2} ({l})"),
-            None => "n/a".into(),
+            Some(TargetRow {
+                row,
+                ratio: Some(v),
+            }) => format!("{v:.2} ({row})"),
+            _ => "n/a".into(),
         };
         let bound = format!("{} {:.2}", t.bound, t.limit);
         let _ = writeln!(
@@ -1715,7 +1742,10 @@ sockperf: Summary: BandWidth is 728.459 MBps (5827.670 Mbps)
         let by = |n: &str| t.iter().find(|t| t.name.starts_with(n)).unwrap();
         assert_eq!(by("interposed TCP latency").status, "not met");
         assert_eq!(
-            by("interposed TCP latency").worst.as_ref().map(|w| w.1),
+            by("interposed TCP latency")
+                .worst
+                .as_ref()
+                .and_then(|w| w.ratio),
             Some(1.3)
         );
         assert_eq!(by("left-alone latency").status, "met");
@@ -1747,7 +1777,7 @@ sockperf: Summary: BandWidth is 728.459 MBps (5827.670 Mbps)
         assert_eq!(by("left-alone bandwidth").status, "met");
         let adv = by("interposed TCP against rsockets");
         assert_eq!(adv.status, "met");
-        assert_eq!(adv.worst.as_ref().map(|w| w.1), Some(4.0));
+        assert_eq!(adv.worst.as_ref().and_then(|w| w.ratio), Some(4.0));
     }
 
     /// The interposer is found where `softrdma run` finds the verbs
