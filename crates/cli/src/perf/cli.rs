@@ -20,7 +20,7 @@ use clap::{ArgMatches, Args, Command, FromArgMatches, Subcommand};
 
 use super::cell::{self, test_by_name, transport_by_name, Kind, Op, TestDef, WaitMode};
 use super::cell::{BASELINES, TESTS, TRANSPORTS};
-use super::{loss, scale, suite, tcp_cc, Opts, DEFAULT_PORT};
+use super::{loss, scale, sockets, suite, tcp_cc, Opts, DEFAULT_PORT};
 
 /// `softrdma perf`.
 #[derive(Debug, Args)]
@@ -34,7 +34,8 @@ use super::{loss, scale, suite, tcp_cc, Opts, DEFAULT_PORT};
         `softrdma perf suite` the whole loopback matrix with a report and plots; \
         `softrdma perf baseline NAME` one raw-socket baseline alone; `softrdma perf loss` \
         goodput under packet loss between two network namespaces (root); \
-        `softrdma perf scale` what one server pays per peer.\n\n\
+        `softrdma perf scale` what one server pays per peer; `softrdma perf sockets` \
+        unmodified socket programs under the sockets interposer and rsockets.\n\n\
         Every TCP connection of a run, raw and softrdma's, uses one congestion control \
         algorithm (--tcp-cc), given to every process the run starts.",
     after_long_help = "Exit status: 0 when every cell worked, 1 when a cell failed (the table \
@@ -78,6 +79,10 @@ pub enum PerfCommand {
     /// Server memory and setup time for 1 to 10 000 peers, per transport.
     #[command(long_about = scale::ABOUT)]
     Scale(scale::ScaleArgs),
+    /// Unmodified socket programs (sockperf, iperf3, redis) on the kernel,
+    /// under the sockets interposer, passed through it, and under rsockets.
+    #[command(long_about = sockets::ABOUT)]
+    Sockets(sockets::SocketsArgs),
     /// One raw-socket baseline alone, without its reference.
     #[command(
         long_about = BASELINE_ABOUT,

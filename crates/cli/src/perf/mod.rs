@@ -2,7 +2,7 @@
 //! to a raw-socket baseline measured in the same run.
 //!
 //! Sub-commands: `TEST` (send_lat, write_bw, …), `baseline`, `suite`,
-//! `loss`, `scale`; their command line is [`cli`]. Each returns an
+//! `loss`, `scale`, `sockets`; their command line is [`cli`]. Each returns an
 //! [`ExitCode`]: 0 when every cell worked, 1 when a cell failed (the table
 //! says which and why), 2 for bad arguments. Errors are printed on stderr
 //! with the reason.
@@ -27,6 +27,7 @@ pub mod plot;
 pub(crate) mod rdma;
 pub(crate) mod report;
 pub mod scale;
+pub(crate) mod sockets;
 pub(crate) mod spawn;
 pub(crate) mod suite;
 pub(crate) mod tcp_cc;
@@ -61,6 +62,7 @@ pub fn main(a: PerfArgs) -> ExitCode {
         PerfCommand::Suite(o) => suite::main(o),
         PerfCommand::Loss(l) => loss::main(l),
         PerfCommand::Scale(s) => scale::main(s),
+        PerfCommand::Sockets(s) => sockets::main(s, a.tcp_cc.first().cloned()),
         PerfCommand::Server(s) => serve_port(s.port, s.announce),
         PerfCommand::Baseline(b) => {
             let test = cell::test_by_name(&b.name).expect("a possible value");
