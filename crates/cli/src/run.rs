@@ -237,6 +237,20 @@ pub fn library_path(dir: &Path, old: Option<OsString>) -> OsString {
     v
 }
 
+/// The sockets interposer to preload, found as `softrdma run --sockets`
+/// finds it (a SONAME link in the link directory); `Err`: the places
+/// looked at, or why the link could not be made.
+pub fn find_interposer() -> Result<PathBuf, Vec<String>> {
+    let dir = find_lib_dir(SOCKETS)?;
+    let links = link_dir(&dir).map_err(|e| vec![format!("{}: {e}", dir.display())])?;
+    let lib = links.join(SOCKETS.1);
+    if lib.is_file() {
+        Ok(lib)
+    } else {
+        Err(vec![format!("{}: no {}", links.display(), SOCKETS.1)])
+    }
+}
+
 /// The `LD_PRELOAD` value: `lib` first, then the old value (whose
 /// entries the loader separates by spaces or colons).
 pub fn preload(lib: &Path, old: Option<OsString>) -> OsString {

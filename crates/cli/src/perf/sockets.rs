@@ -472,63 +472,6 @@ pub(crate) fn parse_report(text: &str) -> Vec<ReportLine> {
 // Libraries
 // ---------------------------------------------------------------------
 
-/// The interposer: (file cargo builds, SONAME it is installed under).
-const INTERPOSER: (&str, &str) = ("libsoftrdma_sockets.so", "libsoftrdma-sockets.so.1");
-
-/// Where the interposer is (the order of `softrdma run`'s libraries):
-/// `$SOFTRDMA_LIB_DIR` alone when set, else `<exe dir>/../lib/softrdma`,
-/// else the executable's directory, then its `deps/`. `Err`: the places
-/// looked at.
-pub(crate) fn find_interposer() -> Result<PathBuf, Vec<String>> {
-    let env = std::env::var_os("SOFTRDMA_LIB_DIR").filter(|d| !d.is_empty());
-    let exe_dir = std::env::current_exe()
-        .ok()
-        .and_then(|e| e.parent().map(Path::to_path_buf));
-    interposer_among(env.map(PathBuf::from), exe_dir.as_deref())
-}
-
-/// [`find_interposer`] with the environment and the executable's
-/// directory given.
-fn interposer_among(env: Option<PathBuf>, exe_dir: Option<&Path>) -> Result<PathBuf, Vec<String>> {
-    let (cargo, soname) = INTERPOSER;
-    let pick = |d: &Path| {
-        [soname, cargo]
-            .iter()
-            .map(|n| d.join(n))
-            .find(|p| p.is_file())
-    };
-    if let Some(d) = env {
-        return pick(&d).ok_or_else(|| {
-            vec![format!(
-                "{} (SOFTRDMA_LIB_DIR): no {soname} or {cargo}",
-                d.display()
-            )]
-        });
-    }
-    let Some(exe_dir) = exe_dir else {
-        return Err(vec![
-            "SOFTRDMA_LIB_DIR: not set".into(),
-            "the executable's directory: unknown".into(),
-        ]);
-    };
-    let mut looked = vec!["SOFTRDMA_LIB_DIR: not set".to_string()];
-    let installed = exe_dir.parent().map_or_else(
-        || exe_dir.join("../lib/softrdma"),
-        |p| p.join("lib/softrdma"),
-    );
-    if installed.join(soname).is_file() {
-        return Ok(installed.join(soname));
-    }
-    looked.push(format!("{}: no {soname}", installed.display()));
-    for d in [exe_dir.to_path_buf(), exe_dir.join("deps")] {
-        if let Some(p) = pick(&d) {
-            return Ok(p);
-        }
-        looked.push(format!("{}: no {soname} or {cargo}", d.display()));
-    }
-    Err(looked)
-}
-
 /// rdma-core's rsockets preload library, if installed.
 fn find_rspreload() -> Option<PathBuf> {
     let mut candidates: Vec<PathBuf> = std::fs::read_dir("/usr/lib")
@@ -555,7 +498,7 @@ fn rsockets_setup(asked: Option<PathBuf>) -> Result<(PathBuf, PathBuf), String> 
              ships it in /usr/lib/<arch>/rsocket/)",
         )?,
     };
-    let lib = crate::run::find_lib_dir().map_err(|looked| {
+    let lib = crate::run::find_lib_dir(crate::run::VERBS).map_err(|looked| {
         format!(
             "softrdma's librdmacm not found (looked in {}; build it: cargo build --release -p \
              softrdma-capi -p softrdma-capi-rdmacm)",
@@ -1421,14 +1364,14 @@ struct JsonOut<'a> {
 
 /// Entry point of `softrdma perf sockets`; `cc`: `--tcp-cc` as given.
 pub(crate) fn main(a: SocketsArgs, cc: Option<String>) -> ExitCode {
-    let interposer = match find_interposer() {
+    let interposer = match crate::run::find_interposer() {
         Ok(p) => p,
         Err(looked) => {
             eprintln!(
                 "softrdma perf sockets: the sockets interposer ({}) was not found; looked in:\n  \
                  {}\n(build it: cargo build --release -p softrdma-sockets; install it; or set \
                  SOFTRDMA_LIB_DIR)",
-                INTERPOSER.1,
+                crate::run::SOCKETS.1,
                 looked.join("\n  ")
             );
             return ExitCode::from(1);
@@ -1778,48 +1721,6 @@ sockperf: Summary: BandWidth is 728.459 MBps (5827.670 Mbps)
         let adv = by("interposed TCP against rsockets");
         assert_eq!(adv.status, "met");
         assert_eq!(adv.worst.as_ref().and_then(|w| w.ratio), Some(4.0));
-    }
-
-    /// The interposer is found where `softrdma run` finds the verbs
-    /// libraries, in the same order.
-    #[test]
-    fn interposer_is_found_in_order() {
-        let base =
-            std::env::temp_dir().join(format!("softrdma-sockets-find-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&base);
-        let (bin, inst, env) = (
-            base.join("bin"),
-            base.join("lib/softrdma"),
-            base.join("env"),
-        );
-        for d in [&bin, &inst, &env, &bin.join("deps")] {
-            std::fs::create_dir_all(d).unwrap();
-        }
-        let looked = interposer_among(None, Some(&bin)).unwrap_err();
-        assert_eq!(looked.len(), 4, "{looked:?}");
-        std::fs::write(bin.join("deps/libsoftrdma_sockets.so"), b"x").unwrap();
-        assert_eq!(
-            interposer_among(None, Some(&bin)),
-            Ok(bin.join("deps/libsoftrdma_sockets.so"))
-        );
-        std::fs::write(bin.join("libsoftrdma_sockets.so"), b"x").unwrap();
-        assert_eq!(
-            interposer_among(None, Some(&bin)),
-            Ok(bin.join("libsoftrdma_sockets.so"))
-        );
-        std::fs::write(inst.join("libsoftrdma-sockets.so.1"), b"x").unwrap();
-        assert_eq!(
-            interposer_among(None, Some(&bin)),
-            Ok(inst.join("libsoftrdma-sockets.so.1"))
-        );
-        // SOFTRDMA_LIB_DIR is the only place looked at when set.
-        assert!(interposer_among(Some(env.clone()), Some(&bin)).is_err());
-        std::fs::write(env.join("libsoftrdma-sockets.so.1"), b"x").unwrap();
-        assert_eq!(
-            interposer_among(Some(env.clone()), Some(&bin)),
-            Ok(env.join("libsoftrdma-sockets.so.1"))
-        );
-        std::fs::remove_dir_all(&base).unwrap();
     }
 
     /// A listener shows in /proc/net/tcp, a bound UDP socket in
