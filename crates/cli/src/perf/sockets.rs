@@ -12,8 +12,8 @@
 //! * **kernel**: the programs as they are;
 //! * **interposed**: both ends under `LD_PRELOAD=libsoftrdma-sockets.so.1`
 //!   with a registry directory (`SOFTRDMA_SOCKETS_DIR`) of their own, so
-//!   TCP connections between them run over RC queue pairs (UDP is left to
-//!   the kernel: datagram sockets are not carried);
+//!   TCP connections between them run over RC queue pairs and UDP
+//!   sockets send to each other over UD;
 //! * **left alone**: only the client under the interposer; the server is
 //!   not in the registry, so the client's socket stays a kernel socket and
 //!   the row measures the interposer's pass-through path;
@@ -233,8 +233,7 @@ struct Bench {
     /// Label in the table.
     label: &'static str,
     program: Program,
-    /// The programs talk UDP (the interposer leaves datagram sockets to
-    /// the kernel).
+    /// The programs talk UDP (carried over UD when interposed).
     udp: bool,
     /// The executables that must be on PATH.
     needs: &'static [&'static str],
@@ -440,10 +439,15 @@ pub(crate) struct ReportLine {
     pub rc_tx_bytes: u64,
     /// Octets received over RC.
     pub rc_rx_bytes: u64,
+    /// Datagram sockets given a UD QP.
+    pub ud_socks: u64,
+    /// Octets sent over UD.
+    pub ud_tx_bytes: u64,
 }
 
 /// Parses a report file: one [`ReportLine`] per well-formed line
-/// (`pid=N rc_conns=N kernel_conns=N rc_tx_bytes=N rc_rx_bytes=N`).
+/// (`pid=N rc_conns=N kernel_conns=N rc_tx_bytes=N rc_rx_bytes=N
+/// ud_socks=N ud_tx_bytes=N ud_rx_bytes=N`).
 pub(crate) fn parse_report(text: &str) -> Vec<ReportLine> {
     text.lines()
         .filter_map(|l| {
@@ -460,6 +464,8 @@ pub(crate) fn parse_report(text: &str) -> Vec<ReportLine> {
                     "kernel_conns" => r.kernel_conns = v.parse().ok()?,
                     "rc_tx_bytes" => r.rc_tx_bytes = v.parse().ok()?,
                     "rc_rx_bytes" => r.rc_rx_bytes = v.parse().ok()?,
+                    "ud_socks" => r.ud_socks = v.parse().ok()?,
+                    "ud_tx_bytes" => r.ud_tx_bytes = v.parse().ok()?,
                     _ => {}
                 }
             }
@@ -933,6 +939,18 @@ impl Ctx {
                      load or the client did not exit normally"
                 ))
             }
+            (Mode::Interposed, Some(r)) if b.udp && r.ud_tx_bytes == 0 => {
+                return Err(
+                    "measured interposed, but the client's report shows no octet sent over                      UD: the datagrams went through the kernel"
+                        .to_string(),
+                )
+            }
+            (Mode::LeftAlone, Some(r)) if r.ud_tx_bytes > 0 => {
+                return Err(format!(
+                    "measured left alone, but the client's report shows {} octets sent over UD",
+                    r.ud_tx_bytes
+                ))
+            }
             (Mode::Interposed, Some(r)) if !b.udp && r.rc_conns == 0 => {
                 return Err(format!(
                     "measured interposed, but the client's report shows rc_conns=0 \
@@ -1164,6 +1182,33 @@ fn advantage(r: &Row) -> Option<f64> {
     median(per_run)
 }
 
+/// Interposed UDP latency over interposed TCP latency, per statistic
+/// (avg, p50), median over runs: UD sockets' ping-pong against RC
+/// sockets'.
+fn ud_against_rc(rows: &[Row]) -> Vec<(String, Option<f64>)> {
+    let lat: Vec<&Row> = rows.iter().filter(|r| r.lower_is_better).collect();
+    let mut out = Vec::new();
+    for u in lat.iter().filter(|r| r.udp) {
+        let stat = u.label.rsplit(' ').next().unwrap_or("");
+        let Some(t) = lat
+            .iter()
+            .find(|r| !r.udp && r.label.rsplit(' ').next() == Some(stat))
+        else {
+            continue;
+        };
+        let (ui, ti) = (u.cell(Mode::Interposed), t.cell(Mode::Interposed));
+        let n = ui.values.len().min(ti.values.len());
+        let per_run: Vec<f64> = (0..n)
+            .filter_map(|k| match (ui.values[k], ti.values[k]) {
+                (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                _ => None,
+            })
+            .collect();
+        out.push((format!("{} / TCP", u.label), median(per_run)));
+    }
+    out
+}
+
 /// The targets (docs/performance.md, "Sockets").
 fn targets(rows: &[Row]) -> Vec<Target> {
     let pick = |mode: Mode, lat: bool, tcp_only: bool| -> Vec<(String, Option<f64>)> {
@@ -1197,7 +1242,22 @@ fn targets(rows: &[Row]) -> Vec<Target> {
             0.9,
             pick(Mode::Interposed, false, true),
         ),
-        // UDP rows: both leave datagram sockets to the kernel.
+        judge(
+            "interposed UDP (over UD) latency / kernel",
+            "<=",
+            1.15,
+            rows.iter()
+                .filter(|r| r.lower_is_better && r.udp)
+                .map(|r| (r.label.clone(), r.cell(Mode::Interposed).ratio))
+                .collect(),
+        ),
+        judge(
+            "interposed UDP / interposed TCP ping-pong",
+            "<=",
+            0.85,
+            ud_against_rc(rows),
+        ),
+        // UDP rows: softrdma's rsockets leave datagram sockets to the kernel.
         judge(
             "interposed TCP against rsockets (x better)",
             ">=",
@@ -1272,8 +1332,8 @@ fn format_table(rows: &[Row], runs: u32) -> String {
     }
     if rows.iter().any(|r| r.udp) {
         notes.push(
-            "* UDP: the interposer and softrdma's rsockets leave datagram sockets to the \
-             kernel (interposed and rsockets = their pass-through paths)"
+            "* UDP: interposed = over UD queue pairs; softrdma's rsockets leave datagram \
+             sockets to the kernel (rsockets = its pass-through path)"
                 .into(),
         );
     }
@@ -1620,7 +1680,8 @@ sockperf: Summary: BandWidth is 728.459 MBps (5827.670 Mbps)
 
     #[test]
     fn reports_parse() {
-        let text = "pid=29161 rc_conns=1 kernel_conns=0 rc_tx_bytes=1112128 rc_rx_bytes=1112064\n\
+        let text = "pid=29161 rc_conns=1 kernel_conns=0 rc_tx_bytes=1112128 rc_rx_bytes=1112064 \
+                    ud_socks=1 ud_tx_bytes=640 ud_rx_bytes=640\n\
                     garbage\n\
                     pid=29159 rc_conns=0 kernel_conns=2 rc_tx_bytes=0 rc_rx_bytes=0\n";
         let r = parse_report(text);
@@ -1632,7 +1693,9 @@ sockperf: Summary: BandWidth is 728.459 MBps (5827.670 Mbps)
                 rc_conns: 1,
                 kernel_conns: 0,
                 rc_tx_bytes: 1_112_128,
-                rc_rx_bytes: 1_112_064
+                rc_rx_bytes: 1_112_064,
+                ud_socks: 1,
+                ud_tx_bytes: 640
             }
         );
         assert_eq!((r[1].pid, r[1].kernel_conns), (29159, 2));
