@@ -593,6 +593,9 @@ enum Transport {
     Tcp,
     /// UDP: over UD when both ends are interposed.
     Udp,
+    /// A TCP control connection and UDP data (iperf3 `-u`): RC and UD
+    /// when both ends are interposed.
+    TcpAndUdp,
 }
 
 /// One side's `SOFTRDMA_SOCKETS_REPORT` lines, summed.
@@ -892,6 +895,32 @@ impl Case {
                         )
                     });
                 }
+                (Transport::TcpAndUdp, Pairing::Both) => {
+                    self.check(r.rc_conns >= 1, || {
+                        format!(
+                            "both ends interposed, but the {who} carried no connection \
+                             over RC: {}",
+                            shown()
+                        )
+                    });
+                    self.check(r.ud_tx_bytes + r.ud_rx_bytes > 0, || {
+                        format!(
+                            "both ends interposed, but the {who} moved no octet over UD: {}",
+                            shown()
+                        )
+                    });
+                }
+                (Transport::TcpAndUdp, _) => {
+                    self.check(
+                        r.rc_conns == 0 && r.ud_tx_bytes + r.ud_rx_bytes == 0,
+                        || {
+                            format!(
+                                "the peer is plain, yet the {who} used RC or UD: {}",
+                                shown()
+                            )
+                        },
+                    );
+                }
                 (Transport::Udp, pairing) => {
                     self.check(r.rc_conns == 0, || {
                         format!("UDP only, yet the {who} used RC: {}", shown())
@@ -1055,7 +1084,7 @@ impl Case {
         let Some(n) = cap.and_then(|c| self.dissect(c)) else {
             return;
         };
-        if transport == Transport::Tcp && self.pairing == Pairing::Both {
+        if transport != Transport::Udp && self.pairing == Pairing::Both {
             self.check(n.ddp > 0, || {
                 format!("both ends interposed, yet no DDP/RDMAP frame: {n}")
             });
@@ -1149,8 +1178,10 @@ pairings!(
     redis_benchmark,
     redis_cli,
     iperf3,
+    iperf3_udp,
     nginx,
     memcached,
+    memcached_udp,
     sockperf_tcp,
     sockperf_iomux,
     sockperf_udp,
@@ -1517,6 +1548,103 @@ fn iperf3(p: Pairing) {
     }
     case.check_reports(Transport::Tcp);
     case.check_capture(cap, Transport::Tcp);
+    case.finish();
+}
+
+/// iperf3 over UDP (`-u -b 1G -l 1400`, 2 s): the control connection is
+/// TCP, the data UDP datagrams; the client's JSON must show datagrams
+/// sent and the server's report datagrams received (loss is UDP's, so
+/// only its bound is checked: some arrived).
+fn iperf3_udp(p: Pairing) {
+    let case = Case::new("iperf3_udp", p);
+    let port = free_port(true);
+    let ps = port.to_string();
+    let cap = case.capture(&[port]);
+    let mut server = case.spawn(
+        Side::Server,
+        "iperf3",
+        &["-s", "-1", "-B", "127.0.0.1", "-p", &ps],
+    );
+    wait_listening(&mut server, port, false);
+    let client = case.run(
+        Side::Client,
+        "iperf3",
+        &[
+            "-c",
+            "127.0.0.1",
+            "-p",
+            &ps,
+            "-u",
+            "-b",
+            "1G",
+            "-l",
+            "1400",
+            "-t",
+            "2",
+            "--json",
+        ],
+    );
+    if case.check_ok(&client) {
+        match serde_json::from_slice::<serde_json::Value>(&client.stdout) {
+            Ok(j) => {
+                let sum = &j["end"]["sum"];
+                let (bytes, packets, lost) = (
+                    sum["bytes"].as_f64().unwrap_or(0.0),
+                    sum["packets"].as_f64().unwrap_or(0.0),
+                    sum["lost_packets"].as_f64().unwrap_or(f64::MAX),
+                );
+                case.check(bytes > 0.0 && packets > 0.0, || {
+                    format!("iperf3 -u: end.sum bytes {bytes}, packets {packets}")
+                });
+                case.check(lost < packets, || {
+                    format!("iperf3 -u: every datagram lost ({lost} of {packets})")
+                });
+            }
+            Err(e) => case.fail(format!("iperf3 -u: bad JSON ({e}): {}", client.text())),
+        }
+    }
+    let server = server.wait(Instant::now() + DEADLINE);
+    case.check_ok(&server);
+    case.check_reports(Transport::TcpAndUdp);
+    case.check_capture(cap, Transport::TcpAndUdp);
+    case.finish();
+}
+
+/// memcached over UDP (`memcaslap -U`, which wants the TCP and UDP ports
+/// equal): gets and sets for 2 s, every get a hit.
+fn memcached_udp(p: Pairing) {
+    let case = Case::new("memcached_udp", p);
+    let port = free_port(true);
+    let cap = case.capture(&[port]);
+    let ps = port.to_string();
+    let mut args = vec!["-p", &ps, "-U", &ps, "-l", "127.0.0.1"];
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        args.extend_from_slice(&["-u", "root"]);
+    }
+    let mut server = case.spawn(Side::Server, "memcached", &args);
+    wait_listening(&mut server, port, true);
+    let slap = case.run(
+        Side::Client,
+        "memcaslap",
+        &["-s", &format!("127.0.0.1:{port}"), "-U", "-t", "2s"],
+    );
+    if case.check_ok(&slap) {
+        let t = slap.all_text();
+        let num = |key: &str| {
+            t.lines()
+                .find_map(|l| l.trim().strip_prefix(key)?.trim().parse::<u64>().ok())
+        };
+        let (gets, misses) = (num("cmd_get:"), num("get_misses:"));
+        case.check(
+            matches!((gets, misses), (Some(g), Some(m)) if g > 0 && m < g),
+            || format!("memcaslap -U: no get hit (cmd_get {gets:?}, get_misses {misses:?}):\n{t}"),
+        );
+    }
+    let server = server.stop(libc::SIGTERM);
+    case.check_stopped(&server);
+    case.check_reports(Transport::Udp);
+    case.check_capture(cap, Transport::Udp);
     case.finish();
 }
 
