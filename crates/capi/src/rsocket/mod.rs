@@ -11,6 +11,12 @@
 //! * An rsocket's number is a real descriptor (an eventfd, never readable)
 //!   reserved so numbers never collide with the process's other
 //!   descriptors; `rpoll` and `rselect` accept both kinds.
+//! * `rsocket` takes `SOCK_STREAM` exactly, as rdma-core's does (no type
+//!   flags), and never succeeds from inside softrdma's own calls: so
+//!   rdma-core's `librspreload.so`, which offers every `socket()` of a
+//!   process to `rsocket()` first, gets kernel sockets for the engine's
+//!   own TCP connections (made with `SOCK_CLOEXEC`) instead of recursing
+//!   into rsockets for ever.
 //! * Blocking calls wait on the connection's completion channel or CM
 //!   event channel; `O_NONBLOCK` (`rfcntl`) and `MSG_DONTWAIT` make them
 //!   fail with `EAGAIN` instead; `rconnect` then returns `EINPROGRESS` and
@@ -172,7 +178,37 @@ fn errno() -> i32 {
         .unwrap_or(libc::EIO)
 }
 
+thread_local! {
+    static INTERNAL: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks the calling thread as running softrdma's own work for as long as
+/// it lives: an `rsocket()` call meanwhile (an interposed `socket()` of
+/// the engine's, turned into `rsocket()` by `librspreload.so`) fails with
+/// `ENOTSUP`, so the interposer makes a kernel socket instead of recursing.
+struct Internal(());
+
+impl Internal {
+    /// Enters (nests).
+    fn enter() -> Internal {
+        INTERNAL.with(|c| c.set(c.get() + 1));
+        Internal(())
+    }
+
+    /// True while this thread is inside softrdma's own work.
+    fn active() -> bool {
+        INTERNAL.with(|c| c.get() > 0)
+    }
+}
+
+impl Drop for Internal {
+    fn drop(&mut self) {
+        INTERNAL.with(|c| c.set(c.get().saturating_sub(1)));
+    }
+}
+
 fn engine() -> Res<softrdma_engine::Context> {
+    let _in = Internal::enter();
     crate::rdmacm::engine()
 }
 
@@ -431,15 +467,27 @@ fn blocking<T>(
 // ----------------------------------------------------------------------
 
 /// `rsocket(domain, type, protocol)`.
-pub fn socket(domain: i32, ty: i32, _protocol: i32) -> Res<i32> {
+///
+/// As rdma-core's: the type is `SOCK_STREAM` exactly (no `SOCK_NONBLOCK`
+/// or `SOCK_CLOEXEC` flags; non-blocking is `rfcntl(F_SETFL)`), the
+/// protocol 0 or `IPPROTO_TCP`, anything else `ENOTSUP`. Besides
+/// compatibility this is what lets `librspreload.so` run over softrdma: it
+/// offers every `socket()` of the process to `rsocket()` first and makes a
+/// kernel socket when that fails, and softrdma's own kernel sockets (the
+/// engine's TCP connections and listeners, made while an rsocket listens
+/// or connects) are all created with `SOCK_CLOEXEC`. A call made while
+/// this thread runs `rlisten`, `raccept` or `rconnect` is refused too.
+pub fn socket(domain: i32, ty: i32, protocol: i32) -> Res<i32> {
+    if Internal::active() {
+        return Err(libc::ENOTSUP);
+    }
     if domain != libc::AF_INET && domain != libc::AF_INET6 {
         return Err(libc::EAFNOSUPPORT);
     }
-    let base = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
-    if base != libc::SOCK_STREAM {
-        return Err(libc::EOPNOTSUPP);
+    if ty != libc::SOCK_STREAM || (protocol != 0 && protocol != libc::IPPROTO_TCP) {
+        return Err(libc::ENOTSUP);
     }
-    insert(RSock::new(domain, ty & libc::SOCK_NONBLOCK != 0, St::Fresh))
+    insert(RSock::new(domain, false, St::Fresh))
 }
 
 /// `rbind`.
@@ -456,6 +504,7 @@ pub fn bind(fd: i32, addr: SocketAddr) -> Res<()> {
 
 /// `rlisten`.
 pub fn listen(fd: i32, backlog: i32) -> Res<()> {
+    let _in = Internal::enter();
     let e = get(fd)?;
     let ctx = engine()?;
     let mut s = lock(&e.sock);
@@ -480,6 +529,7 @@ pub fn listen(fd: i32, backlog: i32) -> Res<()> {
 
 /// `raccept`: the new rsocket and the peer's address.
 pub fn accept(fd: i32) -> Res<(i32, SocketAddr)> {
+    let _in = Internal::enter();
     let e = get(fd)?;
     let ctx = engine()?;
     let (id, peer, local, family) = blocking(&e, false, |s| {
@@ -539,6 +589,7 @@ fn connect_outcome(s: &mut RSock) -> Result<(), Blocked> {
 
 /// `rconnect`.
 pub fn connect(fd: i32, addr: SocketAddr) -> Res<()> {
+    let _in = Internal::enter();
     let e = get(fd)?;
     let ctx = engine()?;
     {
@@ -722,6 +773,43 @@ fn revents(s: &RSock, events: i16) -> i16 {
     r & (events | libc::POLLERR | libc::POLLHUP | libc::POLLNVAL)
 }
 
+/// What [`settle`] found for one rsocket of a poll.
+enum Settled {
+    /// These events are ready.
+    Ready(i16),
+    /// Nothing is ready; a change will make one of these readable.
+    Wait(Vec<i32>),
+    /// Nothing is ready, but the socket kept changing: look again.
+    Busy,
+}
+
+/// How often [`settle`] makes progress on one rsocket before it gives up
+/// for this round.
+const SETTLE_ROUNDS: usize = 64;
+
+/// Makes progress on `s` until `events` are ready or it is safe to sleep
+/// on its wake-up descriptors: a connection's CQ is armed only when its
+/// progress found nothing new, so a round that handled a completion the
+/// caller does not wait for (a send completing, a credit arriving) or that
+/// changed the state (connected) must look again before sleeping.
+fn settle(s: &mut RSock, events: i16) -> Settled {
+    for _ in 0..SETTLE_ROUNDS {
+        let fds = progress(s);
+        let r = revents(s, events);
+        if r != 0 {
+            return Settled::Ready(r);
+        }
+        if !fds.is_empty() {
+            return Settled::Wait(fds);
+        }
+        if !matches!(s.st, St::Connected { .. } | St::Connecting { .. }) {
+            // Nothing to arm: what can change it is on these.
+            return Settled::Wait(wait_fds(s));
+        }
+    }
+    Settled::Busy
+}
+
 /// `rpoll` over rsockets and ordinary descriptors alike.
 ///
 /// # Safety
@@ -746,6 +834,7 @@ pub unsafe fn poll(fds: *mut libc::pollfd, nfds: usize, timeout: i32) -> Res<i32
     let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
     loop {
         let mut ready = 0;
+        let mut busy = false;
         let mut waits: Vec<i32> = Vec::new();
         let mut real: Vec<(usize, libc::pollfd)> = Vec::new();
         for (i, p) in fds.iter_mut().enumerate() {
@@ -756,14 +845,13 @@ pub unsafe fn poll(fds: *mut libc::pollfd, nfds: usize, timeout: i32) -> Res<i32
             match get(p.fd) {
                 Ok(e) => {
                     let mut s = lock(&e.sock);
-                    // Progress (and, for a connection, arming its CQ) first,
-                    // then the state decides.
-                    let _ = progress(&mut s);
-                    p.revents = revents(&s, p.events);
-                    if p.revents != 0 {
-                        ready += 1;
-                    } else {
-                        waits.extend(wait_fds(&s));
+                    match settle(&mut s, p.events) {
+                        Settled::Ready(r) => {
+                            p.revents = r;
+                            ready += 1;
+                        }
+                        Settled::Wait(fds) => waits.extend(fds),
+                        Settled::Busy => busy = true,
                     }
                 }
                 Err(_) => real.push((
@@ -795,6 +883,12 @@ pub unsafe fn poll(fds: *mut libc::pollfd, nfds: usize, timeout: i32) -> Res<i32
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(0);
+        }
+        if busy {
+            // An rsocket kept changing: look again instead of sleeping on
+            // a wake-up that may not be armed.
+            std::thread::yield_now();
+            continue;
         }
         let mut v: Vec<libc::pollfd> = real.iter().map(|r| r.1).collect();
         v.extend(waits.iter().map(|&fd| libc::pollfd {
