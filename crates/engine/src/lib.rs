@@ -34,6 +34,7 @@ pub mod qp;
 pub mod rawudp;
 pub mod srq;
 mod sys;
+pub use sys::sockaddr_of;
 mod udp;
 
 use std::io;

@@ -205,7 +205,7 @@ pub(crate) fn probe_tcp_congestion(name: &str) -> io::Result<()> {
 }
 
 /// `addr` as the kernel takes it: a sockaddr_storage and its length.
-fn sockaddr_of(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+pub fn sockaddr_of(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: all-zero octets are a valid sockaddr_storage.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let len = match addr {
