@@ -23,7 +23,15 @@
 //!
 //! `riowrite` is an RDMA Write from a send slot into the peer's mapped
 //! buffer; it consumes no receive slot, and being on the same QP it is
-//! ordered with the stream.
+//! ordered with the stream. The last octet of the range goes in a second,
+//! one-octet Write after the rest: a peer application learns that a
+//! transfer arrived by watching that octet and may write it at once
+//! (riostream does, in the buffer it sends from), so it must be stored
+//! exactly once and after every other octet. Placement copies with the C
+//! library's `memmove`, which may store the end of a range twice (its head
+//! and tail vectors overlap when the length is one vector) or before the
+//! octets just ahead of it; a one-octet copy is a single store, and the
+//! Writes are placed in order.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::VecDeque;
@@ -59,6 +67,9 @@ const K_FIN: u8 = 5;
 const WR_RECV: u64 = 1 << 32;
 /// `wr_id` tag of sends and writes.
 const WR_SEND: u64 = 2 << 32;
+/// `wr_id` of the first piece of a split `riowrite` (its slot is released
+/// by the second piece's completion).
+const WR_PART: u64 = 4 << 32;
 
 /// A message header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,9 +235,10 @@ impl Conn {
     pub fn new(ctx: &engine::Context) -> io::Result<Conn> {
         let pd = ctx.alloc_pd();
         let chan = CompChannel::new()?;
-        let cq = ctx.create_cq(RX_SLOTS + TX_SLOTS + 8, Some(chan.clone()));
+        // A send slot has up to two Writes out (a split `riowrite`).
+        let cq = ctx.create_cq(RX_SLOTS + 2 * TX_SLOTS + 8, Some(chan.clone()));
         let caps = QpCaps {
-            max_send_wr: TX_SLOTS + 4,
+            max_send_wr: 2 * TX_SLOTS + 4,
             max_recv_wr: RX_SLOTS,
         };
         let qp = ctx
@@ -323,6 +335,12 @@ impl Conn {
     fn handle(&mut self, c: &Completion) {
         let wc = &c.wc;
         let slot = (wc.wr_id & 0xFFFF_FFFF) as usize;
+        if wc.wr_id == WR_PART {
+            if wc.status != WcStatus::Success && self.error.is_none() && !self.peer_fin {
+                self.error = Some(libc::ECONNRESET);
+            }
+            return;
+        }
         if wc.wr_id & WR_SEND != 0 {
             if slot < TX_SLOTS {
                 self.tx_free.push(slot);
@@ -652,21 +670,44 @@ impl Conn {
             self.tx
                 .slice_mut(off, n)
                 .copy_from_slice(&data[done..done + n]);
-            let wr = SendWr {
-                wr_id: WR_SEND | slot as u64,
-                op: SendOp::Write {
-                    remote_addr: m.addr + (offset - m.offset) + done as u64,
-                    rkey: m.rkey,
-                    imm: None,
-                },
-                payload: Payload::Sgl(SgList::single(self.tx.addr(off), n as u32, self.tx.stag)),
-                flags: SendFlags {
-                    signaled: true,
-                    ..SendFlags::default()
-                },
-            };
-            if self.qp.post_send(wr).is_err() {
-                self.tx_free.push(slot);
+            let remote = m.addr + (offset - m.offset) + done as u64;
+            // The range's last octet goes in a Write of its own, after the
+            // rest (module docs).
+            let split = done + n == data.len() && n > 1;
+            let mut pieces = [(0, n, WR_SEND | slot as u64), (0, 0, 0)];
+            if split {
+                pieces = [(0, n - 1, WR_PART), (n - 1, 1, WR_SEND | slot as u64)];
+            }
+            let mut posted = true;
+            for &(at, len, wr_id) in pieces.iter().filter(|p| p.1 > 0) {
+                let wr = SendWr {
+                    wr_id,
+                    op: SendOp::Write {
+                        remote_addr: remote + at as u64,
+                        rkey: m.rkey,
+                        imm: None,
+                    },
+                    payload: Payload::Sgl(SgList::single(
+                        self.tx.addr(off + at),
+                        len as u32,
+                        self.tx.stag,
+                    )),
+                    flags: SendFlags {
+                        signaled: true,
+                        ..SendFlags::default()
+                    },
+                };
+                if self.qp.post_send(wr).is_err() {
+                    posted = false;
+                    break;
+                }
+            }
+            if !posted {
+                // A first piece already posted still reads the slot: it
+                // stays taken (the connection is failing anyway).
+                if !split {
+                    self.tx_free.push(slot);
+                }
                 self.error.get_or_insert(libc::ECONNRESET);
                 break;
             }

@@ -506,7 +506,7 @@ pub unsafe extern "C" fn softrdma_rsetsockopt(
     })
 }
 
-/// `rgetsockopt` (`int`-sized options).
+/// `rgetsockopt` (`int`-sized options, and `TCP_INFO`).
 ///
 /// # Safety
 /// `val` points to `*len` writable octets.
@@ -520,6 +520,18 @@ pub unsafe extern "C" fn softrdma_rgetsockopt(
     guard_neg(|| {
         if val.is_null() || len.is_null() {
             return Err(libc::EFAULT);
+        }
+        if level == libc::IPPROTO_TCP && name == libc::TCP_INFO {
+            let ti = super::tcp_info(socket)?;
+            // SAFETY: `len` is valid (caller).
+            let room = unsafe { *len } as usize;
+            let n = room.min(std::mem::size_of::<libc::tcp_info>());
+            // SAFETY: `val` has `room` writable octets (caller), `n` <= room.
+            unsafe {
+                std::ptr::copy_nonoverlapping(&ti as *const _ as *const u8, val as *mut u8, n);
+                *len = n as libc::socklen_t;
+            }
+            return Ok(0);
         }
         let v = super::getsockopt(socket, level, name)?;
         // SAFETY: `len` is valid (caller).

@@ -293,14 +293,23 @@ pub fn sockaddr_of(a: &SocketAddr) -> (libc::sockaddr_storage, u32) {
 /// Writes `a` to a caller's `sockaddr`/`socklen_t` pair, truncating as
 /// `getsockname(2)` does.
 ///
+/// With `addr` null only the length is written, as rdma-core's rsockets
+/// do (`librspreload.so` asks `rgetsockname` so for the family of the
+/// kernel socket it falls back to).
+///
 /// # Safety
 /// `addr` must point to `*len` writable octets, `len` to a `socklen_t`
-/// (either may be null: nothing is written then).
+/// (either may be null: nothing is written there then).
 pub unsafe fn sockaddr_write(a: &SocketAddr, addr: *mut libc::sockaddr, len: *mut u32) {
-    if addr.is_null() || len.is_null() {
+    if len.is_null() {
         return;
     }
     let (ss, n) = sockaddr_of(a);
+    if addr.is_null() {
+        // SAFETY: `len` is a valid socklen_t (caller).
+        unsafe { *len = n };
+        return;
+    }
     // SAFETY: `len` is a valid socklen_t (caller).
     let room = unsafe { *len } as usize;
     // SAFETY: the caller provides `room` writable octets at `addr`.
@@ -981,6 +990,27 @@ pub fn getsockopt(fd: i32, level: i32, name: i32) -> Res<i32> {
         (SOL_RDMA, RDMA_IOMAPSIZE) => Ok(1),
         _ => Err(libc::ENOTSUP),
     }
+}
+
+/// `rgetsockopt(IPPROTO_TCP, TCP_INFO)`: what a stream of ours can say in
+/// a kernel `struct tcp_info` — the state (established, listening or
+/// closed) and the largest payload of one message as both segment sizes;
+/// every counter (retransmissions, RTT, ...) zero. Programs that report
+/// TCP statistics (iperf3) read it.
+pub fn tcp_info(fd: i32) -> Res<libc::tcp_info> {
+    let e = get(fd)?;
+    let s = lock(&e.sock);
+    // SAFETY: tcp_info is plain integers; all zeroes is valid.
+    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+    ti.tcpi_state = match s.st {
+        St::Connected { .. } => 1,                // TCP_ESTABLISHED
+        St::Connecting { .. } => 2,               // TCP_SYN_SENT
+        St::Listening { .. } => 10,               // TCP_LISTEN
+        St::Fresh | St::Failed | St::Closed => 7, // TCP_CLOSE
+    };
+    ti.tcpi_snd_mss = conn::MAX_DATA as u32;
+    ti.tcpi_rcv_mss = conn::MAX_DATA as u32;
+    Ok(ti)
 }
 
 /// `rfcntl(F_GETFL)` / `rfcntl(F_SETFL)`; other commands `ENOTSUP`.
