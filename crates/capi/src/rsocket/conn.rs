@@ -630,16 +630,20 @@ impl Conn {
         Ok(offset)
     }
 
-    /// Removes the mapping of the buffer at `addr` (`riounmap`).
+    /// Removes the mapping of the buffer at `addr` (`riounmap`), telling
+    /// the peer first; would-block while that message cannot be sent (no
+    /// send slot or peer credit now). On a failed connection the mapping
+    /// goes without a word.
     pub fn unmap(&mut self, addr: u64) -> Result<(), Blocked> {
         self.progress();
         let Some(i) = self.local_maps.iter().position(|m| m.addr == addr) else {
             return Err(Blocked::Errno(libc::EINVAL));
         };
         let m = self.local_maps[i];
-        // Tell the peer first (best effort: the registration goes anyway,
-        // so late writes fail at our end instead of landing).
-        let _ = self.send_control(K_IOUNMAP, &m.offset.to_le_bytes());
+        let told = self.error.is_some() || self.send_control(K_IOUNMAP, &m.offset.to_le_bytes());
+        if !told && self.error.is_none() {
+            return Err(Blocked::Again);
+        }
         self.local_maps.remove(i);
         self.ctx.registry().deregister(m.stag);
         Ok(())
@@ -678,7 +682,7 @@ impl Conn {
             if split {
                 pieces = [(0, n - 1, WR_PART), (n - 1, 1, WR_SEND | slot as u64)];
             }
-            let mut posted = true;
+            let mut posted = 0;
             for &(at, len, wr_id) in pieces.iter().filter(|p| p.1 > 0) {
                 let wr = SendWr {
                     wr_id,
@@ -698,14 +702,14 @@ impl Conn {
                     },
                 };
                 if self.qp.post_send(wr).is_err() {
-                    posted = false;
                     break;
                 }
+                posted += 1;
             }
-            if !posted {
+            if posted < 1 + usize::from(split) {
                 // A first piece already posted still reads the slot: it
-                // stays taken (the connection is failing anyway).
-                if !split {
+                // stays taken then (the connection is failing anyway).
+                if posted == 0 {
                     self.tx_free.push(slot);
                 }
                 self.error.get_or_insert(libc::ECONNRESET);

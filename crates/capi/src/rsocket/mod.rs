@@ -31,7 +31,9 @@
 //!   (`ENOTSUP`): there are no path records.
 //! * `riomap` registers the buffer for remote write and tells the peer;
 //!   `riowrite` RDMA-Writes into the peer's mapping; `PROT_READ` mappings
-//!   are not supported (`EINVAL`), as in rdma-core.
+//!   are not supported (`EINVAL`), as in rdma-core. `riomap`, `riounmap`
+//!   and `rshutdown` never fail with `EAGAIN`: on a non-blocking socket
+//!   too they wait until their message to the peer can go.
 //! * `rclose` sends FIN and waits (at most [`LINGER`]) for outstanding
 //!   sends and the peer's FIN before disconnecting, so data sent just
 //!   before closing arrives.
@@ -482,6 +484,25 @@ fn spin() -> Duration {
 fn blocking<T>(
     e: &Entry,
     dontwait: bool,
+    op: impl FnMut(&mut RSock) -> Result<T, Blocked>,
+) -> Res<T> {
+    wait_for(e, Some(dontwait), op)
+}
+
+/// [`blocking`] for calls that rdma-core's rsockets never fail with
+/// `EAGAIN` (`riomap` and `riounmap` queue their message to the peer
+/// there, `rshutdown` blocks): they wait, on a non-blocking socket too,
+/// for what their message needs — a send slot, which completions free
+/// without the peer's help, and a peer credit, of which the data path
+/// leaves [`conn::RESERVE`] for such messages.
+fn waiting<T>(e: &Entry, op: impl FnMut(&mut RSock) -> Result<T, Blocked>) -> Res<T> {
+    wait_for(e, None, op)
+}
+
+/// [`blocking`] (`Some(dontwait)`) or [`waiting`] (`None`).
+fn wait_for<T>(
+    e: &Entry,
+    dontwait: Option<bool>,
     mut op: impl FnMut(&mut RSock) -> Result<T, Blocked>,
 ) -> Res<T> {
     let mut spin_until = None;
@@ -491,7 +512,9 @@ fn blocking<T>(
             match op(&mut s) {
                 Ok(v) => return Ok(v),
                 Err(Blocked::Errno(err)) => return Err(err),
-                Err(Blocked::Again) if dontwait || s.nonblock => return Err(libc::EAGAIN),
+                Err(Blocked::Again) if dontwait.is_some_and(|d| d || s.nonblock) => {
+                    return Err(libc::EAGAIN)
+                }
                 Err(Blocked::Again) => {}
             }
             if matches!(s.st, St::Connected { .. }) {
@@ -734,7 +757,9 @@ pub fn shutdown(fd: i32, how: i32) -> Res<()> {
         lock(&e.sock).shut_rd = true;
     }
     if how != libc::SHUT_RD {
-        return blocking(&e, false, |s| match &mut s.st {
+        // As rdma-core's, which makes the socket blocking for this: the
+        // FIN waits for a send slot on a non-blocking socket too.
+        return waiting(&e, |s| match &mut s.st {
             St::Connected { conn, .. } => conn.shutdown_write(),
             _ => Err(Blocked::Errno(libc::ENOTCONN)),
         });
@@ -1104,20 +1129,16 @@ pub unsafe fn iomap(fd: i32, buf: *mut u8, len: usize, prot: i32, offset: i64) -
     }
     let e = get(fd)?;
     // SAFETY: forwarded from the caller's contract.
-    blocking(&e, false, |s| unsafe { conn_of(s)?.map(buf, len, offset) })
+    waiting(&e, |s| unsafe { conn_of(s)?.map(buf, len, offset) })
 }
 
 /// `riounmap`.
 pub fn iounmap(fd: i32, buf: *mut u8) -> Res<()> {
     let e = get(fd)?;
-    let mut s = lock(&e.sock);
-    match &mut s.st {
-        St::Connected { conn, .. } => conn.unmap(buf as u64).map_err(|b| match b {
-            Blocked::Errno(e) => e,
-            Blocked::Again => libc::EAGAIN,
-        }),
-        _ => Err(libc::ENOTCONN),
-    }
+    waiting(&e, |s| match &mut s.st {
+        St::Connected { conn, .. } => conn.unmap(buf as u64),
+        _ => Err(Blocked::Errno(libc::ENOTCONN)),
+    })
 }
 
 /// `riowrite`.
