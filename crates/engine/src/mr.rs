@@ -317,8 +317,23 @@ impl Memory for View<'_> {
 
     fn remote_write(&mut self, stag: u32, to: u64, data: &[u8]) -> Result<(), MemError> {
         let p = self.resolve(stag, to, data.len() as u64, Access::REMOTE_WRITE)?;
-        // SAFETY: as in `local_write`.
-        unsafe { std::ptr::copy(data.as_ptr(), p, data.len()) };
+        let Some((&last, head)) = data.split_last() else {
+            return Ok(());
+        };
+        // A peer's Write is placed front to back with its final octet
+        // stored once and last: programs that watch the last octet of a
+        // Write's target (a common RDMA idiom, rsockets' riostream) must
+        // not see it before the rest, nor see it stored again after they
+        // have reset it. `memcpy` gives neither promise (small copies store
+        // overlapping head and tail words), hence the head first, a release
+        // fence, then one store of the last octet.
+        // SAFETY: as in `local_write`; `head` and `p + head.len()` are in
+        // bounds of the resolved range of `data.len()` octets.
+        unsafe {
+            std::ptr::copy(head.as_ptr(), p, head.len());
+            std::sync::atomic::fence(Ordering::Release);
+            std::ptr::write_volatile(p.add(head.len()), last);
+        }
         Ok(())
     }
 
