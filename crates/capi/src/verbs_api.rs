@@ -402,8 +402,9 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
         if entries.is_null() || size < std::mem::size_of::<ibv_gid_entry>() {
             return -(libc::EINVAL as isize);
         }
+        // As the kernel's: a table longer than the buffer is EINVAL.
         if max < 1 {
-            return -(libc::ENOMEM as isize);
+            return -(libc::EINVAL as isize);
         }
         // SAFETY: the application's array of at least one entry.
         unsafe { *entries = gid_entry(c) };
@@ -523,7 +524,9 @@ pub unsafe fn reg_mr_internal(
             .register(addr as *mut u8, len, iova, access_of(access), p.num)
     }
     .map_err(|err| match err {
-        engine::RegError::BadAccess | engine::RegError::BadRange => libc::EINVAL,
+        engine::RegError::BadAccess | engine::RegError::BadRange | engine::RegError::NoSuchStag => {
+            libc::EINVAL
+        }
         engine::RegError::TooMany => libc::ENOMEM,
     })?;
     // MRs do not hold their PD (see ibv_dealloc_pd).
@@ -593,16 +596,77 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     })
 }
 
-/// `ibv_rereg_mr`: not supported (deregister and register again).
+/// `ibv_rereg_mr` flags (rdma-core's `enum ibv_rereg_mr_flags`).
+const IBV_REREG_MR_CHANGE_TRANSLATION: c_int = 1 << 0;
+const IBV_REREG_MR_CHANGE_PD: c_int = 1 << 1;
+const IBV_REREG_MR_CHANGE_ACCESS: c_int = 1 << 2;
+const IBV_REREG_MR_FLAGS_SUPPORTED: c_int = (1 << 3) - 1;
+/// `IBV_REREG_MR_ERR_INPUT`: the arguments were refused before anything
+/// changed (errno says why).
+const IBV_REREG_MR_ERR_INPUT: c_int = -1;
+/// `IBV_REREG_MR_ERR_CMD`: the change itself failed; the MR is as before.
+const IBV_REREG_MR_ERR_CMD: c_int = -4;
+
+/// `ibv_rereg_mr`: changes the MR's translation (address and length),
+/// PD and/or access rights in place. The lkey and rkey stay the same.
+/// Returns 0, or `IBV_REREG_MR_ERR_INPUT` (errno EINVAL: no or unknown
+/// flags, a new translation without address or length, an unknown PD,
+/// rights that need LOCAL_WRITE) with the MR unchanged.
 pub unsafe extern "C" fn ibv_rereg_mr(
-    _mr: *mut ibv_mr,
-    _flags: c_int,
-    _pd: *mut ibv_pd,
-    _addr: *mut c_void,
-    _len: usize,
-    _access: c_int,
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
 ) -> c_int {
-    libc::EOPNOTSUPP
+    guard(IBV_REREG_MR_ERR_CMD, || {
+        let fail = |code: c_int, errno: c_int| {
+            set_errno(errno);
+            code
+        };
+        if mr.is_null() || flags == 0 || flags & !IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
+            return fail(IBV_REREG_MR_ERR_INPUT, libc::EINVAL);
+        }
+        let translation = flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0;
+        if translation && (addr.is_null() || len == 0) {
+            return fail(IBV_REREG_MR_ERR_INPUT, libc::EINVAL);
+        }
+        let new_pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
+            // SAFETY: a PD of ours or NULL, per the verbs contract.
+            match unsafe { pd_from_raw(pd) } {
+                Some(p) => Some(p.num),
+                None => return fail(IBV_REREG_MR_ERR_INPUT, libc::EINVAL),
+            }
+        } else {
+            None
+        };
+        let new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS != 0).then(|| access_of(access));
+        let Ok(e) = engine() else {
+            return fail(IBV_REREG_MR_ERR_CMD, libc::ENODEV);
+        };
+        // SAFETY: an MR of ours (Box::into_raw in reg_mr_internal), not freed
+        // while the application still calls with it.
+        let m = unsafe { &mut *(mr as *mut MrObj) };
+        let range = translation.then_some((addr as *mut u8, len, addr as u64));
+        // SAFETY: per the verbs contract the new range stays valid until
+        // ibv_dereg_mr, which deregisters it first.
+        let r = unsafe { e.registry().reregister(m.stag, range, new_access, new_pd) };
+        match r {
+            Ok(()) => {
+                if translation {
+                    m.mr.addr = addr;
+                    m.mr.length = len;
+                }
+                if new_pd.is_some() {
+                    m.mr.pd = pd;
+                }
+                0
+            }
+            Err(engine::RegError::TooMany) => fail(IBV_REREG_MR_ERR_CMD, libc::ENOMEM),
+            Err(_) => fail(IBV_REREG_MR_ERR_INPUT, libc::EINVAL),
+        }
+    })
 }
 
 /// `ibv_reg_dmabuf_mr`: no dma-buf in user space.
@@ -726,18 +790,30 @@ pub unsafe extern "C" fn ibv_create_cq(
     })
 }
 
-/// `ibv_resize_cq`: growing is accepted when the CQ already holds that
-/// many; anything else is EOPNOTSUPP (softrdma CQs do not resize).
+/// `ibv_resize_cq`: the CQ holds up to `cqe` completions from now on
+/// (`cq->cqe` reports it). EINVAL for a `cqe` outside [1, max_cqe] or
+/// below the completions the CQ holds now.
 pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     guard_errno(|| {
         // SAFETY: a CQ of ours.
         let Some(c) = (unsafe { cq_from_raw(cq) }) else {
             return libc::EINVAL;
         };
-        if cqe > 0 && cqe as usize <= c.engine.capacity() {
-            0
-        } else {
-            libc::EOPNOTSUPP
+        if !(1..=device::MAX_CQE).contains(&cqe) {
+            return libc::EINVAL;
+        }
+        let held = c.pending.lock().unwrap_or_else(|p| p.into_inner()).len();
+        if (cqe as usize) < held {
+            return libc::EINVAL;
+        }
+        match c.engine.resize(cqe as usize) {
+            Ok(()) => {
+                // SAFETY: the CQ's own field, which the application reads
+                // only between its own calls.
+                unsafe { (*c.cq.get()).cqe = cqe };
+                0
+            }
+            Err(_) => libc::EINVAL,
         }
     })
 }

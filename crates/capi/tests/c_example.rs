@@ -14,7 +14,9 @@
 //!   fetch-add as one chain, per-WR destinations, a wrong DC key, bad
 //!   arguments;
 //! * `tests/c/errors.c`: the documented errors of `ibv_create_cq` and
-//!   `ibv_create_cq_ex` (cqe, comp_vector);
+//!   `ibv_create_cq_ex` (cqe, comp_vector), `ibv_resize_cq`,
+//!   `ibv_rereg_mr` (and that it takes a new translation, PD and access),
+//!   `ibv_query_gid_table` with no room;
 //! * `tests/c/busy.c`: rdma-core's `EBUSY` rules: a PD with an MR, AH,
 //!   SRQ, QP, DCT or DCI, a CQ with a QP, DCT or DCI, an SRQ with a QP or
 //!   DCT cannot go (and stays usable); once its users are destroyed it can.
@@ -74,6 +76,9 @@ fn create_cq_refuses_bad_cqe_and_comp_vector() {
         "tests/c/errors.c",
         &[
             "errors: invalid cqe and comp_vector refused with EINVAL",
+            "errors: ibv_resize_cq takes valid sizes and refuses the rest",
+            "errors: ibv_rereg_mr changes translation, PD and access; refuses bad input",
+            "errors: ibv_query_gid_table refuses a buffer with no room",
             "errors: OK",
         ],
     );

@@ -570,6 +570,20 @@ impl Cq {
             .capacity
     }
 
+    /// Changes the capacity to `capacity` completions (`ibv_resize_cq`).
+    /// Refused (returning the completions held) when fewer than those the
+    /// CQ holds now; the completions keep their order.
+    pub fn resize(&self, capacity: usize) -> Result<(), usize> {
+        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if capacity == 0 || capacity < c.entries.len() {
+            return Err(c.entries.len());
+        }
+        c.capacity = capacity;
+        let more = capacity.saturating_sub(c.entries.len());
+        c.entries.reserve(more);
+        Ok(())
+    }
+
     /// True once a completion was lost to an overrun.
     pub fn overrun(&self) -> bool {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).overrun

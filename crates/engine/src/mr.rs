@@ -77,6 +77,8 @@ pub enum RegError {
     BadAccess,
     /// The table is full (2^24 − 1 regions).
     TooMany,
+    /// [`Registry::reregister`] of an STag that is not registered.
+    NoSuchStag,
 }
 
 impl Registry {
@@ -132,6 +134,62 @@ impl Registry {
             valid: true,
         });
         Ok((index << 8) | u32::from(key))
+    }
+
+    /// Changes a registration in place (`ibv_rereg_mr`): a new range
+    /// (`Some((ptr, len, iova))`), new rights, a new protection domain,
+    /// any of the three. The STag stays the same, so work requests and
+    /// peers keep naming the region by it; an invalidated STag is valid
+    /// again. Taken under the table's write lock, so no access through the
+    /// old translation is in progress when this returns.
+    ///
+    /// # Safety
+    /// A new range must stay valid for reads and writes until
+    /// [`Registry::deregister`] returns for this STag (as for
+    /// [`Registry::register`]).
+    pub unsafe fn reregister(
+        &self,
+        stag: u32,
+        range: Option<(*mut u8, usize, u64)>,
+        access: Option<Access>,
+        pd: Option<u32>,
+    ) -> Result<(), RegError> {
+        if let Some((ptr, len, iova)) = range {
+            if (ptr.is_null() && len > 0)
+                || (ptr as usize).checked_add(len).is_none()
+                || iova.checked_add(len as u64).is_none()
+            {
+                return Err(RegError::BadRange);
+            }
+        }
+        if let Some(access) = access {
+            let needs_local_write =
+                access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
+            if needs_local_write && !access.contains(Access::LOCAL_WRITE) {
+                return Err(RegError::BadAccess);
+            }
+        }
+        let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
+        let r = match (stag >> 8)
+            .checked_sub(1)
+            .and_then(|i| t.regions.get_mut(i as usize))
+        {
+            Some(Some(r)) if r.key == stag as u8 => r,
+            _ => return Err(RegError::NoSuchStag),
+        };
+        if let Some((ptr, len, iova)) = range {
+            r.ptr = ptr as usize;
+            r.len = len as u64;
+            r.iova = iova;
+        }
+        if let Some(access) = access {
+            r.access = access;
+        }
+        if let Some(pd) = pd {
+            r.pd = pd;
+        }
+        r.valid = true;
+        Ok(())
     }
 
     /// Removes a registration; afterwards no access through the STag
@@ -417,6 +475,68 @@ mod tests {
             unsafe { reg.register(buf.as_mut_ptr(), 1, 0, Access::REMOTE_WRITE, 7) },
             Err(RegError::BadAccess)
         );
+    }
+
+    #[test]
+    fn reregister_moves_the_region_keeping_its_stag() {
+        let reg = Registry::new();
+        let mut a = vec![0u8; 16];
+        let mut b = vec![0u8; 32];
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        // SAFETY: `a` and `b` outlive the registration (deregistered below).
+        let stag = unsafe { reg.register(a.as_mut_ptr(), 16, 0x1000, rw, 7) }.unwrap();
+        // SAFETY: as above.
+        let moved = unsafe { reg.reregister(stag, Some((b.as_mut_ptr(), 32, 0x2000)), None, None) };
+        assert_eq!(moved, Ok(()));
+        reg.with_view(7, |v| {
+            assert_eq!(
+                v.remote_write(stag, 0x1000, &[1]),
+                Err(MemError::BaseBounds)
+            );
+            v.remote_write(stag, 0x2000 + 28, &[5, 6, 7, 8]).unwrap();
+        });
+        assert_eq!(&b[28..], &[5, 6, 7, 8]);
+        assert!(a.iter().all(|&x| x == 0));
+        // New rights and PD: the old PD no longer reaches it, writes are refused.
+        // SAFETY: no new range.
+        let r = unsafe { reg.reregister(stag, None, Some(Access::REMOTE_READ), Some(9)) };
+        assert_eq!(r, Ok(()));
+        reg.with_view(7, |v| {
+            assert_eq!(
+                v.remote_read(stag, 0x2000, 1).err(),
+                Some(MemError::WrongPd)
+            )
+        });
+        reg.with_view(9, |v| {
+            assert_eq!(v.remote_read(stag, 0x2000 + 28, 1).unwrap(), &[5]);
+            assert_eq!(
+                v.remote_write(stag, 0x2000, &[1]),
+                Err(MemError::AccessRights)
+            );
+        });
+        // SAFETY: refused before anything changes.
+        let bad = unsafe { reg.reregister(stag, None, Some(Access::REMOTE_WRITE), None) };
+        assert_eq!(bad, Err(RegError::BadAccess));
+        assert!(reg.deregister(stag));
+        // SAFETY: refused: the STag is gone.
+        let gone = unsafe { reg.reregister(stag, None, Some(rw), None) };
+        assert_eq!(gone, Err(RegError::NoSuchStag));
+    }
+
+    #[test]
+    fn a_remote_write_ends_with_its_last_octet() {
+        let reg = Registry::new();
+        let mut buf = vec![0u8; 8];
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        // SAFETY: `buf` outlives the registration.
+        let stag = unsafe { reg.register(buf.as_mut_ptr(), 8, 0, rw, 1) }.unwrap();
+        reg.with_view(1, |v| {
+            v.remote_write(stag, 0, &[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+            v.remote_write(stag, 7, &[9]).unwrap();
+            v.remote_write(stag, 0, &[]).unwrap();
+        });
+        assert_eq!(buf, [1, 2, 3, 4, 5, 6, 7, 9]);
+        assert!(reg.deregister(stag));
     }
 
     #[test]

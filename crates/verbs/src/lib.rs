@@ -175,7 +175,9 @@ impl ProtectionDomain {
                 Err(match e {
                     engine::RegError::BadAccess => RegisterError::InvalidAccess,
                     engine::RegError::TooMany => RegisterError::TooMany,
-                    engine::RegError::BadRange => RegisterError::InvalidLength,
+                    engine::RegError::BadRange | engine::RegError::NoSuchStag => {
+                        RegisterError::InvalidLength
+                    }
                 })
             }
         }
