@@ -67,6 +67,62 @@ pub struct CtxObj {
     pub vctx: verbs_context,
     /// The device it was opened on.
     pub dev: &'static DevObj,
+    /// `async_fd`: the context's own view of the engine's async events.
+    pub async_fd: AppFd,
+}
+
+/// A descriptor the application sees in place of an engine eventfd (a
+/// completion channel's `fd`, a context's `async_fd`): an epoll
+/// descriptor watching that eventfd, so it is readable exactly when the
+/// eventfd is, and its file status flags are the application's alone.
+/// The engine keeps its eventfds non-blocking for its own drains; an
+/// `O_NONBLOCK` the application sets here is what `ibv_get_cq_event` and
+/// `ibv_get_async_event` read to fail with `EAGAIN` instead of waiting.
+/// Nobody reads from it, so nothing the application does to it (flags,
+/// poll, epoll) can steal a wake-up from the engine.
+#[derive(Debug)]
+pub struct AppFd(std::os::fd::OwnedFd);
+
+impl AppFd {
+    /// An epoll descriptor (close-on-exec) watching `inner` for input.
+    pub fn watching(inner: std::os::fd::RawFd) -> Result<AppFd, i32> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: no pointers; the result is checked.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(errno());
+        }
+        // SAFETY: a fresh descriptor nobody else owns.
+        let own = AppFd(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 0,
+        };
+        // SAFETY: our epoll descriptor, a live event struct.
+        if unsafe { libc::epoll_ctl(fd, libc::EPOLL_CTL_ADD, inner, &mut ev) } < 0 {
+            return Err(errno());
+        }
+        Ok(own)
+    }
+
+    /// The descriptor.
+    pub fn raw(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.0.as_raw_fd()
+    }
+
+    /// True when the application made the descriptor non-blocking.
+    pub fn nonblocking(&self) -> bool {
+        // SAFETY: no pointers; our descriptor.
+        let fl = unsafe { libc::fcntl(self.raw(), libc::F_GETFL) };
+        fl >= 0 && fl & libc::O_NONBLOCK != 0
+    }
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EMFILE)
 }
 
 impl CtxObj {
@@ -295,10 +351,12 @@ impl AhObj {
 /// A completion channel (a pollable eventfd).
 #[repr(C)]
 pub struct ChannelObj {
-    /// What the application sees (`fd` is the engine channel's eventfd).
+    /// What the application sees (`fd` is `app_fd`).
     pub ch: ibv_comp_channel,
     /// The engine channel.
     pub engine: Arc<engine::CompChannel>,
+    /// The descriptor the application polls.
+    pub app_fd: AppFd,
 }
 
 /// A completion queue (always allocated as `ibv_cq_ex`, whose prefix is

@@ -112,6 +112,7 @@ pub unsafe extern "C" fn ibv_get_device_index(dev: *mut ibv_device) -> c_int {
 /// [`device_context`]).
 pub fn open_context(dev: &'static DevObj) -> Result<*mut ibv_context, c_int> {
     let e = engine()?;
+    let async_fd = AppFd::watching(e.async_events().fd())?;
     let null = std::ptr::null_mut::<c_void>();
     let ops = ibv_context_ops {
         _compat_query_device: null,
@@ -193,13 +194,17 @@ pub fn open_context(dev: &'static DevObj) -> Result<*mut ibv_context, c_int> {
             ops,
             // No kernel command channel.
             cmd_fd: -1,
-            async_fd: e.async_events().fd(),
+            async_fd: async_fd.raw(),
             num_comp_vectors: 1,
             mutex: pthread_mutex_t([0; 40]),
             abi_compat: VERBS_ABI_IS_EXTENDED,
         },
     };
-    let obj = Box::into_raw(Box::new(CtxObj { vctx, dev }));
+    let obj = Box::into_raw(Box::new(CtxObj {
+        vctx,
+        dev,
+        async_fd,
+    }));
     // SAFETY: just allocated.
     Ok(unsafe { (*obj).raw() })
 }
@@ -705,13 +710,15 @@ pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut 
         ctx_of(ctx)?;
         let ch =
             engine::CompChannel::new().map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))?;
+        let app_fd = AppFd::watching(ch.fd())?;
         Ok(Box::into_raw(Box::new(ChannelObj {
             ch: ibv_comp_channel {
                 context: ctx,
-                fd: ch.fd(),
+                fd: app_fd.raw(),
                 refcnt: 0,
             },
             engine: ch,
+            app_fd,
         })) as *mut ibv_comp_channel)
     })
 }
@@ -841,13 +848,9 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     })
 }
 
-/// `ibv_get_cq_event`: blocks until an armed CQ of `channel` fires.
-///
-/// The channel's fd is the engine's eventfd, which the engine keeps in
-/// non-blocking mode for itself, so an application's `O_NONBLOCK` cannot be
-/// told apart and this call always blocks. Applications that set
-/// `O_NONBLOCK` poll(2) the fd first and call this once it is readable,
-/// which then returns at once.
+/// `ibv_get_cq_event`: blocks until an armed CQ of `channel` fires, or,
+/// when the application made the channel's fd `O_NONBLOCK`, fails with
+/// `EAGAIN` if none has ([`AppFd`]).
 ///
 /// Signals: rdma-core's call is a blocking `read(2)` of the channel fd,
 /// which a signal handler installed without `SA_RESTART` interrupts
@@ -866,15 +869,26 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         // SAFETY: a channel of ours.
         let ch = unsafe { channel_from_raw(channel) }.ok_or(libc::EINVAL)?;
         loop {
-            let id = match ch.engine.get_event_interruptible() {
+            let got = if ch.app_fd.nonblocking() {
+                ch.engine.try_get_event().ok_or(libc::EAGAIN)
+            } else {
+                ch.engine.get_event_interruptible().map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::Interrupted {
+                        libc::EINTR
+                    } else {
+                        e.raw_os_error().unwrap_or(libc::EIO)
+                    }
+                })
+            };
+            let id = match got {
                 Ok(id) => id,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
+                Err(libc::EINTR) => {
                     if interrupting_handler_installed() {
                         return Err(libc::EINTR);
                     }
                     continue;
                 }
-                Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EIO)),
+                Err(e) => return Err(e),
             };
             // A CQ destroyed since it fired is skipped.
             let Some(c) = cq_by_id(id) else { continue };
@@ -1666,22 +1680,27 @@ fn mcast(qp: *mut ibv_qp, gid: *const ibv_gid, attach: bool) -> c_int {
 // Async events
 // ---------------------------------------------------------------------
 
-/// `ibv_get_async_event`: blocks for the next event (like
-/// [`ibv_get_cq_event`], whatever `O_NONBLOCK` says: the fd is the engine's
-/// non-blocking eventfd). Datagram-only events without a verbs
-/// equivalent are not reported here.
+/// `ibv_get_async_event`: blocks for the next event, or fails with
+/// `EAGAIN` when there is none and the application made the context's
+/// `async_fd` `O_NONBLOCK` ([`AppFd`]). Datagram-only events without a
+/// verbs equivalent are not reported here.
 pub unsafe extern "C" fn ibv_get_async_event(
     ctx: *mut ibv_context,
     ev: *mut ibv_async_event,
 ) -> c_int {
     guard_neg(|| {
-        ctx_of(ctx)?;
+        let c = ctx_of(ctx)?;
         if ev.is_null() {
             return Err(libc::EINVAL);
         }
         let e = engine()?;
         loop {
-            let Some(a) = e.async_events().get(None) else {
+            let next = if c.async_fd.nonblocking() {
+                Some(e.async_events().try_get().ok_or(libc::EAGAIN)?)
+            } else {
+                e.async_events().get(None)
+            };
+            let Some(a) = next else {
                 continue;
             };
             let out = match a {

@@ -7,9 +7,11 @@
  * inline data), a completion channel whose fd poll(2) reports readable, and
  * ibv_query_qp. Two RC QPs are connected IB-style (RTR with each other's
  * GID and QPN). An SRQ's limit event arrives through a pollable async_fd.
+ * Both fds are made O_NONBLOCK: the get calls fail with EAGAIN when idle.
  * Prints "verbs_ex: OK" and exits 0 when every check holds.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,6 +147,23 @@ int main(void)
 	pd = ibv_alloc_pd(ctx);
 	ch = ibv_create_comp_channel(ctx);
 	CHECK(pd && ch, "pd/channel");
+	/* O_NONBLOCK on the channel and async fds: the get calls fail with
+	 * EAGAIN while there is nothing, instead of waiting. */
+	CHECK(!fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK) &&
+	      !fcntl(ctx->async_fd, F_SETFL,
+		     fcntl(ctx->async_fd, F_GETFL) | O_NONBLOCK), "O_NONBLOCK");
+	{
+		struct ibv_async_event aev;
+
+		errno = 0;
+		CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == -1 &&
+		      errno == EAGAIN, "get_cq_event on an idle non-blocking "
+		      "channel: errno %d", errno);
+		errno = 0;
+		CHECK(ibv_get_async_event(ctx, &aev) == -1 && errno == EAGAIN,
+		      "get_async_event on an idle non-blocking fd: errno %d",
+		      errno);
+	}
 	ca.channel = NULL;
 	cqa = ibv_create_cq_ex(ctx, &ca);
 	ca.channel = ch;
@@ -203,6 +222,9 @@ int main(void)
 	CHECK(ev_cq == ibv_cq_ex_to_cq(cqb) && ev_ctx == (void *)0x1234,
 	      "event names the CQ and its context");
 	ibv_ack_cq_events(ev_cq, 1);
+	errno = 0;
+	CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == -1 && errno == EAGAIN,
+	      "second get_cq_event: errno %d", errno);
 	next(cqb, 100, IBV_WC_RECV, 20);
 	CHECK(!strcmp(mb, "hello over softrdma"), "payload");
 	next(cqb, 101, IBV_WC_RECV, 8);
