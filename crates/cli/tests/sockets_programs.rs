@@ -24,9 +24,12 @@
 //! UDP (sockperf's default) between two interposed sockets goes over UD
 //! queue pairs, whose datagrams use a UDP port of their own: both
 //! interposed, each side moved UD octets (`ud_tx_bytes`/`ud_rx_bytes`) and
-//! the capture of the program's own port holds no datagram at all; one
-//! side interposed, no UD octets and the datagrams are on that port. No
-//! RC and no DDP/RDMAP over TCP in any UDP pairing.
+//! the capture of the program's own port holds no datagram at all, while
+//! the server's QP port (from its registry entry) carries datagrams that
+//! the repository's dissector (`tools/wireshark/softrdma_dgram.lua`)
+//! decodes as softrdma iWARP (`srdma`); one side interposed, no UD octets,
+//! the datagrams are on the program's port and none is `srdma`. No RC and
+//! no DDP/RDMAP over TCP in any UDP pairing.
 //!
 //! Every process runs in its own process group under a deadline: a hang
 //! is killed (with its threads' stacks taken by gdb first, when installed)
@@ -664,6 +667,9 @@ struct Dissected {
     payload: usize,
     /// Frames with a DDP/RDMAP header.
     ddp: usize,
+    /// Datagrams to or from the server's UD QP port, and how many of them
+    /// the softrdma datagram dissector decoded (`None`: no QP port known).
+    ud: Option<(usize, usize)>,
 }
 
 impl std::fmt::Display for Dissected {
@@ -675,7 +681,11 @@ impl std::fmt::Display for Dissected {
             self.frames,
             self.payload,
             self.ddp
-        )
+        )?;
+        if let Some((port, srdma)) = self.ud {
+            write!(f, "; {port} on the QP port, {srdma} srdma")?;
+        }
+        Ok(())
     }
 }
 
@@ -683,6 +693,11 @@ impl std::fmt::Display for Dissected {
 struct Capture {
     tcpdump: Proc,
     file: PathBuf,
+    /// The UDP port of the server socket's UD QP, once known
+    /// ([`Case::ud_port`]).
+    ud_port: Option<u16>,
+    /// The program's ports: what the main dissection looks at.
+    ports: Vec<u16>,
 }
 
 /// One test run: its pairing, its directory (registry, reports, data,
@@ -952,6 +967,12 @@ impl Case {
     /// Starts `tcpdump -i lo` on `ports`; `None` (with a note) when
     /// tcpdump is not installed or may not capture.
     fn capture(&self, ports: &[u16]) -> Option<Capture> {
+        self.capture_with_ud(ports, None)
+    }
+
+    /// [`Case::capture`] of `ports` and of `ud_port`, the UDP port of the
+    /// server socket's UD QP ([`Case::ud_port`]), if known.
+    fn capture_with_ud(&self, ports: &[u16], ud_port: Option<u16>) -> Option<Capture> {
         if !on_path("tcpdump") {
             eprintln!(
                 "note: tcpdump is not installed; {} {:?} runs without the capture check \
@@ -963,6 +984,7 @@ impl Case {
         let file = self.path("capture.pcap");
         let filter = ports
             .iter()
+            .chain(ud_port.iter())
             .map(|p| format!("port {p}"))
             .collect::<Vec<_>>()
             .join(" or ");
@@ -991,7 +1013,12 @@ impl Case {
         let until = Instant::now() + Duration::from_secs(15);
         loop {
             if p.err().contains("listening on") {
-                return Some(Capture { tcpdump: p, file });
+                return Some(Capture {
+                    tcpdump: p,
+                    file,
+                    ud_port,
+                    ports: ports.to_vec(),
+                });
             }
             if !p.running() || Instant::now() >= until {
                 let d = p.finish(Instant::now());
@@ -1010,6 +1037,77 @@ impl Case {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// The UDP port of the UD QP behind the interposed server socket on
+    /// `port` (its registry entry `udp-ADDR-PORT` holds `NETNS PID
+    /// QP_PORT QPN TRANSPORT`); `None` when the server is not interposed.
+    /// A server interposed whose entry never shows is a failure.
+    fn ud_port(&self, port: u16) -> Option<u16> {
+        if self.pairing == Pairing::ClientOnly {
+            return None;
+        }
+        let until = Instant::now() + Duration::from_secs(10);
+        let suffix = format!("-{port}");
+        loop {
+            let found = std::fs::read_dir(&self.registry).ok().and_then(|d| {
+                d.flatten().find_map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if !(name.starts_with("udp-") && name.ends_with(&suffix)) {
+                        return None;
+                    }
+                    let text = std::fs::read_to_string(e.path()).ok()?;
+                    text.split_whitespace().nth(2)?.parse::<u16>().ok()
+                })
+            });
+            if found.is_some() {
+                return found;
+            }
+            if Instant::now() >= until {
+                self.fail(format!(
+                    "the interposed server's UDP socket on port {port} has no registry entry in {}",
+                    self.registry.display()
+                ));
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Counts the datagrams of `file` to or from `ud_port` and those the
+    /// repository's softrdma datagram dissector decodes.
+    fn dissect_ud(&self, file: &Path, ud_port: u16) -> Option<(usize, usize)> {
+        let lua =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/wireshark/softrdma_dgram.lua");
+        let mut cmd = Command::new("tshark");
+        cmd.arg("-n")
+            .arg("-X")
+            .arg(format!("lua_script:{}", lua.display()))
+            // By port, not by heuristic: the heuristic wants a whole
+            // datagram (its CRC) before it claims a flow, and the capture
+            // keeps only the first CAPTURE_SNAPLEN octets of each.
+            .args(["-o", &format!("srdma.ports:{ud_port}")])
+            .arg("-r")
+            .arg(file)
+            .args(["-Y", &format!("udp.port == {ud_port}")])
+            .args(["-T", "fields", "-e", "frame.protocols"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let t = Proc::start("tshark (srdma)", cmd).wait(Instant::now() + Duration::from_secs(180));
+        if !self.check_ok(&t) {
+            return None;
+        }
+        let text = t.text();
+        let lines = text.lines().filter(|l| !l.trim().is_empty());
+        let (mut all, mut srdma) = (0, 0);
+        for l in lines {
+            all += 1;
+            if l.split(':').any(|p| p == "srdma") {
+                srdma += 1;
+            }
+        }
+        Some((all, srdma))
     }
 
     /// Stops the capture and counts what tshark finds in it; `None` when
@@ -1037,10 +1135,17 @@ impl Case {
             );
             return None;
         }
+        let only_ports = cap
+            .ports
+            .iter()
+            .map(|p| format!("tcp.port == {p} || udp.port == {p}"))
+            .collect::<Vec<_>>()
+            .join(" || ");
         let mut cmd = Command::new("tshark");
         cmd.args(TSHARK_BASE_ARGS)
             .arg("-r")
             .arg(&cap.file)
+            .args(["-Y", &only_ports])
             .args(["-T", "fields", "-E", "separator=;"])
             .args(["-e", "tcp.len", "-e", "udp.length", "-e", "frame.protocols"])
             .stdin(Stdio::null())
@@ -1050,11 +1155,16 @@ impl Case {
         if !self.check_ok(&t) {
             return None;
         }
+        let ud = match cap.ud_port {
+            Some(p) => Some(self.dissect_ud(&cap.file, p)?),
+            None => None,
+        };
         let mut n = Dissected {
             file: cap.file,
             frames: 0,
             payload: 0,
             ddp: 0,
+            ud,
         };
         for line in t.text().lines() {
             let f: Vec<&str> = line.split(';').collect();
@@ -1079,11 +1189,25 @@ impl Case {
     /// frames when both ends carry TCP over RC; when both carry UDP over
     /// UD, nothing at all on the program's ports (UD has ports of its
     /// own); otherwise no DDP/RDMAP but payload, so the capture saw the
-    /// run.
+    /// run. When the server's QP port is known: both interposed, it
+    /// carried datagrams and every one is `srdma`; otherwise none is.
     fn check_capture(&self, cap: Option<Capture>, transport: Transport) {
         let Some(n) = cap.and_then(|c| self.dissect(c)) else {
             return;
         };
+        if let Some((all, srdma)) = n.ud {
+            if self.pairing == Pairing::Both {
+                self.check(all > 0 && srdma == all, || {
+                    format!(
+                        "both ends interposed: the QP port should carry only srdma datagrams: {n}"
+                    )
+                });
+            } else {
+                self.check(srdma == 0, || {
+                    format!("one end plain, yet srdma datagrams on the QP port: {n}")
+                });
+            }
+        }
         if transport != Transport::Udp && self.pairing == Pairing::Both {
             self.check(n.ddp > 0, || {
                 format!("both ends interposed, yet no DDP/RDMAP frame: {n}")
@@ -1615,7 +1739,6 @@ fn iperf3_udp(p: Pairing) {
 fn memcached_udp(p: Pairing) {
     let case = Case::new("memcached_udp", p);
     let port = free_port(true);
-    let cap = case.capture(&[port]);
     let ps = port.to_string();
     let mut args = vec!["-p", &ps, "-U", &ps, "-l", "127.0.0.1"];
     // SAFETY: geteuid has no preconditions.
@@ -1624,6 +1747,9 @@ fn memcached_udp(p: Pairing) {
     }
     let mut server = case.spawn(Side::Server, "memcached", &args);
     wait_listening(&mut server, port, true);
+    // The capture starts once the server is up (no traffic before the
+    // client), so it can name the server's QP port.
+    let cap = case.capture_with_ud(&[port], case.ud_port(port));
     let slap = case.run(
         Side::Client,
         "memcaslap",
@@ -1955,13 +2081,13 @@ fn sockperf_udp(p: Pairing) {
     let case = Case::new("sockperf_udp", p);
     let port = free_port(true);
     let ps = port.to_string();
-    let cap = case.capture(&[port]);
     let mut server = case.spawn(
         Side::Server,
         "sockperf",
         &["sr", "-i", "127.0.0.1", "-p", &ps],
     );
     wait_listening(&mut server, port, true);
+    let cap = case.capture_with_ud(&[port], case.ud_port(port));
     let pp = case.run(
         Side::Client,
         "sockperf",
