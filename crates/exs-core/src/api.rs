@@ -18,7 +18,9 @@ use crate::Errno;
 type R<T> = Result<T, Errno>;
 
 fn mapped<T>(p: *const T, n: usize) -> R<()> {
-    let bytes = std::mem::size_of::<T>().checked_mul(n).ok_or(libc::EINVAL)?;
+    let bytes = std::mem::size_of::<T>()
+        .checked_mul(n)
+        .ok_or(libc::EINVAL)?;
     if p.is_null() || !sys::mapped(p as usize, bytes) {
         return Err(libc::EFAULT);
     }
@@ -335,7 +337,11 @@ pub unsafe fn sendfile(
                 if !sys::is_open(v.fdv_fd) {
                     return Err(libc::EBADF);
                 }
-                if v.fdv_offset < 0 || (v.fdv_offset as u64).checked_add(v.fdv_len as u64).is_none() {
+                if v.fdv_offset < 0
+                    || (v.fdv_offset as u64)
+                        .checked_add(v.fdv_len as u64)
+                        .is_none()
+                {
                     return Err(libc::EINVAL);
                 }
                 elems.push(Elem::File {
@@ -404,7 +410,12 @@ pub fn accept(
 ///
 /// # Safety
 /// `fds` is NULL or has `nfds` entries, valid until the event.
-pub unsafe fn poll(fds: *mut exs_pollfd_t, nfds: libc::c_uint, qh: c_int, ah: *mut c_void) -> R<()> {
+pub unsafe fn poll(
+    fds: *mut exs_pollfd_t,
+    nfds: libc::c_uint,
+    qh: c_int,
+    ah: *mut c_void,
+) -> R<()> {
     if nfds == 0 || nfds > EXS_IOV_MAX as libc::c_uint {
         return Err(libc::EINVAL);
     }

@@ -408,7 +408,8 @@ fn attempt(fd: c_int, stream: bool, op: &mut Op) -> Step {
             ..
         } => {
             let total: usize = iov.iter().map(|x| x.1).sum();
-            let waitall = *recv && stream && *flags & libc::MSG_WAITALL != 0 && *flags & libc::MSG_PEEK == 0;
+            let waitall =
+                *recv && stream && *flags & libc::MSG_WAITALL != 0 && *flags & libc::MSG_PEEK == 0;
             loop {
                 let mut v = iov_from(iov, *done);
                 // SAFETY: a zeroed msghdr is valid; fields set below.
@@ -460,7 +461,12 @@ fn attempt(fd: c_int, stream: bool, op: &mut Op) -> Step {
             ..
         } => loop {
             if *stage_pos < stage.len() {
-                match send_some(fd, stage[*stage_pos..].as_ptr(), stage.len() - *stage_pos, 0) {
+                match send_some(
+                    fd,
+                    stage[*stage_pos..].as_ptr(),
+                    stage.len() - *stage_pos,
+                    0,
+                ) {
                     Ok(n) => {
                         *stage_pos += n;
                         *done += n;
@@ -493,7 +499,11 @@ fn attempt(fd: c_int, stream: bool, op: &mut Op) -> Step {
                         Err(e) => return Step::Done(e),
                     }
                 }
-                Elem::File { fd: ffd, off: foff, len } => {
+                Elem::File {
+                    fd: ffd,
+                    off: foff,
+                    len,
+                } => {
                     if *off >= len {
                         *idx += 1;
                         *off = 0;
@@ -524,7 +534,12 @@ fn attempt(fd: c_int, stream: bool, op: &mut Op) -> Step {
             let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
             // SAFETY: ss/sl are locals of the sizes given.
             let r = unsafe {
-                libc::accept4(fd, (&mut ss as *mut libc::sockaddr_storage).cast(), &mut sl, *flags)
+                libc::accept4(
+                    fd,
+                    (&mut ss as *mut libc::sockaddr_storage).cast(),
+                    &mut sl,
+                    *flags,
+                )
             };
             match io_errno(r) {
                 None => {
@@ -580,85 +595,18 @@ impl State {
     /// Moves every pending operation of `fd` forward.
     fn progress(&mut self, epfd: c_int, fd: c_int) {
         let State {
-            fds, mem, polls, registered, ..
+            fds,
+            mem,
+            registered,
+            ..
         } = self;
-        let mut closed = false;
-        if let Some(f) = fds.get_mut(&fd) {
-            loop {
-                if f.connecting.is_some() {
-                    if sys::poll0(fd, libc::POLLOUT) == 0 {
-                        break;
-                    }
-                    let e = match sys::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR) {
-                        Ok(e) => e,
-                        Err(e) => e,
-                    };
-                    if let Some(op) = f.connecting.take() {
-                        finish(mem, fd, op, e);
-                    }
-                    if e != 0 {
-                        Self::fail_all(mem, fd, f, e);
-                        break;
-                    }
-                }
-                while let Some(op) = f.sends.front_mut() {
-                    if matches!(op.kind, Kind::Close) {
-                        let op = f.sends.pop_front().expect("head");
-                        for r in f.recvs.drain(..).chain(f.sends.drain(..)) {
-                            finish(mem, fd, r, libc::ECANCELED);
-                        }
-                        epoll_del(epfd, registered, fd);
-                        // SAFETY: the caller asked for this close.
-                        let r = unsafe { libc::close(fd) };
-                        let e = if r == 0 { 0 } else { sys::errno() };
-                        finish(mem, fd, op, e);
-                        closed = true;
-                        break;
-                    }
-                    match attempt(fd, f.stream, op) {
-                        Step::Wait => break,
-                        Step::Done(e) => {
-                            let op = f.sends.pop_front().expect("head");
-                            if let Kind::Shutdown { how } = op.kind {
-                                if e == 0 && how != libc::SHUT_RD {
-                                    f.shut_wr = true;
-                                }
-                            }
-                            if let Some(d) = death(e, f.shut_wr) {
-                                f.dead = Some(d);
-                                finish(mem, fd, op, d);
-                                Self::fail_all(mem, fd, f, d);
-                            } else {
-                                finish(mem, fd, op, e);
-                            }
-                        }
-                    }
-                }
-                if closed {
-                    break;
-                }
-                while let Some(op) = f.recvs.front_mut() {
-                    match attempt(fd, f.stream, op) {
-                        Step::Wait => break,
-                        Step::Done(e) => {
-                            let op = f.recvs.pop_front().expect("head");
-                            if let Some(d) = death(e, f.shut_wr) {
-                                f.dead = Some(d);
-                                finish(mem, fd, op, d);
-                                Self::fail_all(mem, fd, f, d);
-                            } else {
-                                finish(mem, fd, op, e);
-                            }
-                        }
-                    }
-                }
-                break;
-            }
-        }
+        let closed = match fds.get_mut(&fd) {
+            Some(f) => progress_fd(epfd, registered, mem, fd, f),
+            None => false,
+        };
         if closed {
             fds.remove(&fd);
         }
-        let _ = polls;
         self.sync(epfd, fd);
     }
 
@@ -763,6 +711,81 @@ impl State {
             }
         }
     }
+}
+
+/// Moves `f`'s operations forward in order; true when an asynchronous
+/// close closed the descriptor.
+fn progress_fd(
+    epfd: c_int,
+    registered: &mut HashMap<c_int, u32>,
+    mem: &mut Registry,
+    fd: c_int,
+    f: &mut Fd,
+) -> bool {
+    if f.connecting.is_some() {
+        if sys::poll0(fd, libc::POLLOUT) == 0 {
+            return false;
+        }
+        let e = match sys::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR) {
+            Ok(e) => e,
+            Err(e) => e,
+        };
+        if let Some(op) = f.connecting.take() {
+            finish(mem, fd, op, e);
+        }
+        if e != 0 {
+            State::fail_all(mem, fd, f, e);
+            return false;
+        }
+    }
+    while let Some(op) = f.sends.front_mut() {
+        if matches!(op.kind, Kind::Close) {
+            let op = f.sends.pop_front().expect("head");
+            for r in f.recvs.drain(..).chain(f.sends.drain(..)) {
+                finish(mem, fd, r, libc::ECANCELED);
+            }
+            epoll_del(epfd, registered, fd);
+            // SAFETY: the caller asked for this close.
+            let r = unsafe { libc::close(fd) };
+            let e = if r == 0 { 0 } else { sys::errno() };
+            finish(mem, fd, op, e);
+            return true;
+        }
+        match attempt(fd, f.stream, op) {
+            Step::Wait => break,
+            Step::Done(e) => {
+                let op = f.sends.pop_front().expect("head");
+                if let Kind::Shutdown { how } = op.kind {
+                    if e == 0 && how != libc::SHUT_RD {
+                        f.shut_wr = true;
+                    }
+                }
+                if let Some(d) = death(e, f.shut_wr) {
+                    f.dead = Some(d);
+                    finish(mem, fd, op, d);
+                    State::fail_all(mem, fd, f, d);
+                } else {
+                    finish(mem, fd, op, e);
+                }
+            }
+        }
+    }
+    while let Some(op) = f.recvs.front_mut() {
+        match attempt(fd, f.stream, op) {
+            Step::Wait => break,
+            Step::Done(e) => {
+                let op = f.recvs.pop_front().expect("head");
+                if let Some(d) = death(e, f.shut_wr) {
+                    f.dead = Some(d);
+                    finish(mem, fd, op, d);
+                    State::fail_all(mem, fd, f, d);
+                } else {
+                    finish(mem, fd, op, e);
+                }
+            }
+        }
+    }
+    false
 }
 
 fn epoll_del(epfd: c_int, registered: &mut HashMap<c_int, u32>, fd: c_int) {
@@ -1083,7 +1106,10 @@ impl Engine {
         let epfd = self.epfd();
         let mut st = self.lock();
         let State {
-            fds, mem, registered, ..
+            fds,
+            mem,
+            registered,
+            ..
         } = &mut *st;
         if let Some(mut f) = fds.remove(&fd) {
             State::fail_all(mem, fd, &mut f, libc::ECANCELED);

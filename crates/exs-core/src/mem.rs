@@ -48,16 +48,17 @@ impl Registry {
         }
         loop {
             let h = self.next;
-            self.next = if self.next == i32::MAX { 0 } else { self.next + 1 };
-            if !self.regions.contains_key(&h) {
-                self.regions.insert(
-                    h,
-                    Region {
-                        addr,
-                        len,
-                        inflight: 0,
-                    },
-                );
+            self.next = if self.next == i32::MAX {
+                0
+            } else {
+                self.next + 1
+            };
+            if let std::collections::hash_map::Entry::Vacant(v) = self.regions.entry(h) {
+                v.insert(Region {
+                    addr,
+                    len,
+                    inflight: 0,
+                });
                 return Ok(h);
             }
         }

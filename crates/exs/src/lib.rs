@@ -9,8 +9,8 @@
 
 use libc::{c_int, c_uint, c_ulong, c_void, size_t, sockaddr, socklen_t, timespec};
 use softrdma_exs_core::abi::{
-    exs_acceptaddr_t, exs_event_t, exs_msghdr_t, exs_pollfd_t, exs_xferfile_t,
-    EXS_MHANDLE_INVALID, EXS_QHANDLE_INVALID,
+    exs_acceptaddr_t, exs_event_t, exs_msghdr_t, exs_pollfd_t, exs_xferfile_t, EXS_MHANDLE_INVALID,
+    EXS_QHANDLE_INVALID,
 };
 use softrdma_exs_core::{api, sys, Errno};
 
@@ -70,7 +70,9 @@ pub unsafe extern "C" fn exs_qdequeue(
     timeout: *const timespec,
 ) -> c_int {
     // SAFETY: the caller's arguments under sys/exs.h's contract.
-    boundary(-1, || ret(unsafe { api::qdequeue(qh, events, n, timeout) }, -1))
+    boundary(-1, || {
+        ret(unsafe { api::qdequeue(qh, events, n, timeout) }, -1)
+    })
 }
 
 /// `exs_qgetattr`.
