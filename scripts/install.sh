@@ -17,6 +17,10 @@
 #                                             --sockets` puts it on LD_PRELOAD for one
 #                                             program
 #   PREFIX/include/softrdma/*.h               the public headers (verbs.h, sockets.h, ...)
+#   PREFIX/lib/libexs.so.1, libexs.so         the Extended Sockets API (SONAME libexs.so.1;
+#   PREFIX/include/sys/exs.h                  no other library has the name, so it sits in
+#                                             lib/ where -lexs finds it: docs/exs.md)
+#   PREFIX/lib/pkgconfig/exs.pc               pkg-config: -I.../include -L.../lib -lexs
 #   PREFIX/lib/pkgconfig/softrdma-verbs.pc    pkg-config: -I.../include -L.../lib/softrdma -libverbs
 #   PREFIX/lib/pkgconfig/softrdma-rdmacm.pc   pkg-config: the same with -lrdmacm
 #   PREFIX/lib/softrdma/install-manifest.txt  every file and directory this install created
@@ -93,10 +97,10 @@ repo=$(pwd)
 if [ "$build" = 1 ]; then
     log "building (cargo build --release)"
     cargo build --release --locked -p softrdma-cli -p softrdma-capi -p softrdma-capi-rdmacm \
-        -p softrdma-sockets >&2
+        -p softrdma-sockets -p softrdma-exs >&2
 fi
 rel=$repo/target/release
-for f in softrdma libibverbs.so librdmacm.so libsoftrdma_sockets.so; do
+for f in softrdma libibverbs.so librdmacm.so libsoftrdma_sockets.so libexs.so; do
     [ -f "$rel/$f" ] || { log "$rel/$f is missing (run without --no-build)"; exit 1; }
 done
 version=$("$rel/softrdma" --version | awk '{ print $2 }')
@@ -152,6 +156,23 @@ put 0755 "$rel/libsoftrdma_sockets.so" "$libdir/libsoftrdma-sockets.so.1"
 for h in crates/*/include/softrdma/*.h; do
     put 0644 "$h" "$prefix/include/softrdma/$(basename "$h")"
 done
+put 0755 "$rel/libexs.so" "$prefix/lib/libexs.so.1"
+link libexs.so.1 "$prefix/lib/libexs.so"
+put 0644 crates/exs/include/sys/exs.h "$prefix/include/sys/exs.h"
+exs_pc=$(mktemp)
+cat >"$exs_pc" <<EOF
+prefix=$prefix
+includedir=\${prefix}/include
+libdir=\${prefix}/lib
+
+Name: exs
+Description: softrdma's Extended Sockets API (sys/exs.h): asynchronous socket I/O with event queues and memory registration
+Version: $version
+Cflags: -I\${includedir}
+Libs: -L\${libdir} -lexs
+EOF
+put 0644 "$exs_pc" "$prefix/lib/pkgconfig/exs.pc"
+rm -f "$exs_pc"
 pc softrdma-verbs "softrdma's drop-in libibverbs (rdma-core 44 ABI) and its extensions in softrdma/verbs.h; run programs with 'softrdma run'" ibverbs
 pc softrdma-rdmacm "softrdma's drop-in librdmacm (rdma-core 44 ABI); run programs with 'softrdma run'" rdmacm softrdma-verbs
 

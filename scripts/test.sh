@@ -29,7 +29,7 @@ cargo test --workspace --locked 2>&1 | tee target/test-output.txt
 # at the end so the run closes on one plain total.
 
 step "release build (the install test and the siw interop use it)"
-cargo build --release --locked -p softrdma-cli -p softrdma-capi -p softrdma-capi-rdmacm -p softrdma-sockets
+cargo build --release --locked -p softrdma-cli -p softrdma-capi -p softrdma-capi-rdmacm -p softrdma-sockets -p softrdma-exs
 
 step "install into a temporary prefix, build against it, uninstall"
 scripts/test-install.sh | tee target/install-summary.txt

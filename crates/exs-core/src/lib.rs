@@ -1,0 +1,24 @@
+//! The Extended Sockets API (ES-API) behind `libexs.so`: event queues,
+//! memory registrations and asynchronous operations on kernel sockets
+//! (the Open Group model), with the progress thread that completes them.
+//!
+//! `crates/exs` exports the C calls of `sys/exs.h`; each one is a
+//! function of [`api`] behind a panic boundary. The design and the
+//! decisions where the specification is silent are in `docs/exs.md`.
+//!
+//! The RDMA model (UNH-EXS: `exs_socket` and friends over softrdma RC
+//! queue pairs) is not built yet; its calls fail with `ENOSYS`. It will
+//! add a second kind of descriptor next to the kernel socket of
+//! [`engine`], sharing the queues ([`queue`]) and the registrations
+//! ([`mem`], where each region gains a memory region of the protection
+//! domain).
+
+pub mod abi;
+pub mod api;
+pub mod engine;
+pub mod mem;
+pub mod queue;
+pub mod sys;
+
+/// An errno value.
+pub type Errno = libc::c_int;

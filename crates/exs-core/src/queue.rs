@@ -1,0 +1,291 @@
+//! Event queues: a bounded FIFO of completed events plus the slots
+//! reserved by operations still outstanding, and the wait of
+//! `exs_qdequeue`.
+//!
+//! Each queue owns an eventfd that is readable exactly while events are
+//! ready (or the queue was deleted), so a waiter sleeps in `ppoll` on it:
+//! a signal ends that sleep with `EINTR`, which a condition variable
+//! would hide.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use libc::c_int;
+
+use crate::abi::{exs_event_t, EXS_WAIT_ADAPTIVE, EXS_WAIT_BUSY_POLL, EXS_WAIT_NOTIFY};
+use crate::Errno;
+
+/// The mutable part of a queue.
+#[derive(Debug)]
+pub struct QInner {
+    /// Most slots (outstanding operations plus ready events).
+    pub depth: usize,
+    /// Slots in use: outstanding operations plus ready events.
+    pub reserved: usize,
+    /// Ready events, oldest first.
+    pub events: VecDeque<exs_event_t>,
+    /// Signal raised on the process per queued event, if any.
+    pub signal: Option<c_int>,
+    /// `EXS_WAIT_*`.
+    pub wait: c_int,
+    /// Set by `exs_qdelete`: waiters return.
+    pub deleted: bool,
+}
+
+/// One event queue.
+#[derive(Debug)]
+pub struct Queue {
+    inner: Mutex<QInner>,
+    efd: OwnedFd,
+}
+
+fn lock(m: &Mutex<QInner>) -> MutexGuard<'_, QInner> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Queue {
+    /// A queue of `depth` slots.
+    pub fn new(depth: usize) -> Result<Queue, Errno> {
+        // SAFETY: eventfd has no pointer arguments.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(crate::sys::errno());
+        }
+        Ok(Queue {
+            inner: Mutex::new(QInner {
+                depth,
+                reserved: 0,
+                events: VecDeque::new(),
+                signal: None,
+                wait: EXS_WAIT_NOTIFY,
+                deleted: false,
+            }),
+            // SAFETY: fd was just created and is owned by nobody else.
+            efd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// The queue's state, locked.
+    pub fn lock(&self) -> MutexGuard<'_, QInner> {
+        lock(&self.inner)
+    }
+
+    fn set_ready(&self, ready: bool) {
+        if ready {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a local.
+            unsafe { libc::write(self.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        } else {
+            let mut v: u64 = 0;
+            // SAFETY: reads 8 bytes into a local (non-blocking eventfd).
+            unsafe { libc::read(self.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        }
+    }
+
+    /// Reserves a slot for an operation about to be queued: EAGAIN when
+    /// every slot is in use, EINVAL when the queue is being deleted.
+    pub fn reserve(&self) -> Result<(), Errno> {
+        let mut q = self.lock();
+        if q.deleted {
+            return Err(libc::EINVAL);
+        }
+        if q.reserved >= q.depth {
+            return Err(libc::EAGAIN);
+        }
+        q.reserved += 1;
+        Ok(())
+    }
+
+    /// Gives back a slot reserved for an operation that was not queued.
+    pub fn unreserve(&self) {
+        let mut q = self.lock();
+        q.reserved = q.reserved.saturating_sub(1);
+    }
+
+    /// Queues the event of an operation that holds a reserved slot.
+    pub fn push(&self, ev: exs_event_t) {
+        let sig = {
+            let mut q = self.lock();
+            let was_empty = q.events.is_empty();
+            q.events.push_back(ev);
+            if was_empty {
+                self.set_ready(true);
+            }
+            q.signal
+        };
+        if let Some(s) = sig {
+            // SAFETY: kill with the process's own id and a checked signal.
+            unsafe { libc::kill(libc::getpid(), s) };
+        }
+    }
+
+    /// Marks the queue deleted and wakes its waiters.
+    pub fn mark_deleted(&self) {
+        let mut q = self.lock();
+        q.deleted = true;
+        self.set_ready(true);
+    }
+
+    /// Moves up to `out.len()` ready events into `out`, freeing their slots.
+    pub fn take(&self, out: &mut [exs_event_t]) -> usize {
+        let mut q = self.lock();
+        let mut n = 0;
+        while n < out.len() {
+            match q.events.pop_front() {
+                Some(e) => {
+                    out[n] = e;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        q.reserved = q.reserved.saturating_sub(n);
+        if q.events.is_empty() && !q.deleted && n > 0 {
+            self.set_ready(false);
+        }
+        n
+    }
+
+    /// `exs_qdequeue` on this queue: `out.len()` is |n|; `all` is n < 0.
+    pub fn dequeue(
+        &self,
+        out: &mut [exs_event_t],
+        all: bool,
+        timeout: Option<Duration>,
+    ) -> Result<usize, Errno> {
+        let want = out.len();
+        if want == 0 {
+            return Ok(0);
+        }
+        let at_least = if all { want } else { 1 };
+        let start = Instant::now();
+        let deadline = timeout.map(|t| start + t);
+        let mut got = 0;
+        loop {
+            got += self.take(&mut out[got..]);
+            if got >= at_least {
+                return Ok(got);
+            }
+            let (deleted, mode) = {
+                let q = self.lock();
+                (q.deleted, q.wait)
+            };
+            if deleted {
+                return if got > 0 { Ok(got) } else { Err(libc::EINVAL) };
+            }
+            let now = Instant::now();
+            let remaining = match deadline {
+                Some(d) if now >= d => return Ok(got),
+                Some(d) => Some(d - now),
+                None => None,
+            };
+            let spin = match mode {
+                EXS_WAIT_BUSY_POLL => true,
+                EXS_WAIT_ADAPTIVE => now - start < Duration::from_micros(50),
+                _ => false,
+            };
+            if spin {
+                std::thread::yield_now();
+                continue;
+            }
+            match self.sleep(remaining) {
+                Ok(()) => {}
+                Err(libc::EINTR) if got > 0 => return Ok(got),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Sleeps until events may be ready or `limit` passes; EINTR on a signal.
+    fn sleep(&self, limit: Option<Duration>) -> Result<(), Errno> {
+        let mut p = libc::pollfd {
+            fd: self.efd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ts = limit.map(|d| libc::timespec {
+            tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: d.subsec_nanos() as libc::c_long,
+        });
+        let tsp = ts
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: one pollfd and an optional timespec, both locals.
+        let r = unsafe { libc::ppoll(&mut p, 1, tsp, std::ptr::null()) };
+        if r < 0 {
+            let e = crate::sys::errno();
+            if e == libc::EINTR {
+                return Err(libc::EINTR);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::EXS_EVT_SEND;
+
+    fn ev(i: usize) -> exs_event_t {
+        exs_event_t::new(EXS_EVT_SEND, 3, i, 0)
+    }
+
+    #[test]
+    fn slots_are_reserved_until_dequeued() {
+        let q = Queue::new(2).unwrap();
+        q.reserve().unwrap();
+        q.reserve().unwrap();
+        assert_eq!(q.reserve(), Err(libc::EAGAIN));
+        q.push(ev(1));
+        // The event still holds its slot.
+        assert_eq!(q.reserve(), Err(libc::EAGAIN));
+        let mut out = [ev(0); 4];
+        assert_eq!(q.dequeue(&mut out, false, Some(Duration::ZERO)), Ok(1));
+        assert_eq!(out[0].exs_evt_ahandle as usize, 1);
+        q.reserve().unwrap();
+    }
+
+    #[test]
+    fn zero_timeout_never_blocks_and_negative_n_waits_for_all() {
+        let q = std::sync::Arc::new(Queue::new(8).unwrap());
+        let mut out = [ev(0); 3];
+        let t = Instant::now();
+        assert_eq!(q.dequeue(&mut out, false, Some(Duration::ZERO)), Ok(0));
+        assert_eq!(
+            q.dequeue(&mut out, true, Some(Duration::from_millis(30))),
+            Ok(0)
+        );
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        for _ in 0..3 {
+            q.reserve().unwrap();
+        }
+        let q2 = q.clone();
+        let h = std::thread::spawn(move || {
+            for i in 0..3 {
+                std::thread::sleep(Duration::from_millis(10));
+                q2.push(ev(10 + i));
+            }
+        });
+        assert_eq!(q.dequeue(&mut out, true, None), Ok(3));
+        h.join().unwrap();
+        let tags: Vec<usize> = out.iter().map(|e| e.exs_evt_ahandle as usize).collect();
+        assert_eq!(tags, vec![10, 11, 12]);
+    }
+
+    #[test]
+    fn a_deleted_queue_wakes_its_waiter() {
+        let q = std::sync::Arc::new(Queue::new(1).unwrap());
+        let q2 = q.clone();
+        let h = std::thread::spawn(move || {
+            let mut out = [ev(0); 1];
+            q2.dequeue(&mut out, false, None)
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        q.mark_deleted();
+        assert_eq!(h.join().unwrap(), Err(libc::EINVAL));
+    }
+}

@@ -1,0 +1,330 @@
+//! `libexs.so.1`: the Extended Sockets API of `include/sys/exs.h`. Each
+//! export forwards to `softrdma_exs_core::api` behind a panic boundary: a
+//! panic inside the library fails the one call with `EIO` rather than
+//! unwinding into C. The design is in `docs/exs.md`.
+
+// Every export here is a C entry point whose safety contract is the one
+// sys/exs.h states for it.
+#![allow(clippy::missing_safety_doc)]
+
+use libc::{c_int, c_uint, c_ulong, c_void, size_t, sockaddr, socklen_t, timespec};
+use softrdma_exs_core::abi::{
+    exs_acceptaddr_t, exs_event_t, exs_msghdr_t, exs_pollfd_t, exs_xferfile_t, EXS_MHANDLE_INVALID,
+    EXS_QHANDLE_INVALID,
+};
+use softrdma_exs_core::{api, sys, Errno};
+
+/// Runs `f`; a panic becomes `fail` with errno EIO.
+fn boundary<T>(fail: T, f: impl FnOnce() -> T) -> T {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(_) => {
+            sys::set_errno(libc::EIO);
+            fail
+        }
+    }
+}
+
+/// `Ok(v)` → `v`; `Err(e)` → `fail` with errno `e`.
+fn ret<T>(r: Result<T, Errno>, fail: T) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => {
+            sys::set_errno(e);
+            fail
+        }
+    }
+}
+
+/// 0 or -1 with errno, behind the boundary.
+fn unit(f: impl FnOnce() -> Result<(), Errno>) -> c_int {
+    boundary(-1, || ret(f().map(|()| 0), -1))
+}
+
+/// `exs_init`.
+#[no_mangle]
+pub extern "C" fn exs_init(version: c_int) -> c_int {
+    unit(|| api::init(version))
+}
+
+/// `exs_qcreate`.
+#[no_mangle]
+pub extern "C" fn exs_qcreate(depth: c_int) -> c_int {
+    boundary(EXS_QHANDLE_INVALID, || {
+        ret(api::qcreate(depth), EXS_QHANDLE_INVALID)
+    })
+}
+
+/// `exs_qdelete`.
+#[no_mangle]
+pub extern "C" fn exs_qdelete(qh: c_int) -> c_int {
+    unit(|| api::qdelete(qh))
+}
+
+/// `exs_qdequeue`.
+#[no_mangle]
+pub unsafe extern "C" fn exs_qdequeue(
+    qh: c_int,
+    events: *mut exs_event_t,
+    n: c_int,
+    timeout: *const timespec,
+) -> c_int {
+    // SAFETY: the caller's arguments under sys/exs.h's contract.
+    boundary(-1, || {
+        ret(unsafe { api::qdequeue(qh, events, n, timeout) }, -1)
+    })
+}
+
+/// `exs_qgetattr`.
+#[no_mangle]
+pub unsafe extern "C" fn exs_qgetattr(qh: c_int, attr: c_int, value: *mut c_void) -> c_int {
+    // SAFETY: as above.
+    unit(|| unsafe { api::qgetattr(qh, attr, value) })
+}
+
+/// `exs_qsetattr`.
+#[no_mangle]
+pub unsafe extern "C" fn exs_qsetattr(qh: c_int, attr: c_int, value: *const c_void) -> c_int {
+    // SAFETY: as above.
+    unit(|| unsafe { api::qsetattr(qh, attr, value) })
+}
+
+/// `exs_mregister`.
+#[no_mangle]
+pub extern "C" fn exs_mregister(addr: *const c_void, len: size_t, flags: c_int) -> c_int {
+    boundary(EXS_MHANDLE_INVALID, || {
+        ret(api::mregister(addr, len, flags), EXS_MHANDLE_INVALID)
+    })
+}
+
+/// `exs_mderegister`.
+#[no_mangle]
+pub extern "C" fn exs_mderegister(mh: c_int) -> c_int {
+    unit(|| api::mderegister(mh))
+}
+
+/// `exs_send`.
+#[no_mangle]
+pub extern "C" fn exs_send(
+    fd: c_int,
+    buf: *const c_void,
+    len: size_t,
+    flags: c_int,
+    qh: c_int,
+    ah: *mut c_void,
+    mh: c_int,
+) -> c_int {
+    unit(|| api::send(fd, buf, len, flags, qh, ah, mh))
+}
+
+/// `exs_recv`.
+#[no_mangle]
+pub extern "C" fn exs_recv(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    flags: c_int,
+    qh: c_int,
+    ah: *mut c_void,
+    mh: c_int,
+) -> c_int {
+    unit(|| api::recv(fd, buf, len, flags, qh, ah, mh))
+}
+
+/// `exs_sendmsg`.
+#[no_mangle]
+pub unsafe extern "C" fn exs_sendmsg(
+    fd: c_int,
+    msg: *const exs_msghdr_t,
+    flags: c_int,
+    qh: c_int,
+    ah: *mut c_void,
+) -> c_int {
+    // SAFETY: as above (a send only reads the msghdr).
+    unit(|| unsafe { api::msg(false, fd, msg as *mut exs_msghdr_t, flags, qh, ah) })
+}
+
+/// `exs_recvmsg`.
+#[no_mangle]
+pub unsafe extern "C" fn exs_recvmsg(
+    fd: c_int,
+    msg: *mut exs_msghdr_t,
+    flags: c_int,
+    qh: c_int,
+    ah: *mut c_void,
+) -> c_int {
+    // SAFETY: as above.
+    unit(|| unsafe { api::msg(true, fd, msg, flags, qh, ah) })
+}
+
+/// `exs_sendfile`.
+#[no_mangle]
+pub unsafe extern "C" fn exs_sendfile(
+    fd: c_int,
+    vec: *const exs_xferfile_t,
+    count: c_int,
+    flags: c_int,
+    qh: c_int,
+    ah: *mut c_void,
+) -> c_int {
+    // SAFETY: as above.
+    unit(|| unsafe { api::sendfile(fd, vec, count, flags, qh, ah) })
+}
+
+/// `exs_connect`.
+#[no_mangle]
+pub extern "C" fn exs_connect(
+    fd: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+    qh: c_int,
+    ah: *mut c_void,
+) -> c_int {
+    unit(|| api::connect(fd, addr, len, qh, ah))
+}
+
+/// `exs_accept`.
+#[no_mangle]
+pub extern "C" fn exs_accept(
+    fd: c_int,
+    addr: *mut exs_acceptaddr_t,
+    flags: c_int,
+    qh: c_int,
+    ah: *mut c_void,
+) -> c_int {
+    unit(|| api::accept(fd, addr, flags, qh, ah))
+}
+
+/// `exs_poll`.
+#[no_mangle]
+pub unsafe extern "C" fn exs_poll(
+    fds: *mut exs_pollfd_t,
+    nfds: c_uint,
+    qh: c_int,
+    ah: *mut c_void,
+) -> c_int {
+    // SAFETY: as above.
+    unit(|| unsafe { api::poll(fds, nfds, qh, ah) })
+}
+
+/// `exs_shutdown`.
+#[no_mangle]
+pub extern "C" fn exs_shutdown(fd: c_int, how: c_int, qh: c_int, ah: *mut c_void) -> c_int {
+    unit(|| api::shutdown(fd, how, qh, ah))
+}
+
+/// `exs_aclose`.
+#[no_mangle]
+pub extern "C" fn exs_aclose(fd: c_int, qh: c_int, ah: *mut c_void) -> c_int {
+    unit(|| api::aclose(fd, qh, ah))
+}
+
+/// `exs_cancel`.
+#[no_mangle]
+pub extern "C" fn exs_cancel(fd: c_int, ah: *mut c_void, flags: c_int) -> c_int {
+    boundary(-1, || ret(api::cancel(fd, ah, flags), -1))
+}
+
+/// `exs_close`.
+#[no_mangle]
+pub extern "C" fn exs_close(fd: c_int) -> c_int {
+    unit(|| api::close(fd))
+}
+
+/// `exs_setsockopt`.
+#[no_mangle]
+pub unsafe extern "C" fn exs_setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    value: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    // SAFETY: as above.
+    unit(|| unsafe { api::setsockopt(fd, level, name, value, len) })
+}
+
+/// `exs_getsockopt`.
+#[no_mangle]
+pub unsafe extern "C" fn exs_getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    value: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    // SAFETY: as above.
+    unit(|| unsafe { api::getsockopt(fd, level, name, value, len) })
+}
+
+/// A call of the RDMA model: -1 with ENOSYS until that model is built.
+fn rdma() -> c_int {
+    boundary(-1, || ret(api::rdma_model(), -1))
+}
+
+/// `exs_socket` (RDMA model: ENOSYS).
+#[no_mangle]
+pub extern "C" fn exs_socket(_domain: c_int, _ty: c_int, _proto: c_int) -> c_int {
+    rdma()
+}
+
+/// `exs_bind` (RDMA model: ENOSYS).
+#[no_mangle]
+pub extern "C" fn exs_bind(_fd: c_int, _a: *const sockaddr, _l: socklen_t) -> c_int {
+    rdma()
+}
+
+/// `exs_listen` (RDMA model: ENOSYS).
+#[no_mangle]
+pub extern "C" fn exs_listen(_fd: c_int, _backlog: c_int) -> c_int {
+    rdma()
+}
+
+/// `exs_fcntl` (RDMA model: ENOSYS). Declared variadic in C; the one
+/// optional argument travels in a register either way.
+#[no_mangle]
+pub extern "C" fn exs_fcntl(_fd: c_int, _cmd: c_int, _arg: c_ulong) -> c_int {
+    rdma()
+}
+
+/// `exs_getsockname` (RDMA model: ENOSYS).
+#[no_mangle]
+pub extern "C" fn exs_getsockname(_fd: c_int, _a: *mut sockaddr, _l: *mut socklen_t) -> c_int {
+    rdma()
+}
+
+/// `exs_getpeername` (RDMA model: ENOSYS).
+#[no_mangle]
+pub extern "C" fn exs_getpeername(_fd: c_int, _a: *mut sockaddr, _l: *mut socklen_t) -> c_int {
+    rdma()
+}
+
+/// `exs_send_offset` (RDMA model: ENOSYS).
+#[no_mangle]
+pub extern "C" fn exs_send_offset(
+    _fd: c_int,
+    _buf: *const c_void,
+    _len: size_t,
+    _flags: c_int,
+    _offset: u64,
+    _qh: c_int,
+    _ah: *mut c_void,
+    _mh: c_int,
+) -> c_int {
+    rdma()
+}
+
+/// `exs_recv_offset` (RDMA model: ENOSYS).
+#[no_mangle]
+pub extern "C" fn exs_recv_offset(
+    _fd: c_int,
+    _buf: *mut c_void,
+    _len: size_t,
+    _flags: c_int,
+    _offset: u64,
+    _qh: c_int,
+    _ah: *mut c_void,
+    _mh: c_int,
+) -> c_int {
+    rdma()
+}
