@@ -14,6 +14,12 @@
 //!   (a request that arrives earlier waits; one that names no such QP, or
 //!   the wrong peer, is rejected).
 //! * RTS waits until the connection is up ([`IbConn::wait_connected`]).
+//! * Such a QP keeps InfiniBand's meaning of an RDMA Write completion
+//!   ([`Qp::set_write_placed`]): a signaled Write completes once the peer
+//!   has placed it, so a program may read the target as soon as its Write
+//!   completes (rdma-core's tests and much IB middleware do). A
+//!   zero-length Read follows each signaled Write for that; unsignaled
+//!   Writes before it are placed first too (RFC 5040 ordering).
 //!
 //! The private data is ours: both ends must be softrdma (siw cannot connect
 //! this way; it needs rdma_cm).
@@ -203,6 +209,7 @@ impl IbConn {
         ord: u16,
     ) -> Result<(), IbConnError> {
         let local_ip = local_addr_toward(peer_ip).unwrap_or(peer_ip);
+        qp.set_write_placed();
         let we_connect = (gid_of(local_ip), qpn) < (gid_of(peer_ip), peer_qpn);
         let expect = Expect {
             peer_ip,

@@ -165,6 +165,8 @@ pub struct QpShared {
     internal: AtomicBool,
     /// Its user drives all its progress ([`Qp::set_self_driven`]).
     self_driven: AtomicBool,
+    /// Signaled Writes complete once placed ([`Qp::set_write_placed`]).
+    write_placed: AtomicBool,
     /// The remote rights the QP grants ([`Qp::set_remote_access`]).
     remote_access: AtomicU32,
     core: Mutex<QpCore>,
@@ -314,6 +316,7 @@ impl Qp {
             park: Parking::default(),
             internal: AtomicBool::new(false),
             self_driven: AtomicBool::new(false),
+            write_placed: AtomicBool::new(false),
             remote_access: AtomicU32::new(REMOTE_RIGHTS.0),
             core: Mutex::new(QpCore {
                 link: None,
@@ -405,6 +408,14 @@ impl Qp {
     /// application is in a call on it.
     pub fn set_self_driven(&self) {
         self.inner.self_driven.store(true, Ordering::Relaxed);
+    }
+
+    /// A signaled RDMA Write completes once the peer has placed it
+    /// (InfiniBand's meaning; `RcConfig::write_placed`) rather than once
+    /// it is written to the connection (iWARP's). Set before the connection
+    /// is attached; IB-style connections ([`crate::ibconn`]) set it.
+    pub fn set_write_placed(&self) {
+        self.inner.write_placed.store(true, Ordering::Relaxed);
     }
 
     /// Sets the remote operations the QP accepts (the `IBV_ACCESS_REMOTE_*`
@@ -534,6 +545,7 @@ impl Qp {
         let mut rc = RcQp::new(RcConfig {
             sq_depth: self.inner.caps.max_send_wr,
             rq_depth: self.inner.caps.max_recv_wr,
+            write_placed: cfg.write_placed || self.inner.write_placed.load(Ordering::Relaxed),
             ..cfg
         });
         let token = u64::from(self.inner.qpn);

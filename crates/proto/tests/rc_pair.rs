@@ -175,6 +175,19 @@ impl Pair {
         Pair::new(seed, RcConfig::default(), RcConfig::default())
     }
 
+    /// A pair whose signaled Writes complete once placed
+    /// (`RcConfig::write_placed`), with a small ORD so the probes contend
+    /// with the Reads and atomics for it.
+    fn write_placed(seed: u64) -> Pair {
+        let cfg = RcConfig {
+            write_placed: true,
+            ord: 2,
+            ird: 2,
+            ..RcConfig::default()
+        };
+        Pair::new(seed, cfg, cfg)
+    }
+
     /// Moves octets both ways until nothing moves any more.
     fn run(&mut self) {
         for _ in 0..1_000_000 {
@@ -932,6 +945,76 @@ fn disconnect_flushes_everything() {
 #[test]
 fn random_operation_mix_is_exact() {
     assert_eq!(random_mix(Pair::rc), 0);
+}
+
+#[test]
+fn random_operation_mix_is_exact_when_writes_complete_once_placed() {
+    assert_eq!(random_mix(Pair::write_placed), 0);
+}
+
+/// `RcConfig::write_placed`: a signaled Write written whole to the
+/// transport has not completed; it completes (with its own length) once
+/// the peer answered the zero-length Read behind it, and the peer holds
+/// the data by then. A Write with immediate too. Without the option the
+/// same Write completes as soon as it is written.
+#[test]
+fn a_write_completes_once_the_peer_placed_it() {
+    for placed in [true, false] {
+        let cfg = RcConfig {
+            write_placed: placed,
+            ..RcConfig::default()
+        };
+        let mut p = Pair::new(41, cfg, RcConfig::default());
+        let a = p.a.mem.register(0, 0x1000, 8192, RW);
+        let b = p.b.mem.register(0, 0x9000, 8192, RW);
+        p.a.mem.bytes_mut(a).copy_from_slice(&pattern(8192, 7));
+        let rb = p.b.mem.register(0, 0x20_000, 64, RW);
+        p.b.qp
+            .post_recv(RecvWr {
+                wr_id: 9,
+                sgl: SgList::single(0x20_000, 64, rb),
+            })
+            .unwrap();
+        for (wr_id, imm) in [(1, None), (2, Some(0xfeed))] {
+            p.a.qp
+                .post_send(SendWr {
+                    wr_id,
+                    op: SendOp::Write {
+                        remote_addr: 0x9000,
+                        rkey: b,
+                        imm,
+                    },
+                    payload: Payload::Sgl(SgList::single(0x1000, 5000, a)),
+                    flags: signaled(),
+                })
+                .unwrap();
+        }
+        // Everything a has to send goes out; nothing reaches b yet.
+        let mut wire = Vec::new();
+        p.a.qp.poll_transmit(&mut p.a.mem, &mut wire).unwrap();
+        p.a.drain();
+        if placed {
+            assert!(p.a.send_wc.is_empty(), "completed before placement");
+        } else {
+            assert_eq!(p.a.send_wc.len(), 2, "iWARP: complete once written");
+        }
+        p.b.wire_in = wire;
+        p.run();
+        assert_eq!(&p.b.mem.bytes(b)[..5000], &pattern(8192, 7)[..5000]);
+        let ops: Vec<_> =
+            p.a.send_wc
+                .iter()
+                .map(|w| (w.wr_id, w.status, w.opcode, w.byte_len))
+                .collect();
+        assert_eq!(
+            ops,
+            vec![
+                (1, WcStatus::Success, WcOpcode::RdmaWrite, 5000),
+                (2, WcStatus::Success, WcOpcode::RdmaWrite, 5000)
+            ]
+        );
+        assert_eq!(p.b.recv_wc.len(), 1, "the immediate consumed a receive");
+    }
 }
 
 #[test]

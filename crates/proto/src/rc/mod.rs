@@ -110,6 +110,11 @@ use tx_ring::{
     TX_BATCH_BYTES,
 };
 
+/// The stage of a Write's send-queue entry that frames its placement
+/// probe, a zero-length Read Request (`RcConfig::write_placed`); stage 1
+/// is a Write's Immediate Data message.
+const WRITE_PROBE_STAGE: u8 = 2;
+
 /// What has to happen before data may flow (RFC 5044 "initiator sends
 /// first", RFC 6581 peer-to-peer RTR).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,6 +173,14 @@ pub struct RcConfig {
     /// kept until whole and verified first. 0 (the default): every FPDU is
     /// verified before any of it is acted on.
     pub crc_direct_min: usize,
+    /// A signaled RDMA Write completes once the peer has placed it,
+    /// InfiniBand's meaning of a Write completion, instead of once its
+    /// last FPDU is written to the transport (iWARP's: the local buffer is
+    /// free). A zero-length Read Request follows such a Write (it needs an
+    /// ORD slot); the peer answers it only after placing what came before
+    /// (RFC 5040 ordering), and its response completes the Write. Any
+    /// RFC 5040 responder serves it: a zero-length Read touches no memory.
+    pub write_placed: bool,
 }
 
 impl Default for RcConfig {
@@ -185,6 +198,7 @@ impl Default for RcConfig {
             rtr: RtrRole::None,
             read_burst: 4,
             crc_direct_min: 0,
+            write_placed: false,
         }
     }
 }
@@ -563,7 +577,10 @@ impl RcQp {
     fn sq_mid_message(&self) -> bool {
         self.sq.get(self.sq_cursor).is_some_and(|e| match e.state {
             SqState::Sending { stage, framed } => {
-                let write_done = matches!(e.wr.op, SendOp::Write { .. }) && stage == 1;
+                // A Write's Immediate Data message and its placement
+                // probe are messages of their own, after the Write's.
+                let write_done = matches!(e.wr.op, SendOp::Write { .. })
+                    && (stage == 1 || stage == WRITE_PROBE_STAGE);
                 framed > 0 && !write_done
             }
             _ => false,
@@ -593,17 +610,20 @@ impl RcQp {
     }
 
     fn sq_has_work(&self) -> bool {
-        self.sq
-            .get(self.sq_cursor)
-            .is_some_and(|e| matches!(e.state, SqState::Sending { .. }) && !self.blocked(&e.wr))
+        self.sq.get(self.sq_cursor).is_some_and(|e| match e.state {
+            SqState::Sending { stage, .. } => !self.blocked(&e.wr, stage),
+            _ => false,
+        })
     }
 
     /// Whether the SQ head to frame must wait (ORD full, fence).
-    fn blocked(&self, wr: &SendWr) -> bool {
-        let needs_ord = matches!(
-            wr.op,
-            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
-        );
+    fn blocked(&self, wr: &SendWr, stage: u8) -> bool {
+        let needs_ord = match wr.op {
+            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => true,
+            // The placement probe of a Write (`RcConfig::write_placed`).
+            SendOp::Write { .. } => stage == WRITE_PROBE_STAGE,
+            _ => false,
+        };
         (needs_ord && self.ord.len() >= usize::from(self.cfg.ord.max(1)))
             || (wr.flags.fence && !self.ord.is_empty())
     }

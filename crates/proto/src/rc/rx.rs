@@ -733,7 +733,13 @@ impl RcQp {
                 return self.rx_error(TerminateCause::DdpTaggedBaseBounds, false);
             }
             if let Some(seq) = seq {
-                self.complete_seq(seq, WcStatus::Success, size);
+                // A Write's placement probe completes the Write, whose
+                // length is its own.
+                let len = match self.sq_entry_mut(seq) {
+                    Some(e) if matches!(e.wr.op, SendOp::Write { .. }) => e.wr.payload.len() as u32,
+                    _ => size,
+                };
+                self.complete_seq(seq, WcStatus::Success, len);
             }
         }
     }

@@ -75,7 +75,10 @@ impl RcQp {
                 imm: None,
                 invalidate: None,
             } => true,
-            SendOp::Write { imm: None, .. } => false,
+            // A Write that completes once placed needs its probe.
+            SendOp::Write { imm: None, .. } if !(self.cfg.write_placed && wr.flags.signaled) => {
+                false
+            }
             _ => return None,
         };
         let len = wr.payload.len();

@@ -118,9 +118,10 @@ impl RcQp {
         let SqState::Sending { stage, framed } = e.state else {
             return None;
         };
-        if self.blocked(&e.wr) {
+        if self.blocked(&e.wr, stage) {
             return None;
         }
+        let probe = self.cfg.write_placed && e.wr.flags.signaled;
         let total = e.wr.payload.len();
         let seq = e.seq;
         let pos = SqPos {
@@ -163,7 +164,7 @@ impl RcQp {
                 remote_addr,
                 rkey,
                 imm,
-            } => Some(self.frame_write_segment(mem, pos, remote_addr, rkey, imm)),
+            } => Some(self.frame_write_segment(mem, pos, remote_addr, rkey, imm, probe)),
             SendOp::Read { remote_addr, rkey } => {
                 let Payload::Sgl(sgl) = e.wr.payload else {
                     return None;
@@ -307,7 +308,10 @@ impl RcQp {
     }
 
     /// Frames the next segment of an RDMA Write, or (stage 1, after its
-    /// last segment) the Immediate Data message of a Write with immediate.
+    /// last segment) the Immediate Data message of a Write with immediate,
+    /// or (stage [`WRITE_PROBE_STAGE`], last, with `probe`) the zero-length
+    /// Read Request whose response completes the Write
+    /// (`RcConfig::write_placed`).
     #[inline]
     fn frame_write_segment<M: Memory>(
         &mut self,
@@ -316,6 +320,7 @@ impl RcQp {
         remote_addr: u64,
         rkey: u32,
         imm: Option<u32>,
+        probe: bool,
     ) -> Built {
         let SqPos {
             idx,
@@ -324,6 +329,33 @@ impl RcQp {
             framed,
             total,
         } = pos;
+        let probe_next = SqState::Sending {
+            stage: WRITE_PROBE_STAGE,
+            framed: total,
+        };
+        if stage == WRITE_PROBE_STAGE {
+            let req = ReadRequest {
+                sink_stag: 0,
+                sink_to: 0,
+                size: 0,
+                src_stag: rkey,
+                src_to: remote_addr,
+            };
+            return self.frame_read_request(mem, pos, req);
+        }
+        if stage == 1 && probe {
+            let msn = self.bump_msn(0);
+            let repr = SegmentRepr::untagged(
+                Opcode::ImmediateData,
+                0,
+                msn,
+                0,
+                true,
+                RdmapBody::Immediate(u64::from(imm.unwrap_or(0))),
+            );
+            self.set_sq_state(idx, probe_next);
+            return self.build(mem, &repr, &Body::None, Done::Nothing);
+        }
         if stage == 1 {
             let imm = imm.unwrap_or(0);
             let msn = self.bump_msn(0);
@@ -353,25 +385,26 @@ impl RcQp {
             offset: framed,
             len: n,
         };
-        let done = if last && imm.is_none() {
+        let done = if last && imm.is_none() && !probe {
             Done::SqComplete(seq)
         } else {
             Done::Nothing
         };
         let p = self.build(mem, &repr, &body, done);
-        // A Write with immediate goes on to its Immediate Data message.
-        let next = if last {
-            SqState::Sending {
+        // A Write with immediate goes on to its Immediate Data message, a
+        // Write that completes once placed to its probe.
+        let next = match (last, imm, probe) {
+            (true, Some(_), _) => SqState::Sending {
                 stage: 1,
                 framed: total,
-            }
-        } else {
-            SqState::Sending {
+            },
+            (true, None, true) => probe_next,
+            _ => SqState::Sending {
                 stage,
                 framed: framed + n,
-            }
+            },
         };
-        self.sq_framed(idx, last && imm.is_none(), next);
+        self.sq_framed(idx, last && imm.is_none() && !probe, next);
         p
     }
 
