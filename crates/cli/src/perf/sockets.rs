@@ -1595,6 +1595,8 @@ fn targets(rows: &[Row]) -> Vec<Target> {
 
 /// A value the way the table shows it, by unit.
 fn fmt_value(v: f64, unit: &str) -> String {
+    // A growth of a fraction of an octet, up or down, is none.
+    let v = if unit == "B" && v.abs() < 0.5 { 0.0 } else { v };
     match unit {
         "µs" => format!("{v:.2}"),
         "Gbit/s" => format!("{v:.2}"),
@@ -1613,6 +1615,7 @@ fn format_table(rows: &[Row], runs: u32, udp_clients: u32) -> String {
     for m in &MODES[1..] {
         let _ = write!(s, " {:>7}", m.ratio_head());
     }
+    let _ = write!(s, " {:>7}", "int:rs");
     s.push('\n');
     for r in rows {
         let label = if r.udp {
@@ -1639,11 +1642,21 @@ fn format_table(rows: &[Row], runs: u32, udp_clients: u32) -> String {
                 .unwrap_or_else(|| "-".into());
             let _ = write!(s, " {v:>7}");
         }
+        // How many times better interposed is than rsockets (TCP rows:
+        // rsockets leave datagram sockets to the kernel).
+        let adv = (!r.udp)
+            .then(|| advantage(r))
+            .flatten()
+            .map(|x| format!("{x:.2}"))
+            .unwrap_or_else(|| "-".into());
+        let _ = write!(s, " {adv:>7}");
         s.push('\n');
     }
     let mut notes = vec![
         "latency: one way (sockperf's round trip / 2); ratio = mode / kernel of the same run \
-         (latency: lower is better; bandwidth, requests: higher is better)"
+         (latency: lower is better; bandwidth, requests: higher is better); int:rs = how many \
+         times better interposed is than rsockets (rsockets / interposed latency, interposed \
+         / rsockets rate)"
             .to_string(),
     ];
     if runs > 1 {
@@ -2226,6 +2239,10 @@ sockperf: Summary: BandWidth is 728.459 MBps (5827.670 Mbps)
         let adv = by("interposed TCP against rsockets");
         assert_eq!(adv.status, "met");
         assert_eq!(adv.worst.as_ref().and_then(|w| w.ratio), Some(4.0));
+        // The int:rs column shows it per row.
+        let table = format_table(&rows, 1, 0);
+        let line = table.lines().find(|l| l.starts_with("iperf3 TCP")).unwrap();
+        assert!(line.trim_end().ends_with("4.00"), "{table}");
     }
 
     /// A listener shows in /proc/net/tcp, a bound UDP socket in
