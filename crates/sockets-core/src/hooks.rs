@@ -231,7 +231,7 @@ pub unsafe fn close(fd: c_int) -> c_int {
         if let Some(obj) = table::take(fd) {
             match &*obj {
                 Obj::Sock(s) => s.close_fd(),
-                Obj::Epoll(e) => e.close(),
+                Obj::Epoll(e) => e.close_fd(),
             }
         }
     }
@@ -875,8 +875,9 @@ fn dup_track(old: c_int, new: c_int) {
         return;
     }
     if let Some(obj) = table::get(old) {
-        if let Obj::Sock(s) = &*obj {
-            s.add_fd();
+        match &*obj {
+            Obj::Sock(s) => s.add_fd(),
+            Obj::Epoll(e) => e.add_fd(),
         }
         table::set_arc(new, obj);
     }
@@ -886,7 +887,7 @@ fn drop_target(new: c_int) {
     if let Some(obj) = table::take(new) {
         match &*obj {
             Obj::Sock(s) => s.close_fd(),
-            Obj::Epoll(e) => e.close(),
+            Obj::Epoll(e) => e.close_fd(),
         }
     }
 }

@@ -173,7 +173,11 @@ fn peer_addr(fd: c_int) -> Option<SocketAddr> {
 }
 
 /// Waits for `events` on `fd` until `deadline` (`None`: forever).
-/// False on timeout; `Err(EINTR)` on a signal.
+/// False on timeout. A signal handler that interrupts the wait ends it
+/// with `Err(EINTR)` as it would end the kernel's blocking socket call —
+/// unless the call has no timeout and the handler restarts calls
+/// ([`crate::wait::signal_restarts`]): then the wait ends as a wake-up
+/// and the caller carries on, as the restarted call would.
 fn wait_fd(fd: c_int, events: i16, deadline: Option<Instant>) -> Result<bool, c_int> {
     let timeout = match deadline {
         None => -1,
@@ -196,6 +200,7 @@ fn wait_fd(fd: c_int, events: i16, deadline: Option<Instant>) -> Result<bool, c_
         r if r > 0 => Ok(true),
         0 => Ok(false),
         _ => match errno() {
+            libc::EINTR if deadline.is_none() && crate::wait::signal_restarts() => Ok(true),
             libc::EINTR => Err(libc::EINTR),
             _ => Ok(true),
         },

@@ -6,7 +6,10 @@
 //! ([`BENCHES`]): sockperf ping-pong over TCP and over UDP (64 B; one-way
 //! latency, mean and 50th percentile), sockperf throughput over TCP
 //! (1 472 B messages), iperf3 over TCP (one stream) and redis-benchmark's
-//! GET and SET against redis-server. Each runs in every [`Mode`], one
+//! GET and SET against redis-server; and a memory row: a UDP echo server
+//! of our own holding `--udp-clients` clients, a socket and port each,
+//! on kernel UDP and over UD ([`Ctx::measure_memory`]). Each runs in
+//! every [`Mode`] (the memory row in kernel and interposed only), one
 //! right after the other:
 //!
 //! * **kernel**: the programs as they are;
@@ -60,7 +63,9 @@ pub(crate) const ABOUT: &str = "Runs unmodified socket programs on 127.0.0.1 in 
     under rdma-core's rsockets preload librspreload.so over softrdma's librdmacm \
     (rsockets). Benchmarks: sockperf ping-pong over TCP and UDP (64 B, one-way latency: \
     mean and 50th percentile), sockperf throughput over TCP (1472 B), iperf3 over TCP, and \
-    redis-benchmark GET and SET against redis-server.\n\n\
+    redis-benchmark GET and SET against redis-server; and the memory of a UDP echo server \
+    holding --udp-clients clients (a socket and port each; kernel and interposed only: \
+    its Pss plus its UDP sockets' queued kernel memory, and the growth per client).\n\n\
     Every figure is also a ratio to the kernel row of the same run; the targets block \
     judges the ratios (with --runs N: their medians). The interposer's exit report \
     (SOFTRDMA_SOCKETS_REPORT) is checked: an interposed TCP row that ran over the kernel, \
@@ -108,6 +113,11 @@ pub(crate) struct SocketsArgs {
     /// Only these benchmarks, comma-separated [default: all].
     #[arg(long, value_name = "B,B,...", value_delimiter = ',', value_parser = bench_names())]
     bench: Vec<usize>,
+
+    /// The memory row's UDP clients: the echo server holds N clients, each
+    /// a socket with a port of its own (0: no memory row).
+    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(0..=30_000))]
+    udp_clients: u32,
 
     /// rdma-core's rsockets preload library [default: the first
     /// /usr/lib/*/rsocket/librspreload.so, /usr/lib64/rsocket/..., or
@@ -210,6 +220,9 @@ enum Program {
     Iperf3,
     /// `redis-server` / `redis-benchmark`.
     Redis,
+    /// A UDP echo server of our own (`sockets_c/udp_echo.c`, built with
+    /// cc) and batches of client sockets: the server's memory.
+    UdpMemory,
 }
 
 /// One figure a benchmark reports.
@@ -238,6 +251,8 @@ struct Bench {
     /// The executables that must be on PATH.
     needs: &'static [&'static str],
     metrics: &'static [Metric],
+    /// A memory figure (kernel and interposed only; its own target).
+    memory: bool,
 }
 
 const LAT_METRICS: &[Metric] = &[
@@ -264,6 +279,7 @@ const BENCHES: &[Bench] = &[
         udp: false,
         needs: &["sockperf"],
         metrics: LAT_METRICS,
+        memory: false,
     },
     Bench {
         key: "sockperf-udp-pp",
@@ -272,6 +288,7 @@ const BENCHES: &[Bench] = &[
         udp: true,
         needs: &["sockperf"],
         metrics: LAT_METRICS,
+        memory: false,
     },
     Bench {
         key: "sockperf-tcp-tp",
@@ -285,6 +302,7 @@ const BENCHES: &[Bench] = &[
             unit: "MB/s",
             lower_is_better: false,
         }],
+        memory: false,
     },
     Bench {
         key: "iperf3-tcp",
@@ -298,6 +316,7 @@ const BENCHES: &[Bench] = &[
             unit: "Gbit/s",
             lower_is_better: false,
         }],
+        memory: false,
     },
     Bench {
         key: "redis",
@@ -319,8 +338,47 @@ const BENCHES: &[Bench] = &[
                 lower_is_better: false,
             },
         ],
+        memory: false,
+    },
+    Bench {
+        key: "udp-memory",
+        label: "UDP server, N clients",
+        program: Program::UdpMemory,
+        udp: true,
+        needs: &["cc"],
+        metrics: &[
+            Metric {
+                key: "server_kib",
+                label: "memory",
+                unit: "KiB",
+                lower_is_better: true,
+            },
+            Metric {
+                key: "per_client_bytes",
+                label: "per client",
+                unit: "B",
+                lower_is_better: true,
+            },
+        ],
+        memory: true,
     },
 ];
+
+/// Why a memory row has no left-alone or rsockets cell (not a failure).
+const NOT_RUN: &str = "not run: the memory row compares kernel UDP and UD only";
+
+/// The memory row's client sockets per client process: each interposed
+/// socket holds its UD QP's registered buffers (about 9.4 MB), so the
+/// clients come in batches that exit before the next starts; the server
+/// keeps what it learnt of each.
+const UDP_BATCH: u32 = 250;
+
+/// The first port the memory row's clients bind (below the kernel's
+/// ephemeral range, so the batches' ports do not repeat).
+const UDP_FIRST_PORT: u32 = 20_000;
+
+/// The memory row's programs (C, built at run time).
+const UDP_ECHO_C: &str = include_str!("sockets_c/udp_echo.c");
 
 /// sockperf's message size for ping-pong.
 const PP_SIZE: usize = 64;
@@ -722,6 +780,10 @@ struct Ctx {
     cc: Option<String>,
     /// Measurements so far (names their files).
     seq: u32,
+    /// The memory row's client count.
+    udp_clients: u32,
+    /// The memory row's program, once built (or why it cannot be).
+    udp_echo: Option<Result<PathBuf, String>>,
 }
 
 /// One measurement's outcome.
@@ -830,6 +892,7 @@ impl Ctx {
                 let within = Duration::from_secs(self.redis_n / 1000 + 10);
                 (s, c, within)
             }
+            Program::UdpMemory => unreachable!("the memory row has its own measurement"),
         }
     }
 
@@ -845,8 +908,14 @@ impl Ctx {
     }
 
     fn measure_into(&mut self, b: &Bench, mode: Mode, o: &mut Outcome) -> Result<Vec<f64>, String> {
+        if b.memory && !matches!(mode, Mode::Kernel | Mode::Interposed) {
+            return Err(NOT_RUN.into());
+        }
         if let Some(missing) = b.needs.iter().find(|n| !on_path(n)) {
             return Err(format!("{missing} is not installed (not on PATH)"));
+        }
+        if b.program == Program::UdpMemory {
+            return self.measure_memory(b, mode, o);
         }
         self.seq += 1;
         let base = self
@@ -929,6 +998,7 @@ impl Ctx {
                         client.complaint()
                     )
                 })?,
+            Program::UdpMemory => unreachable!("the memory row has its own measurement"),
         };
         // The mode that ran must be the mode measured.
         let pid = client.pid;
@@ -974,6 +1044,240 @@ impl Ctx {
             );
         }
         Ok(values)
+    }
+}
+
+// ---------------------------------------------------------------------
+// The memory row
+// ---------------------------------------------------------------------
+
+/// A process's memory as the memory row counts it, in octets: its
+/// proportional set size (`Pss` of `/proc/PID/smaps_rollup`: private
+/// pages, shared ones divided among their users) plus the kernel memory
+/// queued on its UDP sockets (`tx_queue` + `rx_queue` of
+/// `/proc/net/udp*`, by the inodes of its descriptors). `Err`: why not.
+pub(crate) fn process_memory(pid: u32) -> Result<u64, String> {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .map_err(|e| format!("/proc/{pid}/smaps_rollup: {e}"))?;
+    let pss_kib = rollup
+        .lines()
+        .find_map(|l| l.strip_prefix("Pss:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .ok_or_else(|| format!("no Pss in /proc/{pid}/smaps_rollup"))?;
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map_err(|e| format!("/proc/{pid}/fd: {e}"))?
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            l.to_str()?
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')
+                .map(str::to_string)
+        })
+        .collect();
+    Ok(pss_kib * 1024 + udp_queued(&inodes))
+}
+
+/// The octets queued (`tx_queue` + `rx_queue`) on the UDP sockets of
+/// `inodes`.
+fn udp_queued(inodes: &[String]) -> u64 {
+    let mut sum = 0;
+    for f in ["/proc/net/udp", "/proc/net/udp6"] {
+        let Ok(t) = std::fs::read_to_string(f) else {
+            continue;
+        };
+        sum += udp_queued_in(&t, inodes);
+    }
+    sum
+}
+
+/// [`udp_queued`] over one `/proc/net/udp*` table.
+pub(crate) fn udp_queued_in(table: &str, inodes: &[String]) -> u64 {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            // sl local rem st tx_queue:rx_queue tr:when retrnsmt uid timeout inode
+            let (queues, inode) = (w.get(4)?, w.get(9)?);
+            if !inodes.iter().any(|i| i == inode) {
+                return None;
+            }
+            let (tx, rx) = queues.split_once(':')?;
+            Some(u64::from_str_radix(tx, 16).ok()? + u64::from_str_radix(rx, 16).ok()?)
+        })
+        .sum()
+}
+
+/// `answered K of N last P` of the clients' output: (K, P).
+pub(crate) fn parse_answered(out: &str) -> Option<(u32, u32)> {
+    out.lines().find_map(|l| {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        match w.as_slice() {
+            ["answered", k, "of", _, "last", p] => Some((k.parse().ok()?, p.parse().ok()?)),
+            _ => None,
+        }
+    })
+}
+
+/// Waits until `r`'s stdout has a line `pred` accepts (the line), it
+/// exits, or `until`.
+fn wait_line(r: &mut Running, until: Instant, pred: impl Fn(&str) -> bool) -> Option<String> {
+    loop {
+        if let Some(l) = r.stdout().lines().find(|l| pred(l)) {
+            return Some(l.to_string());
+        }
+        if r.exited().is_some() || Instant::now() >= until {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Ctx {
+    /// The memory row's program, built once per run.
+    fn udp_echo(&mut self) -> Result<PathBuf, String> {
+        if let Some(r) = &self.udp_echo {
+            return r.clone();
+        }
+        let src = self.tmp.join("udp_echo.c");
+        let exe = self.tmp.join("udp_echo");
+        let r = std::fs::write(&src, UDP_ECHO_C)
+            .map_err(|e| format!("{}: {e}", src.display()))
+            .and_then(|()| {
+                let out = Command::new("cc")
+                    .args(["-O2", "-Wall", "-o"])
+                    .arg(&exe)
+                    .arg(&src)
+                    .stdin(Stdio::null())
+                    .output()
+                    .map_err(|e| format!("cannot run cc: {e}"))?;
+                if out.status.success() {
+                    Ok(exe.clone())
+                } else {
+                    Err(format!(
+                        "cc could not build the UDP echo program: {}",
+                        complaint(&String::from_utf8_lossy(&out.stderr))
+                    ))
+                }
+            });
+        self.udp_echo = Some(r.clone());
+        r
+    }
+
+    /// The memory row in `mode` (kernel or interposed): the echo server
+    /// starts; its memory is taken once it is up and again after
+    /// `udp_clients` client sockets, each with a port of its own, have
+    /// exchanged a datagram with it. The clients come in batches of
+    /// [`UDP_BATCH`] sockets, one process each, which exit before the
+    /// next starts (over UD each socket holds its QP's registered
+    /// buffers); over UD the server keeps what it learnt of every client
+    /// (its address handle), the kernel keeps nothing. Values: the
+    /// server's memory at the end (KiB) and its growth per client (B).
+    fn measure_memory(
+        &mut self,
+        b: &Bench,
+        mode: Mode,
+        o: &mut Outcome,
+    ) -> Result<Vec<f64>, String> {
+        let exe = self.udp_echo()?;
+        let n = self.udp_clients;
+        self.seq += 1;
+        let base = self
+            .tmp
+            .join(format!("{:03}-{}-{}", self.seq, b.key, mode.key()));
+        let dir = base.with_extension("registry");
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let report = base.with_extension("report");
+        let port = free_port()?;
+        let interposed = mode == Mode::Interposed;
+        let mut scmd = Command::new(&exe);
+        scmd.args(["server", &port.to_string()]);
+        self.environ(&mut scmd, mode, interposed, &dir, &report)?;
+        let mut server = Running::start(scmd, "the server", &base.with_extension("server"))?;
+        if wait_line(&mut server, Instant::now() + Duration::from_secs(10), |l| {
+            l == "ready"
+        })
+        .is_none()
+        {
+            return Err(format!(
+                "the UDP echo server did not start: {}",
+                server.complaint()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let before = process_memory(server.pid)?;
+        let mut first = UDP_FIRST_PORT;
+        let (mut done, mut answered, mut ud_tx) = (0u32, 0u32, 0u64);
+        let mut batch_no = 0;
+        while done < n {
+            let k = (n - done).min(UDP_BATCH);
+            batch_no += 1;
+            let mut ccmd = Command::new(&exe);
+            ccmd.args([
+                "clients",
+                &port.to_string(),
+                &k.to_string(),
+                &first.to_string(),
+            ]);
+            self.environ(&mut ccmd, mode, interposed, &dir, &report)?;
+            let mut client = Running::start(
+                ccmd,
+                "the clients",
+                &base.with_extension(format!("clients{batch_no}")),
+            )?;
+            // Three tries of 2 s per socket at worst; far less in practice.
+            let until = Instant::now() + Duration::from_secs(60 + u64::from(k) / 10);
+            let line = wait_line(&mut client, until, |l| l.starts_with("answered "));
+            let pid = client.pid;
+            client.stop(Duration::from_secs(10));
+            let Some((got, last)) = line.as_deref().and_then(parse_answered) else {
+                return Err(format!(
+                    "client batch {batch_no} ({k} sockets from port {first}) did not finish: {}",
+                    client.complaint()
+                ));
+            };
+            let lines = parse_report(&std::fs::read_to_string(&report).unwrap_or_default());
+            if let Some(r) = lines.iter().find(|l| l.pid == pid) {
+                ud_tx += r.ud_tx_bytes;
+                if o.client_report.is_none() {
+                    o.client_report = Some(*r);
+                }
+            } else if interposed {
+                return Err(format!(
+                    "client batch {batch_no} (pid {pid}) wrote no interposer report"
+                ));
+            }
+            done += k;
+            answered += got;
+            first = last + 1;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let after = process_memory(server.pid);
+        let server_pid = server.pid;
+        server.stop(Duration::from_secs(5));
+        let lines = parse_report(&std::fs::read_to_string(&report).unwrap_or_default());
+        o.server_report = lines.iter().find(|l| l.pid == server_pid).copied();
+        let after = after?;
+        // UDP may drop a datagram; a client that never got its echo still
+        // reached the server or not: the figures want nearly all of them.
+        if u64::from(answered) * 100 < u64::from(n) * 99 {
+            return Err(format!(
+                "only {answered} of {n} clients got their echo back"
+            ));
+        }
+        if interposed && ud_tx == 0 {
+            return Err(
+                "measured interposed, but the clients' reports show no octet sent over UD: the \
+                 datagrams went through the kernel"
+                    .into(),
+            );
+        }
+        if interposed && o.server_report.is_some_and(|r| r.ud_socks == 0) {
+            return Err("measured interposed, but the server's socket had no UD QP".into());
+        }
+        let growth = after as f64 - before as f64;
+        Ok(vec![after as f64 / 1024.0, growth / f64::from(n.max(1))])
     }
 }
 
@@ -1024,6 +1328,8 @@ struct Row {
     unit: &'static str,
     lower_is_better: bool,
     udp: bool,
+    /// A memory figure (the memory target only).
+    memory: bool,
     modes: Vec<Cell>,
 }
 
@@ -1087,6 +1393,7 @@ fn rows(benches: &[usize], outcomes: &Outcomes) -> Vec<Row> {
                 unit: m.unit,
                 lower_is_better: m.lower_is_better,
                 udp: b.udp,
+                memory: b.memory,
                 modes,
             });
         }
@@ -1186,7 +1493,10 @@ fn advantage(r: &Row) -> Option<f64> {
 /// (avg, p50), median over runs: UD sockets' ping-pong against RC
 /// sockets'.
 fn ud_against_rc(rows: &[Row]) -> Vec<(String, Option<f64>)> {
-    let lat: Vec<&Row> = rows.iter().filter(|r| r.lower_is_better).collect();
+    let lat: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.lower_is_better && !r.memory)
+        .collect();
     let mut out = Vec::new();
     for u in lat.iter().filter(|r| r.udp) {
         let stat = u.label.rsplit(' ').next().unwrap_or("");
@@ -1213,7 +1523,7 @@ fn ud_against_rc(rows: &[Row]) -> Vec<(String, Option<f64>)> {
 fn targets(rows: &[Row]) -> Vec<Target> {
     let pick = |mode: Mode, lat: bool, tcp_only: bool| -> Vec<(String, Option<f64>)> {
         rows.iter()
-            .filter(|r| r.lower_is_better == lat && !(tcp_only && r.udp))
+            .filter(|r| !r.memory && r.lower_is_better == lat && !(tcp_only && r.udp))
             .map(|r| (r.label.clone(), r.cell(mode).ratio))
             .collect()
     };
@@ -1247,7 +1557,7 @@ fn targets(rows: &[Row]) -> Vec<Target> {
             "<=",
             1.15,
             rows.iter()
-                .filter(|r| r.lower_is_better && r.udp)
+                .filter(|r| r.lower_is_better && r.udp && !r.memory)
                 .map(|r| (r.label.clone(), r.cell(Mode::Interposed).ratio))
                 .collect(),
         ),
@@ -1267,6 +1577,15 @@ fn targets(rows: &[Row]) -> Vec<Target> {
                 .map(|r| (r.label.clone(), advantage(r)))
                 .collect(),
         ),
+        judge(
+            "UDP server memory over UD / kernel UDP",
+            "<=",
+            1.0,
+            rows.iter()
+                .filter(|r| r.memory && r.metric == "server_kib")
+                .map(|r| (r.label.clone(), r.cell(Mode::Interposed).ratio))
+                .collect(),
+        ),
     ]
 }
 
@@ -1276,6 +1595,8 @@ fn targets(rows: &[Row]) -> Vec<Target> {
 
 /// A value the way the table shows it, by unit.
 fn fmt_value(v: f64, unit: &str) -> String {
+    // A growth of a fraction of an octet, up or down, is none.
+    let v = if unit == "B" && v.abs() < 0.5 { 0.0 } else { v };
     match unit {
         "µs" => format!("{v:.2}"),
         "Gbit/s" => format!("{v:.2}"),
@@ -1285,7 +1606,7 @@ fn fmt_value(v: f64, unit: &str) -> String {
 }
 
 /// The table of `rows`: values (medians) per mode, then ratios to kernel.
-fn format_table(rows: &[Row], runs: u32) -> String {
+fn format_table(rows: &[Row], runs: u32, udp_clients: u32) -> String {
     let mut s = String::new();
     let _ = write!(s, "{:<38} {:<7}", "benchmark", "unit");
     for m in MODES {
@@ -1294,6 +1615,7 @@ fn format_table(rows: &[Row], runs: u32) -> String {
     for m in &MODES[1..] {
         let _ = write!(s, " {:>7}", m.ratio_head());
     }
+    let _ = write!(s, " {:>7}", "int:rs");
     s.push('\n');
     for r in rows {
         let label = if r.udp {
@@ -1304,9 +1626,11 @@ fn format_table(rows: &[Row], runs: u32) -> String {
         let _ = write!(s, "{label:<38} {:<7}", r.unit);
         for c in &r.modes {
             let failed = c.errors.iter().filter(|e| e.is_some()).count();
+            let not_run = c.errors.iter().all(|e| e.as_deref() == Some(NOT_RUN));
             let v = match c.value {
                 Some(v) if failed == 0 => fmt_value(v, r.unit),
                 Some(v) => format!("{}!", fmt_value(v, r.unit)),
+                None if not_run && !c.errors.is_empty() => "-".into(),
                 None => "FAILED".into(),
             };
             let _ = write!(s, " {v:>11}");
@@ -1318,11 +1642,21 @@ fn format_table(rows: &[Row], runs: u32) -> String {
                 .unwrap_or_else(|| "-".into());
             let _ = write!(s, " {v:>7}");
         }
+        // How many times better interposed is than rsockets (TCP rows:
+        // rsockets leave datagram sockets to the kernel).
+        let adv = (!r.udp)
+            .then(|| advantage(r))
+            .flatten()
+            .map(|x| format!("{x:.2}"))
+            .unwrap_or_else(|| "-".into());
+        let _ = write!(s, " {adv:>7}");
         s.push('\n');
     }
     let mut notes = vec![
         "latency: one way (sockperf's round trip / 2); ratio = mode / kernel of the same run \
-         (latency: lower is better; bandwidth, requests: higher is better)"
+         (latency: lower is better; bandwidth, requests: higher is better); int:rs = how many \
+         times better interposed is than rsockets (rsockets / interposed latency, interposed \
+         / rsockets rate)"
             .to_string(),
     ];
     if runs > 1 {
@@ -1337,8 +1671,29 @@ fn format_table(rows: &[Row], runs: u32) -> String {
                 .into(),
         );
     }
+    if rows.iter().any(|r| r.memory) {
+        notes.push(format!(
+            "memory: the UDP echo server's Pss plus the kernel memory queued on its UDP \
+             sockets, after {udp_clients} clients (a socket and port each) exchanged a \
+             datagram with it; per client: its growth from before the first client / \
+             {udp_clients}. Kernel UDP keeps nothing per client; over UD the server keeps \
+             each client's address handle in its socket's peer table, and its own UD QP's \
+             registered buffers"
+        ));
+    }
     for n in notes {
         let _ = writeln!(s, "{n}");
+    }
+    let ud_rc = ud_against_rc(rows);
+    if !ud_rc.is_empty() {
+        let _ = writeln!(
+            s,
+            "UD against RC (interposed UDP ping-pong latency / interposed TCP ping-pong latency):"
+        );
+        for (label, v) in ud_rc {
+            let v = v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into());
+            let _ = writeln!(s, "  {label:<44} {v:>7}");
+        }
     }
     s
 }
@@ -1378,7 +1733,7 @@ fn failures(benches: &[usize], outcomes: &Outcomes) -> Vec<Failure> {
     for (run, per_bench) in outcomes.iter().enumerate() {
         for (slot, modes) in per_bench.iter().enumerate() {
             for (k, o) in modes.iter().enumerate() {
-                if let Err(e) = &o.values {
+                if let Some(e) = o.values.as_ref().err().filter(|e| *e != NOT_RUN) {
                     v.push(Failure {
                         run: run as u32 + 1,
                         bench: BENCHES[benches[slot]].key,
@@ -1413,7 +1768,12 @@ struct JsonOut<'a> {
     load: String,
     interposer: String,
     rspreload: Option<String>,
+    /// The memory row's client count.
+    udp_clients: u32,
     rows: &'a [Row],
+    /// Interposed UDP ping-pong latency / interposed TCP ping-pong
+    /// latency, per statistic.
+    ud_against_rc: Vec<TargetRow>,
     targets: &'a [Target],
     failures: &'a [Failure],
 }
@@ -1437,7 +1797,7 @@ pub(crate) fn main(a: SocketsArgs, cc: Option<String>) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let benches: Vec<usize> = if a.bench.is_empty() {
+    let mut benches: Vec<usize> = if a.bench.is_empty() {
         (0..BENCHES.len()).collect()
     } else {
         let mut b = a.bench.clone();
@@ -1445,6 +1805,8 @@ pub(crate) fn main(a: SocketsArgs, cc: Option<String>) -> ExitCode {
         b.dedup();
         b
     };
+    // --udp-clients 0: no memory row.
+    benches.retain(|&b| !(BENCHES[b].memory && a.udp_clients == 0));
     let tmp = std::env::temp_dir().join(format!("softrdma-perf-sockets-{}", std::process::id()));
     if let Err(e) = std::fs::create_dir_all(&tmp) {
         eprintln!("softrdma perf sockets: {}: {e}", tmp.display());
@@ -1460,6 +1822,8 @@ pub(crate) fn main(a: SocketsArgs, cc: Option<String>) -> ExitCode {
         wait: a.wait,
         cc,
         seq: 0,
+        udp_clients: a.udp_clients,
+        udp_echo: None,
     };
     if let Err(e) = &ctx.rsockets {
         eprintln!("softrdma perf sockets: rsockets cells cannot run: {e}");
@@ -1483,6 +1847,7 @@ pub(crate) fn main(a: SocketsArgs, cc: Option<String>) -> ExitCode {
                         .map(|(v, m)| format!("{} {}", fmt_value(*v, m.unit), m.unit))
                         .collect::<Vec<_>>()
                         .join(", "),
+                    Err(e) if e == NOT_RUN => e.clone(),
                     Err(e) => format!("failed: {e}"),
                 };
                 progress.line(&format!(
@@ -1538,7 +1903,12 @@ pub(crate) fn main(a: SocketsArgs, cc: Option<String>) -> ExitCode {
                 .as_ref()
                 .ok()
                 .map(|(p, _)| p.display().to_string()),
+            udp_clients: a.udp_clients,
             rows: &rows,
+            ud_against_rc: ud_against_rc(&rows)
+                .into_iter()
+                .map(|(row, ratio)| TargetRow { row, ratio })
+                .collect(),
             targets: &tgts,
             failures: &fails,
         };
@@ -1562,7 +1932,7 @@ pub(crate) fn main(a: SocketsArgs, cc: Option<String>) -> ExitCode {
             cc_note,
             load_note()
         );
-        print!("{}", format_table(&rows, a.runs));
+        print!("{}", format_table(&rows, a.runs, a.udp_clients));
         if !fails.is_empty() {
             println!("failed:");
             for f in &fails {
@@ -1702,6 +2072,91 @@ sockperf: Summary: BandWidth is 728.459 MBps (5827.670 Mbps)
         assert!(parse_report("pid=x rc_conns=1").is_empty());
     }
 
+    /// The memory row's pieces: the clients' summary line, the queued
+    /// octets of a process's UDP sockets, a live process's memory.
+    #[test]
+    fn memory_row_parts() {
+        assert_eq!(
+            parse_answered("x\nanswered 249 of 250 last 20311\n"),
+            Some((249, 20311))
+        );
+        assert_eq!(parse_answered("answered 3 of 4\n"), None);
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops
+ 1234: 0100007F:4E20 00000000:0000 07 00000000:00000300 00:00000000 00000000     0        0 5550 2 0000000000000000 0
+ 1235: 0100007F:4E21 00000000:0000 07 00000100:00000000 00:00000000 00000000     0        0 5551 2 0000000000000000 0
+ 1236: 0100007F:4E22 00000000:0000 07 00000FFF:00000FFF 00:00000000 00000000     0        0 7777 2 0000000000000000 0
+";
+        let inodes = ["5550".to_string(), "5551".to_string()];
+        assert_eq!(udp_queued_in(table, &inodes), 0x300 + 0x100);
+        assert_eq!(udp_queued_in(table, &[]), 0);
+        // This process: at least the memory of a buffer it touched.
+        let touched = vec![1u8; 8 << 20];
+        let m = process_memory(std::process::id()).expect("own memory");
+        assert!(m >= 8 << 20, "{m}");
+        assert_eq!(touched.iter().map(|&b| u64::from(b)).sum::<u64>(), 8 << 20);
+        assert!(process_memory(u32::MAX).is_err());
+    }
+
+    /// A memory row's left-alone and rsockets cells are not run, not
+    /// failed; its ratio is judged by the memory target alone.
+    #[test]
+    fn memory_rows_have_their_own_target() {
+        let mem = BENCHES.iter().position(|b| b.memory).unwrap();
+        let not_run = || Outcome {
+            values: Err(NOT_RUN.to_string()),
+            client_report: None,
+            server_report: None,
+        };
+        let outcomes = vec![vec![[
+            outcome(Some(vec![200.0, 0.0])),
+            outcome(Some(vec![14000.0, 700.0])),
+            not_run(),
+            not_run(),
+        ]]];
+        let rows = rows(&[mem], &outcomes);
+        assert_eq!(rows.len(), 2);
+        assert!(failures(&[mem], &outcomes).is_empty());
+        let t = targets(&rows);
+        let by = |n: &str| t.iter().find(|t| t.name.starts_with(n)).unwrap();
+        let m = by("UDP server memory");
+        assert_eq!(m.status, "not met");
+        assert_eq!(m.worst.as_ref().and_then(|w| w.ratio), Some(70.0));
+        assert_eq!(by("interposed UDP (over UD) latency").status, "not judged");
+        assert_eq!(by("left-alone latency").status, "not judged");
+        let table = format_table(&rows, 1, 10_000);
+        assert!(table.contains("70.00"), "{table}");
+        assert!(!table.contains("FAILED"), "{table}");
+        assert!(table.contains("after 10000 clients"), "{table}");
+    }
+
+    /// UD against RC is a line of its own under the table.
+    #[test]
+    fn ud_against_rc_is_shown() {
+        let tcp = BENCHES
+            .iter()
+            .position(|b| b.key == "sockperf-tcp-pp")
+            .unwrap();
+        let udp = BENCHES
+            .iter()
+            .position(|b| b.key == "sockperf-udp-pp")
+            .unwrap();
+        let lat = |k: f64, i: f64| {
+            [
+                outcome(Some(vec![k, k])),
+                outcome(Some(vec![i, i])),
+                outcome(Some(vec![k, k])),
+                outcome(None),
+            ]
+        };
+        let outcomes = vec![vec![lat(10.0, 10.0), lat(9.0, 8.0)]];
+        let rows = rows(&[tcp, udp], &outcomes);
+        let table = format_table(&rows, 1, 0);
+        assert!(
+            table.contains("sockperf UDP ping-pong 64 B avg / TCP") && table.contains("0.80"),
+            "{table}"
+        );
+    }
+
     #[test]
     fn ansi_is_stripped() {
         assert_eq!(strip_ansi("a\u{1b}[2;35mb\u{1b}[0mc"), "abc");
@@ -1761,7 +2216,7 @@ sockperf: Summary: BandWidth is 728.459 MBps (5827.670 Mbps)
         let f = failures(&[tcp], &outcomes);
         assert_eq!(f.len(), 2);
         assert!(f.iter().all(|f| f.mode == "rsockets" && f.error == "broke"));
-        let table = format_table(&rows, 2);
+        let table = format_table(&rows, 2, 0);
         assert!(table.contains("FAILED"), "{table}");
         assert!(table.contains("1.30"), "{table}");
     }
@@ -1784,6 +2239,10 @@ sockperf: Summary: BandWidth is 728.459 MBps (5827.670 Mbps)
         let adv = by("interposed TCP against rsockets");
         assert_eq!(adv.status, "met");
         assert_eq!(adv.worst.as_ref().and_then(|w| w.ratio), Some(4.0));
+        // The int:rs column shows it per row.
+        let table = format_table(&rows, 1, 0);
+        let line = table.lines().find(|l| l.starts_with("iperf3 TCP")).unwrap();
+        assert!(line.trim_end().ends_with("4.00"), "{table}");
     }
 
     /// A listener shows in /proc/net/tcp, a bound UDP socket in
