@@ -18,7 +18,9 @@ pub mod api;
 pub mod engine;
 pub mod mem;
 pub mod queue;
+pub mod rdma;
 pub mod sys;
+pub mod wire;
 
 /// An errno value.
 pub type Errno = libc::c_int;
