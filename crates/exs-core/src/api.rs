@@ -12,6 +12,7 @@ use libc::{c_int, c_short, c_void, size_t, sockaddr, socklen_t, timespec};
 
 use crate::abi::*;
 use crate::engine::{engine, poll_events_ok, Dir, Elem, Kind, RECV_FLAGS, SEND_FLAGS};
+use crate::rdma;
 use crate::sys;
 use crate::Errno;
 
@@ -219,6 +220,10 @@ pub fn send(
     ah: *mut c_void,
     mh: c_int,
 ) -> R<()> {
+    if rdma::owns(fd) {
+        let q = engine()?.queue(qh)?;
+        return rdma::xfer(false, fd, buf as usize, len, flags, q, ah as usize, mh);
+    }
     send_flags(flags)?;
     let b = buf as usize;
     buf_ok(b, len)?;
@@ -236,6 +241,10 @@ pub fn recv(
     ah: *mut c_void,
     mh: c_int,
 ) -> R<()> {
+    if rdma::owns(fd) {
+        let q = engine()?.queue(qh)?;
+        return rdma::xfer(true, fd, buf as usize, len, flags, q, ah as usize, mh);
+    }
     recv_flags(flags)?;
     let b = buf as usize;
     buf_ok(b, len)?;
@@ -256,6 +265,9 @@ pub unsafe fn msg(
     qh: c_int,
     ah: *mut c_void,
 ) -> R<()> {
+    if rdma::owns(fd) {
+        return Err(libc::EOPNOTSUPP);
+    }
     if recv {
         recv_flags(flags)?;
     } else {
@@ -313,6 +325,9 @@ pub unsafe fn sendfile(
     qh: c_int,
     ah: *mut c_void,
 ) -> R<()> {
+    if rdma::owns(fd) {
+        return Err(libc::EOPNOTSUPP);
+    }
     if flags != 0 || count <= 0 || count > EXS_IOV_MAX {
         return Err(libc::EINVAL);
     }
@@ -373,6 +388,10 @@ pub fn connect(
     qh: c_int,
     ah: *mut c_void,
 ) -> R<()> {
+    if rdma::owns(fd) {
+        let q = engine()?.queue(qh)?;
+        return rdma::connect(fd, addr, len, q, ah as usize);
+    }
     if len == 0 || len as usize > std::mem::size_of::<libc::sockaddr_storage>() {
         return Err(libc::EINVAL);
     }
@@ -397,6 +416,10 @@ pub fn accept(
     }
     if !addr.is_null() {
         mapped(addr as *const exs_acceptaddr_t, 1)?;
+    }
+    if rdma::owns(fd) {
+        let q = engine()?.queue(qh)?;
+        return rdma::accept(fd, addr, flags, q, ah as usize);
     }
     let kind = Kind::Accept {
         addr: addr as usize,
@@ -438,6 +461,9 @@ pub unsafe fn poll(
 
 /// `exs_shutdown`.
 pub fn shutdown(fd: c_int, how: c_int, qh: c_int, ah: *mut c_void) -> R<()> {
+    if rdma::owns(fd) {
+        return Err(libc::EOPNOTSUPP);
+    }
     if !(libc::SHUT_RD..=libc::SHUT_RDWR).contains(&how) {
         return Err(libc::EINVAL);
     }
@@ -446,6 +472,13 @@ pub fn shutdown(fd: c_int, how: c_int, qh: c_int, ah: *mut c_void) -> R<()> {
 
 /// `exs_aclose`.
 pub fn aclose(fd: c_int, qh: c_int, ah: *mut c_void) -> R<()> {
+    if rdma::owns(fd) {
+        let q = engine()?.queue(qh)?;
+        q.reserve()?;
+        rdma::close(fd)?;
+        q.push(exs_event_t::new(EXS_EVT_CLOSE, fd, ah as usize, 0));
+        return Ok(());
+    }
     engine()?.submit(fd, qh, ah as usize, &[], Dir::Send, Kind::Close)
 }
 
@@ -458,6 +491,9 @@ pub fn cancel(fd: c_int, ah: *mut c_void, flags: c_int) -> R<c_int> {
 pub fn close(fd: c_int) -> R<()> {
     if fd < 0 {
         return Err(libc::EBADF);
+    }
+    if rdma::owns(fd) {
+        return rdma::close(fd);
     }
     engine()?.close(fd)
 }
@@ -539,7 +575,52 @@ pub unsafe fn getsockopt(
     Ok(())
 }
 
-/// Every call of the RDMA model, for now.
-pub fn rdma_model() -> R<c_int> {
-    Err(libc::ENOSYS)
+fn rdma_fd(fd: c_int) -> R<()> {
+    if rdma::owns(fd) {
+        Ok(())
+    } else if sys::is_open(fd) {
+        Err(libc::ENOTSOCK)
+    } else {
+        Err(libc::EBADF)
+    }
+}
+
+/// `exs_socket`.
+pub fn socket(domain: c_int, ty: c_int, protocol: c_int) -> R<c_int> {
+    rdma::socket(domain, ty, protocol)
+}
+
+/// `exs_bind`.
+pub fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> R<()> {
+    rdma_fd(fd)?;
+    rdma::bind(fd, addr, len)
+}
+
+/// `exs_listen`.
+pub fn listen(fd: c_int, backlog: c_int) -> R<()> {
+    rdma_fd(fd)?;
+    rdma::listen(fd, backlog)
+}
+
+/// `exs_fcntl`.
+pub fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> R<c_int> {
+    rdma_fd(fd)?;
+    rdma::fcntl(fd, cmd, arg)
+}
+
+/// `exs_getsockname` (`peer` false) and `exs_getpeername`.
+pub fn sockname(peer: bool, fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> R<()> {
+    rdma_fd(fd)?;
+    if peer {
+        rdma::getpeername(fd, addr, len)
+    } else {
+        rdma::getsockname(fd, addr, len)
+    }
+}
+
+/// `exs_send_offset` / `exs_recv_offset`: persistent blocks are not
+/// built yet.
+pub fn offset_xfer(fd: c_int) -> R<()> {
+    rdma_fd(fd)?;
+    Err(libc::EOPNOTSUPP)
 }

@@ -908,9 +908,46 @@ impl Engine {
         self.lock().mem.add(addr, len)
     }
 
-    /// `exs_mderegister`.
+    /// `exs_mderegister` (and the region's memory region of the RDMA
+    /// model, if it has one).
     pub fn mderegister(&self, mh: c_int) -> Result<(), Errno> {
-        self.lock().mem.remove(mh)
+        let stag = self.lock().mem.remove(mh)?;
+        if let Some(s) = stag {
+            crate::rdma::deregister(s);
+        }
+        Ok(())
+    }
+
+    /// Checks `[buf, buf + len)` against `mh` (any buffer for
+    /// `EXS_MHANDLE_UNREGISTERED`) and holds the handle until
+    /// [`Engine::mem_release`].
+    pub(crate) fn mem_hold(&self, mh: c_int, buf: usize, len: usize) -> Result<(), Errno> {
+        let mut st = self.lock();
+        st.mem.check(mh, buf, len)?;
+        st.mem.hold(&[mh]);
+        Ok(())
+    }
+
+    /// Undoes [`Engine::mem_hold`].
+    pub(crate) fn mem_release(&self, mh: c_int) {
+        self.lock().mem.release(&[mh]);
+    }
+
+    /// The engine STag of registered handle `mh`, registering its whole
+    /// region with `reg(addr, len)` on first use.
+    pub(crate) fn mem_stag(
+        &self,
+        mh: c_int,
+        reg: impl FnOnce(usize, usize) -> Result<u32, Errno>,
+    ) -> Result<u32, Errno> {
+        let mut st = self.lock();
+        let r = st.mem.get_mut(mh).ok_or(libc::EINVAL)?;
+        if let Some(s) = r.stag {
+            return Ok(s);
+        }
+        let s = reg(r.addr, r.len)?;
+        r.stag = Some(s);
+        Ok(s)
     }
 
     /// Queues `kind` on `fd` (checks done by the caller except the

@@ -7,18 +7,18 @@
 //! decisions where the specification is silent are in `docs/exs.md`.
 //!
 //! The RDMA model (UNH-EXS: `exs_socket` and friends over softrdma RC
-//! queue pairs) is not built yet; its calls fail with `ENOSYS`. It will
-//! add a second kind of descriptor next to the kernel socket of
-//! [`engine`], sharing the queues ([`queue`]) and the registrations
-//! ([`mem`], where each region gains a memory region of the protection
-//! domain).
+//! queue pairs) is [`rdma`], with its messages in [`wire`]; it shares the
+//! queues ([`queue`]) and the registrations ([`mem`], where a region
+//! gains an engine STag on first use).
 
 pub mod abi;
 pub mod api;
 pub mod engine;
 pub mod mem;
 pub mod queue;
+pub mod rdma;
 pub mod sys;
+pub mod wire;
 
 /// An errno value.
 pub type Errno = libc::c_int;

@@ -19,6 +19,9 @@ pub struct Region {
     pub len: usize,
     /// Queued operations naming this handle (deregistration waits for 0).
     pub inflight: usize,
+    /// The engine's STag once an operation of the RDMA model used the
+    /// region (registered on first use, deregistered with the handle).
+    pub stag: Option<u32>,
 }
 
 /// Every live registration.
@@ -58,6 +61,7 @@ impl Registry {
                     addr,
                     len,
                     inflight: 0,
+                    stag: None,
                 });
                 return Ok(h);
             }
@@ -65,15 +69,18 @@ impl Registry {
     }
 
     /// Removes `h`: EINVAL when unknown, EBUSY while operations name it.
-    pub fn remove(&mut self, h: i32) -> Result<(), Errno> {
+    /// Returns the engine STag the region had, if any.
+    pub fn remove(&mut self, h: i32) -> Result<Option<u32>, Errno> {
         match self.regions.get(&h) {
             None => Err(libc::EINVAL),
             Some(r) if r.inflight > 0 => Err(libc::EBUSY),
-            Some(_) => {
-                self.regions.remove(&h);
-                Ok(())
-            }
+            Some(_) => Ok(self.regions.remove(&h).and_then(|r| r.stag)),
         }
+    }
+
+    /// The region of `h`, mutable (the RDMA model records its STag).
+    pub fn get_mut(&mut self, h: i32) -> Option<&mut Region> {
+        self.regions.get_mut(&h)
     }
 
     /// Checks that `[buf, buf + len)` lies inside `h`'s region (any buffer
@@ -139,7 +146,7 @@ mod tests {
         r.hold(&[h]);
         assert_eq!(r.remove(h), Err(libc::EBUSY));
         r.release(&[h]);
-        assert_eq!(r.remove(h), Ok(()));
+        assert_eq!(r.remove(h), Ok(None));
         assert_eq!(r.remove(h), Err(libc::EINVAL));
         assert_eq!(r.check(h, 4096, 1), Err(libc::EINVAL));
     }

@@ -257,52 +257,47 @@ pub unsafe extern "C" fn exs_getsockopt(
     unit(|| unsafe { api::getsockopt(fd, level, name, value, len) })
 }
 
-/// A call of the RDMA model: -1 with ENOSYS until that model is built.
-fn rdma() -> c_int {
-    boundary(-1, || ret(api::rdma_model(), -1))
-}
-
-/// `exs_socket` (RDMA model: ENOSYS).
+/// `exs_socket`.
 #[no_mangle]
-pub extern "C" fn exs_socket(_domain: c_int, _ty: c_int, _proto: c_int) -> c_int {
-    rdma()
+pub extern "C" fn exs_socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
+    boundary(-1, || ret(api::socket(domain, ty, protocol), -1))
 }
 
-/// `exs_bind` (RDMA model: ENOSYS).
+/// `exs_bind`.
 #[no_mangle]
-pub extern "C" fn exs_bind(_fd: c_int, _a: *const sockaddr, _l: socklen_t) -> c_int {
-    rdma()
+pub extern "C" fn exs_bind(fd: c_int, a: *const sockaddr, l: socklen_t) -> c_int {
+    unit(|| api::bind(fd, a, l))
 }
 
-/// `exs_listen` (RDMA model: ENOSYS).
+/// `exs_listen`.
 #[no_mangle]
-pub extern "C" fn exs_listen(_fd: c_int, _backlog: c_int) -> c_int {
-    rdma()
+pub extern "C" fn exs_listen(fd: c_int, backlog: c_int) -> c_int {
+    unit(|| api::listen(fd, backlog))
 }
 
-/// `exs_fcntl` (RDMA model: ENOSYS). Declared variadic in C; the one
-/// optional argument travels in a register either way.
+/// `exs_fcntl`. Declared variadic in C; the one optional argument
+/// travels in a register either way.
 #[no_mangle]
-pub extern "C" fn exs_fcntl(_fd: c_int, _cmd: c_int, _arg: c_ulong) -> c_int {
-    rdma()
+pub extern "C" fn exs_fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    boundary(-1, || ret(api::fcntl(fd, cmd, arg), -1))
 }
 
-/// `exs_getsockname` (RDMA model: ENOSYS).
+/// `exs_getsockname`.
 #[no_mangle]
-pub extern "C" fn exs_getsockname(_fd: c_int, _a: *mut sockaddr, _l: *mut socklen_t) -> c_int {
-    rdma()
+pub extern "C" fn exs_getsockname(fd: c_int, a: *mut sockaddr, l: *mut socklen_t) -> c_int {
+    unit(|| api::sockname(false, fd, a, l))
 }
 
-/// `exs_getpeername` (RDMA model: ENOSYS).
+/// `exs_getpeername`.
 #[no_mangle]
-pub extern "C" fn exs_getpeername(_fd: c_int, _a: *mut sockaddr, _l: *mut socklen_t) -> c_int {
-    rdma()
+pub extern "C" fn exs_getpeername(fd: c_int, a: *mut sockaddr, l: *mut socklen_t) -> c_int {
+    unit(|| api::sockname(true, fd, a, l))
 }
 
-/// `exs_send_offset` (RDMA model: ENOSYS).
+/// `exs_send_offset` (persistent blocks: not built yet, EOPNOTSUPP).
 #[no_mangle]
 pub extern "C" fn exs_send_offset(
-    _fd: c_int,
+    fd: c_int,
     _buf: *const c_void,
     _len: size_t,
     _flags: c_int,
@@ -311,13 +306,13 @@ pub extern "C" fn exs_send_offset(
     _ah: *mut c_void,
     _mh: c_int,
 ) -> c_int {
-    rdma()
+    unit(|| api::offset_xfer(fd))
 }
 
-/// `exs_recv_offset` (RDMA model: ENOSYS).
+/// `exs_recv_offset` (persistent blocks: not built yet, EOPNOTSUPP).
 #[no_mangle]
 pub extern "C" fn exs_recv_offset(
-    _fd: c_int,
+    fd: c_int,
     _buf: *mut c_void,
     _len: size_t,
     _flags: c_int,
@@ -326,5 +321,5 @@ pub extern "C" fn exs_recv_offset(
     _ah: *mut c_void,
     _mh: c_int,
 ) -> c_int {
-    rdma()
+    unit(|| api::offset_xfer(fd))
 }

@@ -11,8 +11,7 @@
  *    descriptors that have pending operations).
  *
  *  - The RDMA model (UNH-EXS): exs_socket() and friends over softrdma RC
- *    queue pairs. Not built yet: those calls exist so that programs link,
- *    and fail with -1 and errno ENOSYS.
+ *    queue pairs (see the RDMA model section at the end).
  *
  * The names come from the ES-API and UNH-EXS. The numeric values and the
  * structure layouts below are this library's own and are frozen: they
@@ -381,14 +380,65 @@ int exs_getsockopt(int fd, int level, int name, void *value, socklen_t *len);
 int exs_close(int fd);
 
 /* ------------------------------------------------------------------ */
-/* RDMA model (UNH-EXS): not built yet, every call fails with ENOSYS.  */
+/* RDMA model (UNH-EXS)                                               */
+/*
+ * exs_socket(AF_INET or AF_INET6, SOCK_SEQPACKET or SOCK_STREAM, 0)
+ * returns a descriptor of the library's own (an eventfd: a real
+ * descriptor that never collides with a kernel socket; close it with
+ * exs_close). Its peer is another libexs program; the transport is a
+ * softrdma RC queue pair connected through softrdma's connection manager.
+ * Other types: SOCK_DGRAM EPROTONOSUPPORT (not built yet), others
+ * ESOCKTNOSUPPORT; other domains EAFNOSUPPORT; protocol != 0
+ * EPROTONOSUPPORT.
+ *
+ * exs_bind records the address; exs_listen binds it (port 0 picks one,
+ * unbound: any address) and accepts connections into its backlog;
+ * exs_accept and exs_connect are the asynchronous calls above. exs_send
+ * and exs_recv work as above with these differences: a send advertises
+ * its buffer and completes when the peer pulled it (one RDMA Read into
+ * the receive's buffer) or, at most small-packet size octets, when the
+ * data left inside the advertisement; buffers passed with
+ * EXS_MHANDLE_UNREGISTERED are registered for the one operation.
+ * SOCK_SEQPACKET: one send is one message; a receive shorter than the
+ * message takes its first octets, the rest is discarded and the event's
+ * exs_evt_flags has MSG_TRUNC. SOCK_STREAM: a receive shorter than the
+ * message takes its first octets and the next receive the following
+ * ones (byte order kept; one receive never spans two sends).
+ * Send flags: MSG_EOR, MSG_NOSIGNAL, MSG_DONTWAIT, MSG_MORE (no effect);
+ * receive flags: MSG_TRUNC, MSG_WAITALL, MSG_DONTWAIT (no effect); others
+ * EINVAL; EXS_PERSISTENT EOPNOTSUPP (not built yet). exs_sendmsg,
+ * exs_recvmsg, exs_sendfile, exs_shutdown: EOPNOTSUPP. The peer's death:
+ * every outstanding operation completes with ECONNRESET and later calls
+ * fail with it; the peer's exs_close: pending receives end with 0 octets
+ * (end of stream), sends with EPIPE.
+ */
+
+/* exs_fcntl commands (the int third argument; before exs_connect or
+ * exs_listen, else EISCONN). Once connected the GET commands return the
+ * negotiated values (the smaller of both ends').
+ *   EXS_F_SETCREDITS: advertisements in flight per direction, 1..1024
+ *     (default 64).
+ *   EXS_F_SETSMALL: the largest send carried inside its advertisement
+ *     (small_packet_max_size), 0..232 (default 128).
+ * F_GETFL returns O_RDWR, F_SETFL is accepted (every call is
+ * asynchronous anyway), F_GETFD/F_SETFD act on the descriptor; other
+ * commands EINVAL. */
+#define EXS_F_SETCREDITS 0x45580101
+#define EXS_F_GETCREDITS 0x45580102
+#define EXS_F_SETSMALL 0x45580103
+#define EXS_F_GETSMALL 0x45580104
 
 int exs_socket(int domain, int type, int protocol);
 int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen);
 int exs_listen(int fd, int backlog);
 int exs_fcntl(int fd, int cmd, ...);
+/* Connected: the local address toward the peer (an initiator's port
+ * reads 0: the connection manager picks it); unconnected: the bound
+ * address or the unspecified one. */
 int exs_getsockname(int fd, struct sockaddr *addr, socklen_t *addrlen);
 int exs_getpeername(int fd, struct sockaddr *addr, socklen_t *addrlen);
+/* Persistent blocks are not built yet: EOPNOTSUPP on descriptors of the
+ * RDMA model, ENOTSOCK / EBADF on others. */
 int exs_send_offset(int fd, const void *buf, size_t len, int flags, uint64_t offset,
                     exs_qhandle_t qhandle, exs_ahandle_t ahandle, exs_mhandle_t mhandle);
 int exs_recv_offset(int fd, void *buf, size_t len, int flags, uint64_t offset,

@@ -372,18 +372,21 @@ static int calls(void) {
     FAILS(exs_qdelete(q), EINVAL);
     printf("deregister/qdelete: ok\n");
 
-    /* the RDMA model is not built yet */
+    /* the RDMA model's calls refuse kernel descriptors */
     struct sockaddr_in z = loopback(1);
     socklen_t zl = sizeof z;
-    FAILS(exs_socket(AF_INET, SOCK_SEQPACKET, 0), ENOSYS);
-    FAILS(exs_bind(3, (struct sockaddr *)&z, zl), ENOSYS);
-    FAILS(exs_listen(3, 1), ENOSYS);
-    FAILS(exs_fcntl(3, F_GETFL), ENOSYS);
-    FAILS(exs_getsockname(3, (struct sockaddr *)&z, &zl), ENOSYS);
-    FAILS(exs_getpeername(3, (struct sockaddr *)&z, &zl), ENOSYS);
-    FAILS(exs_send_offset(3, b, 1, 0, 0, 0, AH(0), EXS_MHANDLE_UNREGISTERED), ENOSYS);
-    FAILS(exs_recv_offset(3, b, 1, 0, 0, 0, AH(0), EXS_MHANDLE_UNREGISTERED), ENOSYS);
-    printf("rdma model: ENOSYS\n");
+    int k = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(k >= 0, "socket");
+    FAILS(exs_bind(k, (struct sockaddr *)&z, zl), ENOTSOCK);
+    FAILS(exs_listen(k, 1), ENOTSOCK);
+    FAILS(exs_fcntl(k, F_GETFL), ENOTSOCK);
+    FAILS(exs_getsockname(k, (struct sockaddr *)&z, &zl), ENOTSOCK);
+    FAILS(exs_getpeername(9999, (struct sockaddr *)&z, &zl), EBADF);
+    FAILS(exs_send_offset(k, b, 1, 0, 0, 0, AH(0), EXS_MHANDLE_UNREGISTERED), ENOTSOCK);
+    FAILS(exs_recv_offset(9999, b, 1, 0, 0, 0, AH(0), EXS_MHANDLE_UNREGISTERED), EBADF);
+    FAILS(exs_socket(AF_UNIX, SOCK_SEQPACKET, 0), EAFNOSUPPORT);
+    close(k);
+    printf("rdma model on kernel descriptors: ok\n");
     printf("calls: all ok\n");
     return 0;
 }

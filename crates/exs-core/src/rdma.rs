@@ -1,0 +1,1483 @@
+//! The RDMA model (UNH-EXS): `exs_socket` descriptors over softrdma RC
+//! queue pairs connected through the verbs crate's connection manager.
+//!
+//! A send advertises its buffer (address, length, STag) in a control
+//! message; the receiver's `exs_recv` pulls it with one RDMA Read straight
+//! into the application's buffer and acknowledges, which completes the
+//! send. Sends up to the connection's small-packet size carry their data
+//! in the advertisement (immediate data: no Read, no acknowledgement).
+//! Advertisements are limited by credits negotiated at connect, and every
+//! control message finds a posted receive (iWARP has no retry). The wire
+//! format is in [`crate::wire`] and `docs/exs.md`.
+//!
+//! Descriptors are eventfds: real descriptors of the process that never
+//! collide with a kernel socket. One lock guards every descriptor; the
+//! progress thread sleeps on the library's completion channel (every
+//! connection's CQ reports to it) and, every [`TICK`], looks at every
+//! connection, so a peer's death is seen even when no completion reports
+//! it.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use libc::{c_int, sockaddr, socklen_t};
+use softrdma_verbs::{
+    cm, Access, Completion, CompletionChannel, CompletionQueue, Context, InlineData, MemoryRegion,
+    Payload, ProtectionDomain, QpCaps, QpLinkState, QueuePair, RecvWr, SendFlags, SendOp, SendWr,
+    SgList, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use crate::abi::*;
+use crate::engine::engine;
+use crate::queue::Queue;
+use crate::sys;
+use crate::wire::{self, Msg, Params, IMM_MAX, MAX_CREDITS, MSG_MAX};
+use crate::Errno;
+
+/// Credits when `exs_fcntl` did not set them.
+pub const DEFAULT_CREDITS: u32 = 64;
+/// Immediate-data threshold when `exs_fcntl` did not set it.
+pub const DEFAULT_SMALL: u32 = 128;
+/// `exs_fcntl` commands of the RDMA model.
+pub const EXS_F_SETCREDITS: c_int = 0x4558_0101;
+/// Reads the credits (negotiated once connected).
+pub const EXS_F_GETCREDITS: c_int = 0x4558_0102;
+/// Sets the immediate-data threshold (`small_packet_max_size`).
+pub const EXS_F_SETSMALL: c_int = 0x4558_0103;
+/// Reads it (negotiated once connected).
+pub const EXS_F_GETSMALL: c_int = 0x4558_0104;
+
+/// How often the progress thread looks at every connection.
+const TICK: Duration = Duration::from_millis(20);
+/// RDMA Reads in flight per connection (the connection's ORD).
+const MAX_READS: usize = 16;
+/// Receives beyond the two credit windows (credit messages and FIN).
+const EXTRA_RECVS: usize = 4;
+
+const TAG_CTRL: u64 = 0;
+const TAG_IMM: u64 = 1;
+const TAG_READ: u64 = 2;
+
+struct Dev {
+    ctx: Context,
+    pd: ProtectionDomain,
+    ch: CompletionChannel,
+}
+
+static DEV: OnceLock<Result<Dev, Errno>> = OnceLock::new();
+static ST: OnceLock<Mutex<RState>> = OnceLock::new();
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+fn dev() -> Result<&'static Dev, Errno> {
+    let d = DEV
+        .get_or_init(|| {
+            let ctx = Context::open().map_err(|_| libc::ENODEV)?;
+            let pd = ctx.alloc_pd();
+            let ch = ctx.create_comp_channel().map_err(|_| libc::EMFILE)?;
+            Ok(Dev { ctx, pd, ch })
+        })
+        .as_ref()
+        .map_err(|e| *e)?;
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let _ = std::thread::Builder::new()
+            .name("exs-rdma".into())
+            .spawn(progress_thread);
+    });
+    Ok(d)
+}
+
+fn st() -> MutexGuard<'static, RState> {
+    ST.get_or_init(|| Mutex::new(RState::default()))
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether `fd` is a descriptor of the RDMA model.
+pub fn owns(fd: c_int) -> bool {
+    ACTIVE.load(Ordering::Acquire) && st().socks.contains_key(&fd)
+}
+
+/// Removes `stag` from the engine (`exs_mderegister` of a region the
+/// RDMA model used).
+pub fn deregister(stag: u32) {
+    if let Some(Ok(d)) = DEV.get() {
+        d.ctx.engine().registry().deregister(stag);
+    }
+}
+
+fn reg_user(addr: usize, len: usize, access: Access) -> Result<u32, Errno> {
+    let d = dev()?;
+    // SAFETY: the application registered (or passed) this mapped range
+    // and keeps it valid while registered, as the API requires.
+    unsafe {
+        d.ctx
+            .engine()
+            .registry()
+            .register(addr as *mut u8, len, addr as u64, access, d.pd.number())
+    }
+    .map_err(|_| libc::ENOMEM)
+}
+
+fn all_access() -> Access {
+    Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE
+}
+
+/// One send or receive.
+struct XOp {
+    q: Arc<Queue>,
+    ah: usize,
+    buf: usize,
+    len: usize,
+    flags: c_int,
+    mh: c_int,
+    /// A temporary registration of an unregistered buffer.
+    tmp: Option<u32>,
+    seq: u32,
+    adv: bool,
+    done: Option<Errno>,
+    nbytes: usize,
+    trunc: bool,
+}
+
+impl XOp {
+    fn finish(self, fd: c_int, recv: bool, errno: Errno) {
+        if self.mh != EXS_MHANDLE_UNREGISTERED {
+            if let Ok(e) = engine() {
+                e.mem_release(self.mh);
+            }
+        }
+        if let Some(s) = self.tmp {
+            deregister(s);
+        }
+        let ty = if recv { EXS_EVT_RECV } else { EXS_EVT_SEND };
+        let mut ev = exs_event_t::new(ty, fd, self.ah, errno);
+        let mut flags = self.flags;
+        if self.trunc {
+            flags |= libc::MSG_TRUNC;
+        }
+        ev.exs_evt_union.exs_evt_xfer = exs_evt_xfer_t {
+            exs_evt_buf: self.buf as *mut libc::c_void,
+            exs_evt_len: self.len,
+            exs_evt_nbytes: if errno == 0 { self.nbytes as isize } else { 0 },
+            exs_evt_flags: flags,
+        };
+        self.q.push(ev);
+    }
+
+    /// The STag covering the buffer (registering it on first use).
+    fn stag(&mut self, access: Access) -> Result<u32, Errno> {
+        if self.mh == EXS_MHANDLE_UNREGISTERED {
+            if let Some(s) = self.tmp {
+                return Ok(s);
+            }
+            let s = reg_user(self.buf, self.len, access)?;
+            self.tmp = Some(s);
+            Ok(s)
+        } else {
+            engine()?.mem_stag(self.mh, |a, l| reg_user(a, l, all_access()))
+        }
+    }
+}
+
+/// An advertisement received and not yet consumed.
+struct Adv {
+    seq: u32,
+    addr: u64,
+    len: usize,
+    stag: u32,
+    imm: Option<Vec<u8>>,
+    /// Octets already taken (stream sockets).
+    off: usize,
+}
+
+/// A receive matched with (part of) an advertisement.
+struct Rd {
+    op: XOp,
+    /// Read to post: remote address, STag, local STag, length.
+    read: Option<(u64, u32, u32, usize)>,
+    posted: bool,
+    ready: bool,
+    /// The advertisement's sequence number when this part ends it (its
+    /// acknowledgement is due when the Read completes).
+    last: Option<u32>,
+}
+
+struct Conn {
+    qp: QueuePair,
+    cq: CompletionQueue,
+    rx: MemoryRegion,
+    nrx: usize,
+    credits: u32,
+    small: usize,
+    send_credits: u32,
+    owed: u32,
+    next_seq: u32,
+    advs: VecDeque<Adv>,
+    reads_posted: usize,
+    broken: bool,
+}
+
+impl Conn {
+    fn new(credits: u32) -> Result<Conn, Errno> {
+        let d = dev()?;
+        let c = credits as usize;
+        let nrx = 2 * c + EXTRA_RECVS;
+        let nsq = 3 * c + MAX_READS + 8;
+        let cq = d.ctx.create_cq(nrx + nsq + 16, Some(&d.ch));
+        let qp = d.pd.create_cm_qp(
+            &cq,
+            &cq,
+            QpCaps {
+                max_send_wr: nsq,
+                max_recv_wr: nrx,
+            },
+        );
+        let rx =
+            d.pd.register(nrx * MSG_MAX, Access::LOCAL_WRITE)
+                .map_err(|_| libc::ENOMEM)?;
+        let conn = Conn {
+            qp,
+            cq,
+            rx,
+            nrx,
+            credits,
+            small: DEFAULT_SMALL as usize,
+            send_credits: credits,
+            owed: 0,
+            next_seq: 0,
+            advs: VecDeque::new(),
+            reads_posted: 0,
+            broken: false,
+        };
+        for i in 0..nrx {
+            conn.post_recv(i)?;
+        }
+        Ok(conn)
+    }
+
+    fn set(&mut self, p: Params) {
+        self.credits = p.credits;
+        self.send_credits = p.credits;
+        self.small = p.small as usize;
+    }
+
+    fn post_recv(&self, i: usize) -> Result<(), Errno> {
+        let s = self.rx.sge(i * MSG_MAX, MSG_MAX as u32);
+        self.qp
+            .post_recv(RecvWr {
+                wr_id: i as u64,
+                sgl: SgList::single(s.addr, s.length, s.lkey),
+            })
+            .map_err(|_| libc::ECONNRESET)
+    }
+
+    fn post(&mut self, wr_id: u64, op: SendOp, payload: Payload) {
+        let wr = SendWr {
+            wr_id,
+            op,
+            payload,
+            flags: SendFlags {
+                signaled: true,
+                ..SendFlags::default()
+            },
+        };
+        if self.qp.post_send(wr).is_err() {
+            self.broken = true;
+        }
+    }
+
+    fn send_msg(&mut self, wr_id: u64, mut m: Msg) {
+        m.credits = self.owed.min(u16::MAX as u32) as u16;
+        self.owed -= u32::from(m.credits);
+        let b = m.encode();
+        let data = InlineData::new(&b).expect("control messages fit inline");
+        self.post(
+            wr_id,
+            SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+            Payload::Inline(data),
+        );
+    }
+}
+
+enum Role {
+    Fresh,
+    Connecting,
+    Connected,
+    Listening,
+}
+
+struct AcceptOp {
+    q: Arc<Queue>,
+    ah: usize,
+    addr: usize,
+    flags: c_int,
+}
+
+struct Sock {
+    id: u64,
+    family: c_int,
+    ty: c_int,
+    bound: Option<SocketAddr>,
+    credits: u32,
+    small: u32,
+    role: Role,
+    conn: Option<Conn>,
+    local: Option<SocketAddr>,
+    peer: Option<SocketAddr>,
+    connect_op: Option<(Arc<Queue>, usize)>,
+    sends: VecDeque<XOp>,
+    recvs: VecDeque<XOp>,
+    reading: VecDeque<Rd>,
+    accepts: VecDeque<AcceptOp>,
+    backlog: VecDeque<(Conn, SocketAddr, SocketAddr)>,
+    backlog_max: usize,
+    closed: Option<Arc<AtomicBool>>,
+    dead: Option<Errno>,
+    fin: bool,
+}
+
+impl Sock {
+    fn new(family: c_int, ty: c_int) -> Sock {
+        Sock {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            family,
+            ty,
+            bound: None,
+            credits: DEFAULT_CREDITS,
+            small: DEFAULT_SMALL,
+            role: Role::Fresh,
+            conn: None,
+            local: None,
+            peer: None,
+            connect_op: None,
+            sends: VecDeque::new(),
+            recvs: VecDeque::new(),
+            reading: VecDeque::new(),
+            accepts: VecDeque::new(),
+            backlog: VecDeque::new(),
+            backlog_max: 1,
+            closed: None,
+            dead: None,
+            fin: false,
+        }
+    }
+
+    fn stream(&self) -> bool {
+        self.ty == libc::SOCK_STREAM
+    }
+
+    /// Takes completions, matches receives with advertisements, posts
+    /// Reads and advertisements, returns credits, and queues the events of
+    /// what finished (in call order).
+    fn drive(&mut self, fd: c_int) {
+        let Some(cq) = self.conn.as_ref().map(|c| c.cq.clone()) else {
+            return;
+        };
+        let blank = Completion {
+            wc: WorkCompletion::new(0, WcStatus::GeneralErr, WcOpcode::Send, 0),
+            qp_num: 0,
+        };
+        let mut out = [blank; 32];
+        let mut armed = false;
+        loop {
+            let n = cq.poll(&mut out);
+            for c in &out[..n] {
+                self.completion(&c.wc);
+            }
+            if n == 0 {
+                if armed {
+                    break;
+                }
+                cq.req_notify(false);
+                armed = true;
+            }
+        }
+        if let Some(c) = &self.conn {
+            if c.broken || c.qp.state() == QpLinkState::Error {
+                self.die(fd);
+                return;
+            }
+        }
+        self.match_recvs();
+        self.post_reads();
+        self.complete_recvs(fd);
+        self.advertise();
+        while self.sends.front().is_some_and(|s| s.done.is_some()) {
+            let op = self.sends.pop_front().expect("front");
+            let e = op.done.unwrap_or(0);
+            op.finish(fd, false, e);
+        }
+        if let Some(c) = self.conn.as_mut() {
+            if c.owed > 0 && c.owed >= (c.credits / 2).max(1) {
+                c.send_msg(
+                    TAG_CTRL,
+                    Msg {
+                        kind: wire::CREDIT,
+                        ..Msg::default()
+                    },
+                );
+            }
+            if c.broken {
+                self.die(fd);
+            }
+        }
+    }
+
+    fn completion(&mut self, wc: &WorkCompletion) {
+        let Some(c) = self.conn.as_mut() else { return };
+        if wc.status != WcStatus::Success {
+            c.broken = true;
+            return;
+        }
+        match wc.opcode {
+            WcOpcode::Recv => {
+                let i = wc.wr_id as usize;
+                let n = wc.byte_len as usize;
+                if i >= c.nrx || n > MSG_MAX {
+                    c.broken = true;
+                    return;
+                }
+                let mut b = vec![0u8; n];
+                let _ = c.rx.read_at(i * MSG_MAX, &mut b);
+                if c.post_recv(i).is_err() {
+                    c.broken = true;
+                    return;
+                }
+                match Msg::decode(&b) {
+                    Some(m) => self.message(m),
+                    None => c.broken = true,
+                }
+            }
+            WcOpcode::RdmaRead => {
+                c.reads_posted = c.reads_posted.saturating_sub(1);
+                let Some(rd) = self.reading.iter_mut().find(|r| r.posted && !r.ready) else {
+                    c.broken = true;
+                    return;
+                };
+                rd.ready = true;
+                if let Some(seq) = rd.last {
+                    c.owed += 1;
+                    let len = rd.op.nbytes as u32;
+                    c.send_msg(
+                        TAG_CTRL,
+                        Msg {
+                            kind: wire::ACK,
+                            seq,
+                            len,
+                            ..Msg::default()
+                        },
+                    );
+                }
+            }
+            _ => {
+                if wc.wr_id >> 32 == TAG_IMM {
+                    let seq = wc.wr_id as u32;
+                    if let Some(s) = self.sends.iter_mut().find(|s| s.adv && s.seq == seq) {
+                        s.done = Some(0);
+                        s.nbytes = s.len;
+                    }
+                }
+            }
+        }
+    }
+
+    fn message(&mut self, m: Msg) {
+        let Some(c) = self.conn.as_mut() else { return };
+        let back = c.send_credits.saturating_add(u32::from(m.credits));
+        if back > c.credits {
+            c.broken = true;
+            return;
+        }
+        c.send_credits = back;
+        match m.kind {
+            wire::ADV => {
+                if c.advs.len() >= c.credits as usize {
+                    c.broken = true;
+                    return;
+                }
+                let imm = (m.flags & wire::F_IMM != 0).then_some(m.data);
+                c.advs.push_back(Adv {
+                    seq: m.seq,
+                    addr: m.addr,
+                    len: m.len as usize,
+                    stag: m.stag,
+                    imm,
+                    off: 0,
+                });
+            }
+            wire::ACK => {
+                match self
+                    .sends
+                    .iter_mut()
+                    .find(|s| s.adv && s.seq == m.seq && s.done.is_none())
+                {
+                    Some(s) => {
+                        s.done = Some(0);
+                        s.nbytes = s.len;
+                    }
+                    None => c.broken = true,
+                }
+            }
+            wire::FIN => self.fin = true,
+            _ => {}
+        }
+    }
+
+    fn match_recvs(&mut self) {
+        let stream = self.stream();
+        while !self.recvs.is_empty() {
+            let Some(c) = self.conn.as_mut() else { return };
+            let Some(a) = c.advs.front_mut() else { return };
+            let mut op = self.recvs.pop_front().expect("non-empty");
+            let rem = a.len - a.off;
+            let take = rem.min(op.len);
+            let ends = !stream || take == rem;
+            op.trunc = !stream && take < rem;
+            op.nbytes = take;
+            let mut ack = None;
+            let mut rd = Rd {
+                op,
+                read: None,
+                posted: false,
+                ready: false,
+                last: None,
+            };
+            if let Some(d) = &a.imm {
+                if take > 0 {
+                    // SAFETY: the receive's buffer: inside its registration
+                    // (mapped when registered) or checked mapped at the
+                    // call; the application keeps it until the event.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            d[a.off..].as_ptr(),
+                            rd.op.buf as *mut u8,
+                            take,
+                        )
+                    };
+                }
+                rd.ready = true;
+                if ends {
+                    c.owed += 1;
+                }
+            } else if take == 0 {
+                rd.ready = true;
+                if ends {
+                    ack = Some(a.seq);
+                }
+            } else {
+                match rd.op.stag(Access::LOCAL_WRITE) {
+                    Ok(l) => {
+                        rd.read = Some((a.addr + a.off as u64, a.stag, l, take));
+                        if ends {
+                            rd.last = Some(a.seq);
+                        }
+                    }
+                    Err(e) => {
+                        // The advertisement stays for the next receive.
+                        rd.op.done = Some(e);
+                        rd.ready = true;
+                        self.reading.push_back(rd);
+                        continue;
+                    }
+                }
+            }
+            if ends {
+                c.advs.pop_front();
+            } else {
+                a.off += take;
+            }
+            if let Some(seq) = ack {
+                c.owed += 1;
+                c.send_msg(
+                    TAG_CTRL,
+                    Msg {
+                        kind: wire::ACK,
+                        seq,
+                        ..Msg::default()
+                    },
+                );
+            }
+            self.reading.push_back(rd);
+        }
+    }
+
+    fn post_reads(&mut self) {
+        let Some(c) = self.conn.as_mut() else { return };
+        for rd in self.reading.iter_mut() {
+            if c.reads_posted >= MAX_READS {
+                return;
+            }
+            if rd.posted || rd.ready {
+                continue;
+            }
+            let Some((raddr, rkey, lkey, len)) = rd.read else {
+                continue;
+            };
+            c.reads_posted += 1;
+            rd.posted = true;
+            c.post(
+                (TAG_READ << 32) | 1,
+                SendOp::Read {
+                    remote_addr: raddr,
+                    rkey,
+                },
+                Payload::Sgl(SgList::single(rd.op.buf as u64, len as u32, lkey)),
+            );
+        }
+    }
+
+    fn complete_recvs(&mut self, fd: c_int) {
+        while self.reading.front().is_some_and(|r| r.ready) {
+            let rd = self.reading.pop_front().expect("front");
+            let e = rd.op.done.unwrap_or(0);
+            rd.op.finish(fd, true, e);
+        }
+        let empty = self.conn.as_ref().is_none_or(|c| c.advs.is_empty());
+        if self.fin && empty && self.reading.is_empty() {
+            for mut op in self.recvs.drain(..) {
+                op.nbytes = 0;
+                op.finish(fd, true, 0);
+            }
+        }
+    }
+
+    fn advertise(&mut self) {
+        let Some(c) = self.conn.as_mut() else { return };
+        for op in self.sends.iter_mut() {
+            if op.adv || op.done.is_some() {
+                continue;
+            }
+            if c.send_credits == 0 || c.broken {
+                return;
+            }
+            let seq = c.next_seq;
+            let imm = op.len <= c.small;
+            let m = if imm {
+                let mut data = vec![0u8; op.len];
+                if op.len > 0 {
+                    // SAFETY: the send's buffer, inside its registration or
+                    // checked mapped at the call.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            op.buf as *const u8,
+                            data.as_mut_ptr(),
+                            op.len,
+                        )
+                    };
+                }
+                Msg {
+                    kind: wire::ADV,
+                    flags: wire::F_IMM,
+                    seq,
+                    len: op.len as u32,
+                    data,
+                    ..Msg::default()
+                }
+            } else {
+                match op.stag(Access::REMOTE_READ) {
+                    Ok(stag) => Msg {
+                        kind: wire::ADV,
+                        seq,
+                        addr: op.buf as u64,
+                        len: op.len as u32,
+                        stag,
+                        ..Msg::default()
+                    },
+                    Err(e) => {
+                        op.done = Some(e);
+                        continue;
+                    }
+                }
+            };
+            c.next_seq = c.next_seq.wrapping_add(1);
+            c.send_credits -= 1;
+            op.adv = true;
+            op.seq = seq;
+            let tag = if imm { TAG_IMM } else { TAG_CTRL };
+            c.send_msg((tag << 32) | u64::from(seq), m);
+        }
+    }
+
+    /// The connection is gone: every outstanding operation completes.
+    fn die(&mut self, fd: c_int) {
+        let e = if self.fin {
+            libc::EPIPE
+        } else {
+            libc::ECONNRESET
+        };
+        self.dead = Some(e);
+        let conn = self.conn.take();
+        if let Some(c) = &conn {
+            c.qp.disconnect();
+            st_forget_cq(c.cq.id());
+        }
+        for rd in self.reading.drain(..) {
+            let ok = rd.ready && rd.op.done.is_none();
+            let err = rd.op.done.unwrap_or(e);
+            rd.op.finish(fd, true, if ok { 0 } else { err });
+        }
+        for mut op in self.recvs.drain(..) {
+            if self.fin {
+                op.nbytes = 0;
+                op.finish(fd, true, 0);
+            } else {
+                op.finish(fd, true, e);
+            }
+        }
+        for op in self.sends.drain(..) {
+            let d = op.done;
+            op.finish(fd, false, if d == Some(0) { 0 } else { e });
+        }
+    }
+
+    /// Fails every operation with `e` (close, failed connect).
+    fn cancel_all(&mut self, fd: c_int, e: Errno) {
+        for rd in self.reading.drain(..) {
+            rd.op.finish(fd, true, e);
+        }
+        for op in self.recvs.drain(..) {
+            op.finish(fd, true, e);
+        }
+        for op in self.sends.drain(..) {
+            op.finish(fd, false, e);
+        }
+        for a in self.accepts.drain(..) {
+            push_accept(fd, a, -1, None, e);
+        }
+        if let Some((q, ah)) = self.connect_op.take() {
+            q.push(exs_event_t::new(EXS_EVT_CONNECT, fd, ah, e));
+        }
+    }
+}
+
+/// CQ ids whose connection went away (pending removal from the map).
+static FORGET: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+fn st_forget_cq(id: u64) {
+    FORGET.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+}
+
+#[derive(Default)]
+struct RState {
+    socks: HashMap<c_int, Sock>,
+    cqs: HashMap<u64, c_int>,
+}
+
+impl RState {
+    fn drive(&mut self, fd: c_int) {
+        if let Some(s) = self.socks.get_mut(&fd) {
+            s.drive(fd);
+        }
+        let f: Vec<u64> = std::mem::take(&mut *FORGET.lock().unwrap_or_else(|e| e.into_inner()));
+        for id in f {
+            self.cqs.remove(&id);
+        }
+    }
+
+    /// Hands the listener's established connections to waiting accepts.
+    fn match_accepts(&mut self, lfd: c_int) {
+        loop {
+            let Some(l) = self.socks.get_mut(&lfd) else {
+                return;
+            };
+            if l.accepts.is_empty() || l.backlog.is_empty() {
+                return;
+            }
+            let a = l.accepts.pop_front().expect("non-empty");
+            let (conn, local, peer) = l.backlog.pop_front().expect("non-empty");
+            let (family, ty) = (l.family, l.ty);
+            let mut fl = libc::EFD_CLOEXEC;
+            if a.flags & libc::SOCK_NONBLOCK != 0 {
+                fl |= libc::EFD_NONBLOCK;
+            }
+            // SAFETY: no pointer arguments.
+            let nfd = unsafe { libc::eventfd(0, fl) };
+            if nfd < 0 {
+                let e = sys::errno();
+                conn.qp.disconnect();
+                push_accept(lfd, a, -1, None, e);
+                continue;
+            }
+            let mut s = Sock::new(family, ty);
+            s.credits = conn.credits;
+            s.small = conn.small as u32;
+            s.role = Role::Connected;
+            s.local = Some(local);
+            s.peer = Some(peer);
+            self.cqs.insert(conn.cq.id(), nfd);
+            s.conn = Some(conn);
+            self.socks.insert(nfd, s);
+            push_accept(lfd, a, nfd, Some(peer), 0);
+            self.drive(nfd);
+        }
+    }
+}
+
+fn push_accept(fd: c_int, a: AcceptOp, newfd: c_int, peer: Option<SocketAddr>, e: Errno) {
+    if let (Some(p), true) = (peer, a.addr != 0) {
+        let aa = a.addr as *mut exs_acceptaddr_t;
+        let (ss, len) = to_storage(p);
+        // SAFETY: the caller's exs_acceptaddr_t, checked mapped at the call
+        // and to stay valid until the event (sys/exs.h).
+        unsafe {
+            std::ptr::addr_of_mut!((*aa).aa_addrlen).write_unaligned(len);
+            std::ptr::addr_of_mut!((*aa).aa_addr).write_unaligned(ss);
+        }
+    }
+    let mut ev = exs_event_t::new(EXS_EVT_ACCEPT, fd, a.ah, e);
+    ev.exs_evt_union.exs_evt_accept = exs_evt_accept_t {
+        exs_evt_newfd: newfd,
+        exs_evt_addr: a.addr as *mut exs_acceptaddr_t,
+    };
+    a.q.push(ev);
+}
+
+fn progress_thread() {
+    // SAFETY: a full local set; pthread_sigmask on this thread.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
+    let Ok(d) = dev() else { return };
+    let mut last = Instant::now();
+    loop {
+        let mut p = libc::pollfd {
+            fd: d.ch.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd.
+        unsafe { libc::poll(&mut p, 1, TICK.as_millis() as c_int) };
+        let mut ids = Vec::new();
+        while let Some(id) = d.ch.get_event(Some(Duration::ZERO)) {
+            ids.push(id);
+        }
+        let mut s = st();
+        for id in ids {
+            if let Some(&fd) = s.cqs.get(&id) {
+                s.drive(fd);
+            }
+        }
+        if last.elapsed() >= TICK {
+            last = Instant::now();
+            let fds: Vec<c_int> = s.cqs.values().copied().collect();
+            for fd in fds {
+                s.drive(fd);
+            }
+        }
+    }
+}
+
+fn to_storage(a: SocketAddr) -> (libc::sockaddr_storage, socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match a {
+        SocketAddr::V4(v) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in.
+            unsafe { std::ptr::write_unaligned(&mut ss as *mut _ as *mut libc::sockaddr_in, sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(v) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v.port().to_be(),
+                sin6_flowinfo: v.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v.ip().octets(),
+                },
+                sin6_scope_id: v.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in6.
+            unsafe {
+                std::ptr::write_unaligned(&mut ss as *mut _ as *mut libc::sockaddr_in6, sin6)
+            };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as socklen_t)
+}
+
+/// Reads the caller's address of `len` octets (checked mapped).
+fn from_sockaddr(
+    addr: *const sockaddr,
+    len: socklen_t,
+    family: c_int,
+) -> Result<SocketAddr, Errno> {
+    if addr.is_null() {
+        return Err(libc::EFAULT);
+    }
+    if (len as usize) < std::mem::size_of::<libc::sa_family_t>() {
+        return Err(libc::EINVAL);
+    }
+    if !sys::mapped(addr as usize, len as usize) {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: mapped, at least the family's octets.
+    let fam = c_int::from(unsafe { (addr as *const libc::sa_family_t).read_unaligned() });
+    if fam != family {
+        return Err(libc::EAFNOSUPPORT);
+    }
+    if fam == libc::AF_INET {
+        if (len as usize) < std::mem::size_of::<libc::sockaddr_in>() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: mapped and long enough.
+        let s = unsafe { (addr as *const libc::sockaddr_in).read_unaligned() };
+        let ip = Ipv4Addr::from(s.sin_addr.s_addr.to_ne_bytes());
+        Ok(SocketAddr::V4(SocketAddrV4::new(
+            ip,
+            u16::from_be(s.sin_port),
+        )))
+    } else {
+        if (len as usize) < std::mem::size_of::<libc::sockaddr_in6>() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: mapped and long enough.
+        let s = unsafe { (addr as *const libc::sockaddr_in6).read_unaligned() };
+        Ok(SocketAddr::V6(SocketAddrV6::new(
+            Ipv6Addr::from(s.sin6_addr.s6_addr),
+            u16::from_be(s.sin6_port),
+            s.sin6_flowinfo,
+            s.sin6_scope_id,
+        )))
+    }
+}
+
+fn unspecified(family: c_int) -> SocketAddr {
+    if family == libc::AF_INET6 {
+        SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0)
+    } else {
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0)
+    }
+}
+
+/// The local address a connection toward `peer` uses (the kernel's route
+/// choice), with `port`.
+fn local_toward(peer: SocketAddr, port: u16) -> SocketAddr {
+    let any = unspecified(if peer.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    });
+    let ip = std::net::UdpSocket::bind(any)
+        .and_then(|u| {
+            u.connect(peer)?;
+            u.local_addr()
+        })
+        .map(|a| a.ip())
+        .unwrap_or(any.ip());
+    SocketAddr::new(ip, port)
+}
+
+fn io_errno(e: &std::io::Error, dflt: Errno) -> Errno {
+    e.raw_os_error().unwrap_or(dflt)
+}
+
+fn cm_errno(e: &cm::ConnectError) -> Errno {
+    match e {
+        cm::ConnectError::Io(io) => io_errno(io, libc::ECONNREFUSED),
+        cm::ConnectError::Busy => libc::EISCONN,
+        _ => libc::ECONNREFUSED,
+    }
+}
+
+/// `exs_socket`.
+pub fn socket(domain: c_int, ty: c_int, protocol: c_int) -> Result<c_int, Errno> {
+    if domain != libc::AF_INET && domain != libc::AF_INET6 {
+        return Err(libc::EAFNOSUPPORT);
+    }
+    let base = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
+    if base != libc::SOCK_SEQPACKET && base != libc::SOCK_STREAM {
+        return Err(if base == libc::SOCK_DGRAM {
+            libc::EPROTONOSUPPORT
+        } else {
+            libc::ESOCKTNOSUPPORT
+        });
+    }
+    if protocol != 0 {
+        return Err(libc::EPROTONOSUPPORT);
+    }
+    engine()?;
+    dev()?;
+    let mut fl = libc::EFD_CLOEXEC;
+    if ty & libc::SOCK_NONBLOCK != 0 {
+        fl |= libc::EFD_NONBLOCK;
+    }
+    // SAFETY: no pointer arguments.
+    let fd = unsafe { libc::eventfd(0, fl) };
+    if fd < 0 {
+        return Err(sys::errno());
+    }
+    let mut s = st();
+    s.socks.insert(fd, Sock::new(domain, base));
+    ACTIVE.store(true, Ordering::Release);
+    Ok(fd)
+}
+
+fn with<T>(fd: c_int, f: impl FnOnce(&mut Sock) -> Result<T, Errno>) -> Result<T, Errno> {
+    let mut s = st();
+    let sock = s.socks.get_mut(&fd).ok_or(libc::EBADF)?;
+    f(sock)
+}
+
+/// `exs_bind`: records the address (the listener binds it at `exs_listen`).
+pub fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Result<(), Errno> {
+    with(fd, |s| {
+        let a = from_sockaddr(addr, len, s.family)?;
+        if s.bound.is_some() || !matches!(s.role, Role::Fresh) {
+            return Err(libc::EINVAL);
+        }
+        s.bound = Some(a);
+        Ok(())
+    })
+}
+
+/// `exs_listen`.
+pub fn listen(fd: c_int, backlog: c_int) -> Result<(), Errno> {
+    let d = dev()?;
+    let mut g = st();
+    let s = g.socks.get_mut(&fd).ok_or(libc::EBADF)?;
+    match s.role {
+        Role::Listening => {
+            s.backlog_max = backlog.clamp(1, 4096) as usize;
+            return Ok(());
+        }
+        Role::Fresh => {}
+        _ => return Err(libc::EISCONN),
+    }
+    let addr = s.bound.unwrap_or(unspecified(s.family));
+    let l = cm::Listener::bind(&d.ctx, addr).map_err(|e| io_errno(&e, libc::EADDRINUSE))?;
+    let local = l.local_addr().map_err(|e| io_errno(&e, libc::EINVAL))?;
+    s.local = Some(local);
+    s.bound = Some(local);
+    s.role = Role::Listening;
+    s.backlog_max = backlog.clamp(1, 4096) as usize;
+    let closed = Arc::new(AtomicBool::new(false));
+    s.closed = Some(closed.clone());
+    let id = s.id;
+    drop(g);
+    let spawned = std::thread::Builder::new()
+        .name("exs-listen".into())
+        .spawn(move || accept_loop(fd, id, l, local, closed));
+    spawned.map(|_| ()).map_err(|_| libc::EAGAIN)
+}
+
+fn accept_loop(fd: c_int, id: u64, l: cm::Listener, local: SocketAddr, closed: Arc<AtomicBool>) {
+    loop {
+        let r = l.get_request();
+        if closed.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(req) = r else {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        };
+        let peer = req.peer_addr();
+        let ours = {
+            let g = st();
+            match g.socks.get(&fd) {
+                Some(s) if s.id == id => {
+                    (s.ty, s.credits, s.small, s.backlog.len() >= s.backlog_max)
+                }
+                _ => return,
+            }
+        };
+        let theirs = Params::parse(req.private_data());
+        let p = match theirs {
+            Some(t) if i32::from(t.ty) == ours.0 && !ours.3 => Params {
+                ty: t.ty,
+                credits: t.credits.min(ours.1),
+                small: t.small.min(ours.2),
+            },
+            _ => {
+                let _ = req.reject(b"EXS1");
+                continue;
+            }
+        };
+        let Ok(mut conn) = Conn::new(p.credits) else {
+            let _ = req.reject(b"EXS1");
+            continue;
+        };
+        conn.set(p);
+        let params = cm::ConnParams {
+            private_data: p.to_bytes().to_vec(),
+            ird: MAX_READS as u16,
+            ord: MAX_READS as u16,
+        };
+        if req.accept(&conn.qp, &params).is_err() {
+            continue;
+        }
+        let mut g = st();
+        match g.socks.get_mut(&fd) {
+            Some(s) if s.id == id => {
+                let lo = if local.ip().is_unspecified() {
+                    local_toward(peer, local.port())
+                } else {
+                    local
+                };
+                s.backlog.push_back((conn, lo, peer));
+            }
+            _ => {
+                conn.qp.disconnect();
+                return;
+            }
+        }
+        g.match_accepts(fd);
+    }
+}
+
+/// `exs_accept` on a listening descriptor of the RDMA model.
+pub fn accept(
+    fd: c_int,
+    addr: *mut exs_acceptaddr_t,
+    flags: c_int,
+    q: Arc<Queue>,
+    ah: usize,
+) -> Result<(), Errno> {
+    let mut g = st();
+    let s = g.socks.get_mut(&fd).ok_or(libc::EBADF)?;
+    if !matches!(s.role, Role::Listening) {
+        return Err(libc::EINVAL);
+    }
+    q.reserve()?;
+    s.accepts.push_back(AcceptOp {
+        q,
+        ah,
+        addr: addr as usize,
+        flags,
+    });
+    g.match_accepts(fd);
+    Ok(())
+}
+
+/// `exs_connect`.
+pub fn connect(
+    fd: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+    q: Arc<Queue>,
+    ah: usize,
+) -> Result<(), Errno> {
+    let mut g = st();
+    let s = g.socks.get_mut(&fd).ok_or(libc::EBADF)?;
+    let to = from_sockaddr(addr, len, s.family)?;
+    match s.role {
+        Role::Fresh => {}
+        Role::Connecting => return Err(libc::EALREADY),
+        Role::Connected => return Err(libc::EISCONN),
+        Role::Listening => return Err(libc::EINVAL),
+    }
+    if let Some(e) = s.dead {
+        return Err(e);
+    }
+    q.reserve()?;
+    s.role = Role::Connecting;
+    s.connect_op = Some((q, ah));
+    let ours = Params {
+        ty: s.ty as u8,
+        credits: s.credits,
+        small: s.small,
+    };
+    let id = s.id;
+    drop(g);
+    let r = std::thread::Builder::new()
+        .name("exs-connect".into())
+        .spawn(move || connect_thread(fd, id, to, ours));
+    if r.is_err() {
+        let mut g = st();
+        if let Some(s) = g.socks.get_mut(&fd) {
+            s.role = Role::Fresh;
+            if let Some((q, _)) = s.connect_op.take() {
+                q.unreserve();
+            }
+        }
+        return Err(libc::EAGAIN);
+    }
+    Ok(())
+}
+
+fn connect_thread(fd: c_int, id: u64, to: SocketAddr, ours: Params) {
+    let r = Conn::new(ours.credits).and_then(|mut c| {
+        let params = cm::ConnParams {
+            private_data: ours.to_bytes().to_vec(),
+            ird: MAX_READS as u16,
+            ord: MAX_READS as u16,
+        };
+        let pd = cm::connect(&c.qp, to, &params).map_err(|e| cm_errno(&e))?;
+        match Params::parse(&pd) {
+            Some(p) if p.credits <= ours.credits && p.small <= ours.small && p.ty == ours.ty => {
+                c.set(p);
+                Ok(c)
+            }
+            _ => {
+                c.qp.disconnect();
+                Err(libc::EPROTO)
+            }
+        }
+    });
+    let mut g = st();
+    let Some(s) = g.socks.get_mut(&fd).filter(|s| s.id == id) else {
+        if let Ok(c) = r {
+            c.qp.disconnect();
+        }
+        return;
+    };
+    match r {
+        Ok(conn) => {
+            s.role = Role::Connected;
+            s.credits = conn.credits;
+            s.small = conn.small as u32;
+            s.peer = Some(to);
+            s.local = Some(local_toward(to, 0));
+            let cqid = conn.cq.id();
+            s.conn = Some(conn);
+            if let Some((q, ah)) = s.connect_op.take() {
+                q.push(exs_event_t::new(EXS_EVT_CONNECT, fd, ah, 0));
+            }
+            g.cqs.insert(cqid, fd);
+            g.drive(fd);
+        }
+        Err(e) => {
+            s.role = Role::Fresh;
+            s.cancel_all(fd, e);
+        }
+    }
+}
+
+/// Checks a transfer's buffer and handle; holds the handle.
+fn xop(
+    buf: usize,
+    len: usize,
+    flags: c_int,
+    q: &Arc<Queue>,
+    ah: usize,
+    mh: c_int,
+) -> Result<XOp, Errno> {
+    if buf == 0 && len > 0 {
+        return Err(libc::EFAULT);
+    }
+    if len > u32::MAX as usize || buf.checked_add(len).is_none() {
+        return Err(libc::EMSGSIZE);
+    }
+    if mh == EXS_MHANDLE_UNREGISTERED && len > 0 && !sys::mapped(buf, len) {
+        return Err(libc::EFAULT);
+    }
+    engine()?.mem_hold(mh, buf, len)?;
+    if let Err(e) = q.reserve() {
+        if mh != EXS_MHANDLE_UNREGISTERED {
+            engine()?.mem_release(mh);
+        }
+        return Err(e);
+    }
+    Ok(XOp {
+        q: q.clone(),
+        ah,
+        buf,
+        len,
+        flags,
+        mh,
+        tmp: None,
+        seq: 0,
+        adv: false,
+        done: None,
+        nbytes: 0,
+        trunc: false,
+    })
+}
+
+/// Send flags the RDMA model accepts (all without effect).
+const SEND_OK: c_int = libc::MSG_EOR | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT | libc::MSG_MORE;
+/// Receive flags the RDMA model accepts (`MSG_TRUNC` is reported in the
+/// event's flags whatever the call asked; `MSG_WAITALL` has no effect).
+const RECV_OK: c_int = libc::MSG_TRUNC | libc::MSG_WAITALL | libc::MSG_DONTWAIT;
+
+/// `exs_send` and `exs_recv` on a descriptor of the RDMA model.
+#[allow(clippy::too_many_arguments)]
+pub fn xfer(
+    recv: bool,
+    fd: c_int,
+    buf: usize,
+    len: usize,
+    flags: c_int,
+    q: Arc<Queue>,
+    ah: usize,
+    mh: c_int,
+) -> Result<(), Errno> {
+    if flags & EXS_PERSISTENT != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let ok = if recv { RECV_OK } else { SEND_OK };
+    if flags & !ok != 0 {
+        return Err(libc::EINVAL);
+    }
+    let mut g = st();
+    let s = g.socks.get_mut(&fd).ok_or(libc::EBADF)?;
+    match s.role {
+        Role::Connected | Role::Connecting => {}
+        _ => return Err(libc::ENOTCONN),
+    }
+    if let Some(e) = s.dead {
+        if !(recv && s.fin) {
+            return Err(e);
+        }
+    }
+    let op = xop(buf, len, flags, &q, ah, mh)?;
+    if s.dead.is_some() {
+        // The peer closed: end of stream at once.
+        op.finish(fd, true, 0);
+        return Ok(());
+    }
+    if recv {
+        s.recvs.push_back(op);
+    } else {
+        s.sends.push_back(op);
+    }
+    g.drive(fd);
+    Ok(())
+}
+
+/// `exs_close`: FIN to the peer, then the connection is torn down; the
+/// descriptor's operations complete with ECANCELED.
+pub fn close(fd: c_int) -> Result<(), Errno> {
+    let mut g = st();
+    let mut s = g.socks.remove(&fd).ok_or(libc::EBADF)?;
+    if let Some(c) = &s.conn {
+        g.cqs.remove(&c.cq.id());
+    }
+    drop(g);
+    let mut conns: Vec<Conn> = s.backlog.drain(..).map(|b| b.0).collect();
+    if let Some(mut c) = s.conn.take() {
+        if !c.broken {
+            c.send_msg(
+                TAG_CTRL,
+                Msg {
+                    kind: wire::FIN,
+                    ..Msg::default()
+                },
+            );
+            let end = Instant::now() + Duration::from_millis(200);
+            while !c.qp.tx_idle() && Instant::now() < end {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        conns.push(c);
+    }
+    for c in &conns {
+        c.qp.disconnect();
+    }
+    s.cancel_all(fd, libc::ECANCELED);
+    if let (Some(closed), Some(local)) = (&s.closed, s.local) {
+        closed.store(true, Ordering::Release);
+        let wake = if local.ip().is_unspecified() {
+            SocketAddr::new(
+                if local.is_ipv4() {
+                    IpAddr::V4(Ipv4Addr::LOCALHOST)
+                } else {
+                    IpAddr::V6(Ipv6Addr::LOCALHOST)
+                },
+                local.port(),
+            )
+        } else {
+            local
+        };
+        let _ = std::net::TcpStream::connect_timeout(&wake, Duration::from_millis(200));
+    }
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(fd) };
+    Ok(())
+}
+
+fn write_addr(a: SocketAddr, addr: *mut sockaddr, len: *mut socklen_t) -> Result<(), Errno> {
+    if len.is_null() || !sys::mapped(len as usize, std::mem::size_of::<socklen_t>()) {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: checked mapped.
+    let room = unsafe { len.read_unaligned() } as usize;
+    let (ss, n) = to_storage(a);
+    let k = room.min(n as usize);
+    if k > 0 {
+        if addr.is_null() || !sys::mapped(addr as usize, k) {
+            return Err(libc::EFAULT);
+        }
+        // SAFETY: k octets mapped at addr; ss has n >= k.
+        unsafe { std::ptr::copy_nonoverlapping(&ss as *const _ as *const u8, addr as *mut u8, k) };
+    }
+    // SAFETY: checked mapped.
+    unsafe { len.write_unaligned(n) };
+    Ok(())
+}
+
+/// `exs_getsockname`.
+pub fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> Result<(), Errno> {
+    let a = with(fd, |s| {
+        Ok(s.local.or(s.bound).unwrap_or(unspecified(s.family)))
+    })?;
+    write_addr(a, addr, len)
+}
+
+/// `exs_getpeername`.
+pub fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> Result<(), Errno> {
+    let a = with(fd, |s| match (&s.role, s.peer) {
+        (Role::Connected, Some(p)) => Ok(p),
+        _ => Err(libc::ENOTCONN),
+    })?;
+    write_addr(a, addr, len)
+}
+
+/// `exs_fcntl`.
+pub fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> Result<c_int, Errno> {
+    with(fd, |s| {
+        let fresh = matches!(s.role, Role::Fresh) && s.dead.is_none();
+        match cmd {
+            EXS_F_GETCREDITS => Ok(s.credits as c_int),
+            EXS_F_GETSMALL => Ok(s.small as c_int),
+            EXS_F_SETCREDITS | EXS_F_SETSMALL => {
+                if !fresh {
+                    return Err(libc::EISCONN);
+                }
+                let v = arg as c_int;
+                if cmd == EXS_F_SETCREDITS {
+                    if !(1..=MAX_CREDITS as c_int).contains(&v) {
+                        return Err(libc::EINVAL);
+                    }
+                    s.credits = v as u32;
+                } else {
+                    if !(0..=IMM_MAX as c_int).contains(&v) {
+                        return Err(libc::EINVAL);
+                    }
+                    s.small = v as u32;
+                }
+                Ok(0)
+            }
+            libc::F_GETFL => Ok(libc::O_RDWR),
+            libc::F_SETFL => Ok(0),
+            libc::F_GETFD | libc::F_SETFD => {
+                // SAFETY: integer argument only.
+                let r = unsafe { libc::fcntl(fd, cmd, arg as c_int) };
+                if r < 0 {
+                    Err(sys::errno())
+                } else {
+                    Ok(r)
+                }
+            }
+            _ => Err(libc::EINVAL),
+        }
+    })
+}
