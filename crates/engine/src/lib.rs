@@ -46,7 +46,7 @@ pub use dgram::{
     DgramError, DgramQpHandle, DgramQpStats, RdOptions, RdQpCounters, SocketStats, UdOptions,
     MCAST_QPN,
 };
-pub use mr::{RegError, Registry};
+pub use mr::{Pages, RegError, Registry};
 pub use qp::{Qp, QpCaps, QpError, QpLinkState};
 pub use srq::Srq;
 

@@ -20,6 +20,74 @@ use std::sync::RwLock;
 
 use softrdma_proto::memory::{Access, AtomicOp, MemError, Memory};
 
+/// Zeroed, page-aligned memory of the process's own (an anonymous private
+/// mapping), for regions a library allocates itself (the verbs crate's
+/// `ProtectionDomain::register`). Its pages become resident only when
+/// first touched, so a large receive area that small messages use holds
+/// only the pages they reached (an allocator's zeroed, page-aligned
+/// allocation writes every page). Unmapped on drop.
+#[derive(Debug)]
+pub struct Pages {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: plain memory owned by this value; the pointer is only handed out
+// as an address.
+unsafe impl Send for Pages {}
+// SAFETY: as above; `Pages` itself never reads or writes the memory.
+unsafe impl Sync for Pages {}
+
+impl Pages {
+    /// `len` zeroed octets (rounded up to whole pages by the kernel).
+    pub fn zeroed(len: usize) -> std::io::Result<Pages> {
+        if len == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+        }
+        // SAFETY: a new anonymous mapping chosen by the kernel; no existing
+        // memory is affected; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ptr = std::ptr::NonNull::new(p as *mut u8)
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
+        Ok(Pages { ptr, len })
+    }
+
+    /// The first octet.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in octets (as asked for).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true: a mapping has at least one octet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for Pages {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `zeroed`, unmapped once; whoever
+        // registered it deregistered it first (the owner's contract).
+        unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len) };
+    }
+}
+
 /// One registered region.
 #[derive(Debug, Clone, Copy)]
 struct Region {
@@ -521,6 +589,32 @@ mod tests {
         // SAFETY: refused: the STag is gone.
         let gone = unsafe { reg.reregister(stag, None, Some(rw), None) };
         assert_eq!(gone, Err(RegError::NoSuchStag));
+    }
+
+    #[test]
+    fn pages_are_zeroed_writable_and_resident_only_when_touched() {
+        let len = 8 << 20;
+        let p = Pages::zeroed(len).unwrap();
+        assert_eq!(p.len(), len);
+        assert_eq!(p.as_ptr() as usize % 4096, 0, "page aligned");
+        let rss = || {
+            std::fs::read_to_string("/proc/self/statm")
+                .ok()
+                .and_then(|s| s.split_whitespace().nth(1)?.parse::<usize>().ok())
+                .unwrap_or(0)
+        };
+        let before = rss();
+        // SAFETY: `p` is a live mapping of `len` octets; the reads and the
+        // write are in bounds and nothing else uses it.
+        unsafe {
+            assert_eq!(*p.as_ptr(), 0);
+            assert_eq!(*p.as_ptr().add(len - 1), 0);
+            *p.as_ptr().add(4096) = 7;
+            assert_eq!(*p.as_ptr().add(4096), 7);
+        }
+        // Touching 3 pages of 2048 makes a few resident, not 8 MiB.
+        assert!(rss() < before + 256, "rss {before} -> {} pages", rss());
+        assert!(Pages::zeroed(0).is_err());
     }
 
     #[test]

@@ -25,7 +25,6 @@
 //! and [`MemoryRegion::read_at`], which copy. The raw address is available
 //! for work requests and for C interop.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -144,42 +143,36 @@ pub enum RegisterError {
 }
 
 impl ProtectionDomain {
-    /// Allocates `len` zeroed octets (page aligned) and registers them.
+    /// Allocates `len` zeroed octets (page aligned, an anonymous mapping
+    /// whose pages become resident when first touched: [`engine::Pages`])
+    /// and registers them.
     pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion, RegisterError> {
         if len == 0 {
             return Err(RegisterError::InvalidLength);
         }
-        let layout =
-            Layout::from_size_align(len, 4096).map_err(|_| RegisterError::InvalidLength)?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(RegisterError::InvalidLength);
-        }
-        // SAFETY: `ptr` is a live allocation of `len` octets that this MemoryRegion frees only after deregistering it (Drop).
+        let mem = engine::Pages::zeroed(len).map_err(|_| RegisterError::InvalidLength)?;
+        // SAFETY: `mem` is a live mapping of `len` octets that the
+        // MemoryRegion keeps until after it deregisters it (Drop: the
+        // deregistration comes first, the field is dropped after).
         let stag = unsafe {
             self.ctx
                 .registry()
-                .register(ptr, len, ptr as u64, access, self.pd)
+                .register(mem.as_ptr(), len, mem.as_ptr() as u64, access, self.pd)
         };
         match stag {
             Ok(stag) => Ok(MemoryRegion {
                 ctx: self.ctx.clone(),
-                ptr,
-                layout,
+                ptr: mem.as_ptr(),
+                mem,
                 stag,
             }),
-            Err(e) => {
-                // SAFETY: allocated above with this layout, never shared.
-                unsafe { dealloc(ptr, layout) };
-                Err(match e {
-                    engine::RegError::BadAccess => RegisterError::InvalidAccess,
-                    engine::RegError::TooMany => RegisterError::TooMany,
-                    engine::RegError::BadRange | engine::RegError::NoSuchStag => {
-                        RegisterError::InvalidLength
-                    }
-                })
-            }
+            Err(e) => Err(match e {
+                engine::RegError::BadAccess => RegisterError::InvalidAccess,
+                engine::RegError::TooMany => RegisterError::TooMany,
+                engine::RegError::BadRange | engine::RegError::NoSuchStag => {
+                    RegisterError::InvalidLength
+                }
+            }),
         }
     }
 
@@ -358,7 +351,8 @@ impl SharedReceiveQueue {
 pub struct MemoryRegion {
     ctx: engine::Context,
     ptr: *mut u8,
-    layout: Layout,
+    /// The memory; dropped after `Drop::drop` deregistered it.
+    mem: engine::Pages,
     stag: u32,
 }
 
@@ -381,7 +375,7 @@ impl MemoryRegion {
 
     /// Length in octets.
     pub fn len(&self) -> usize {
-        self.layout.size()
+        self.mem.len()
     }
 
     /// Always false: regions are never empty.
@@ -442,9 +436,10 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
+        // The mapping (`mem`) is unmapped after this returns, once the
+        // region is deregistered: the registry lock orders the
+        // deregistration after any access in progress.
         self.ctx.registry().deregister(self.stag);
-        // SAFETY: allocated in `register` with this layout; deregistered above, so no engine access can follow (the registry lock orders it after any access in progress).
-        unsafe { dealloc(self.ptr, self.layout) };
     }
 }
 
