@@ -128,6 +128,29 @@ sockets_interposer() {
 }
 check "sockets interposer installed, softrdma run --sockets" sockets_interposer
 
+exs_library() {
+    [ -f "$prefix/lib/libexs.so.1" ] && [ -L "$prefix/lib/libexs.so" ] &&
+        [ -f "$prefix/include/sys/exs.h" ] || { echo "libexs.so.1, libexs.so or sys/exs.h missing"; return 1; }
+    out_has 'SONAME.*\[libexs.so.1\]' readelf -d "$prefix/lib/libexs.so.1" || return 1
+    # What netperf's configure --enable-exs checks: the header, and exs_init in -lexs.
+    cat >"$work/exs.c" <<'EOF'
+#include <stdio.h>
+#include <sys/exs.h>
+int main(void)
+{
+	if (exs_init(EXS_VERSION)) { perror("exs_init"); return 1; }
+	exs_qhandle_t q = exs_qcreate(8);
+	if (q == EXS_QHANDLE_INVALID) { perror("exs_qcreate"); return 1; }
+	puts("exs: OK");
+	return 0;
+}
+EOF
+    # shellcheck disable=SC2046
+    cc -Wall -Werror -o "$work/exs" "$work/exs.c" $(pkg-config --cflags --libs exs) &&
+        out_has 'exs: OK' env LD_LIBRARY_PATH="$prefix/lib" "$work/exs"
+}
+check "libexs and its header installed, a program via pkg-config" exs_library
+
 help_text() {
     out_has 'Usage' "$prefix/bin/softrdma" --help &&
         out_has 'Usage' "$prefix/bin/softrdma" run --help &&
