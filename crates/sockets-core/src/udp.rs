@@ -17,6 +17,20 @@
 //! source IP, the header's port) as `recvfrom` would, and answers it over
 //! UD without asking the registry (it remembers the sender's QP).
 //!
+//! The QP is self-driven (`UdQpOptions::self_driven`): its UDP socket is
+//! its own and the engine's progress thread does not read it. A call on
+//! the socket polls the CQ, which reads the QP's socket on the caller's
+//! thread; a call that has to wait spins for `SOFTRDMA_SOCKETS_SPIN_US`,
+//! then sleeps on one private epoll set holding the kernel socket, the
+//! QP's UDP socket and the CQ's completion channel (armed: the progress
+//! thread still runs the QP's timers and resumes a transmit the socket
+//! pushed back, and what that completes must wake the sleeper). A UD
+//! datagram arriving for a sleeping caller wakes it directly. Datagrams
+//! that arrive while the application is in no call wait in the QP's
+//! socket buffer, as the kernel's datagrams wait in the kernel socket's
+//! (RD's are read by the progress thread when nobody polled for 10 ms, so
+//! the peer's messages are acknowledged).
+//!
 //! Receives are served from pre-posted buffers and copied out; a socket
 //! reads whichever of its two sources (UD messages, kernel datagrams) has
 //! something, UD first. Loss is UDP's: a message that finds no posted
@@ -113,6 +127,12 @@ impl DQp {
             DQp::Rd(q) => q.qpn(),
         }
     }
+    fn socket_fd(&self) -> i32 {
+        match self {
+            DQp::Ud(q) => q.socket_fd(),
+            DQp::Rd(q) => q.socket_fd(),
+        }
+    }
 }
 
 struct RxMsg {
@@ -136,8 +156,8 @@ pub struct UdEnd {
     peers: HashMap<SocketAddr, (Option<AddressHandle>, Instant)>,
     /// The socket's own UDP port (the header's).
     port: u16,
-    /// Private epoll set over the kernel socket and the completion channel:
-    /// the one descriptor a waiter sleeps on.
+    /// Private epoll set over the kernel socket, the QP's own UDP socket
+    /// and the completion channel: the one descriptor a waiter sleeps on.
     waitfd: i32,
     /// Messages sent and received (statistics).
     pub msgs_out: u64,
@@ -197,6 +217,7 @@ impl UdEnd {
                     UdQpOptions {
                         bind,
                         max_msg: BUF,
+                        self_driven: true,
                         ..UdQpOptions::default()
                     },
                 )
@@ -210,6 +231,7 @@ impl UdEnd {
                     RdQpOptions {
                         bind,
                         max_msg: BUF,
+                        self_driven: true,
                         ..RdQpOptions::default()
                     },
                 )
@@ -229,6 +251,7 @@ impl UdEnd {
             return Err(std::io::Error::last_os_error());
         }
         epoll_add(waitfd, fd);
+        epoll_add(waitfd, qp.socket_fd());
         epoll_add(waitfd, chan.fd());
         let u = UdEnd {
             qp,
@@ -265,8 +288,8 @@ impl UdEnd {
         (a.port, a.qpn, self.transport)
     }
 
-    /// The descriptor a waiter sleeps on (readable: a kernel datagram, or
-    /// the armed CQ fired).
+    /// The descriptor a waiter sleeps on (readable: a kernel datagram, a
+    /// UD datagram on the QP's socket, or the armed CQ fired).
     pub fn wait_fd(&self) -> i32 {
         self.waitfd
     }
