@@ -1562,7 +1562,7 @@ impl Sock {
             if nonblock {
                 return Out::Done(Err(libc::EAGAIN));
             }
-            if spinning(&mut spin) {
+            if crate::udp::spinning(&mut spin) {
                 continue;
             }
             let w = u.end.wait_fd();
@@ -1658,7 +1658,7 @@ impl Sock {
             if nonblock {
                 return Out::Done(Err(libc::EAGAIN));
             }
-            if spinning(&mut spin) {
+            if crate::udp::spinning(&mut spin) {
                 continue;
             }
             let w = u.end.wait_fd();
