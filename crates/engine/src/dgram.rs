@@ -109,6 +109,46 @@
 //! count who ran them; [`DgramQpStats::thread_arms`] and
 //! [`DgramQpStats::thread_look_agains`] how often the thread was armed.
 //!
+//! # Self-driven datagram QPs
+//!
+//! A QP created with [`UdOptions::self_driven`] (or
+//! [`RdOptions::self_driven`]) gets a UDP socket of its own, shared with
+//! no other QP, which the progress thread never reads for arrivals: the
+//! socket is known to the thread (its token, its timer, write interest
+//! while the QP waits for room) but is not in its epoll set for reading.
+//! The QP's user reads it: [`crate::Cq::poll`]'s inline progress drains
+//! it on the polling thread, and a user with nothing to do sleeps on
+//! [`DgramQpHandle::socket_fd`] (readable) itself — with a CQ of the QP
+//! armed and its completion channel beside it, for what the thread still
+//! completes (below). A datagram that arrives while the user sleeps thus
+//! wakes the user directly, instead of the progress thread, which then
+//! signals the channel, which wakes the user (two thread hand-offs per
+//! datagram, and on a small machine a core taken from the peer). This is
+//! what the sockets interposer's UDP sockets use, as its TCP sockets use
+//! [`crate::Qp::set_self_driven`]. What the thread still does:
+//!
+//! * **Timers** (reassembly, Write-Record partial timeouts, RD
+//!   retransmission, delayed ACKs, probes, expiry) run as for any QP (see
+//!   Timers), including the look-agains of a busy poller. A timer the
+//!   thread runs drains the socket first, as for any QP, so a message
+//!   whose last segments wait in the kernel is completed, not retired
+//!   as idle; completions it makes go to the CQ (and fire an armed
+//!   channel).
+//! * **Back-pressure**: a send the socket refuses (`WouldBlock`) makes the
+//!   QP wait for writability as any QP does: the socket joins the thread's
+//!   epoll set for writes only, and the thread resumes the transmit.
+//! * **RD liveness**: a user that makes no call for a while (a program
+//!   that does not read its socket) must not make its RD peers give up on
+//!   it (they retransmit unacknowledged messages and fail after their
+//!   retry span, about 4 s). Every 10 ms the thread looks at a
+//!   self-driven RD QP's socket and, when no inline poll ran since its
+//!   previous look, reads what arrived (acknowledging and placing it into
+//!   posted receives). A self-driven UD QP gets no such look: what
+//!   arrives while its user is in no call waits in the kernel socket's
+//!   buffer, and what does not fit is dropped there — UDP's behaviour.
+//!
+//! A self-driven QP's socket is closed with the QP.
+//!
 //! # Multicast
 //!
 //! `ibv_attach_mcast` semantics, IPv4 only: [`DgramQpHandle::attach_mcast`]
@@ -232,6 +272,10 @@ const INLINE_CLOCK_EVERY: u32 = 16;
 /// are not that busy) reads it on every poll again, and one whose polls
 /// come [`INLINE_CLOCK_EVERY`] times faster goes back to every 16th.
 const INLINE_CLOCK_GAP_NS: u64 = 50_000;
+/// How often the progress thread looks at a self-driven RD QP's socket
+/// for what arrived while its user was in no call (`look_idle`): well
+/// within RD's retry span (about 4 s), and rare enough to cost nothing.
+const SELF_DRIVEN_LOOK: Duration = Duration::from_millis(10);
 /// Progress-thread tokens of datagram sockets and QPs: above every RC QP's
 /// token (a u32 QPN).
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1 << 40);
@@ -428,6 +472,11 @@ pub struct UdOptions {
     /// the kernel picks. Bind a concrete address to make
     /// [`DgramQpHandle::local_addr`] something a peer can use.
     pub bind: SocketAddr,
+    /// A socket of the QP's own that the progress thread does not read:
+    /// the QP's user reads it through inline progress ([`crate::Cq::poll`])
+    /// and waits on it ([`DgramQpHandle::socket_fd`]) — see the module
+    /// docs, "Self-driven datagram QPs". Default off.
+    pub self_driven: bool,
 }
 
 impl Default for UdOptions {
@@ -436,6 +485,7 @@ impl Default for UdOptions {
             proto: UdConfig::default(),
             mtu: None,
             bind: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+            self_driven: false,
         }
     }
 }
@@ -457,6 +507,9 @@ pub struct RdOptions {
     /// QPs share sockets (the first octet of a datagram tells the framings
     /// apart).
     pub bind: SocketAddr,
+    /// A socket of the QP's own that the progress thread does not read,
+    /// as [`UdOptions::self_driven`]. Default off.
+    pub self_driven: bool,
 }
 
 impl Default for RdOptions {
@@ -465,6 +518,7 @@ impl Default for RdOptions {
             proto: RdQpConfig::default(),
             mtu: None,
             bind: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+            self_driven: false,
         }
     }
 }
@@ -630,11 +684,19 @@ pub(crate) struct Service {
 
 impl Service {
     /// A socket bound like `bind` with a free slot, reserved.
+    /// `own`: a new socket for this QP alone, self-driven (not in the
+    /// list: no other QP gets a slot of it).
     fn reserve(
         &self,
         shared: &Arc<Shared>,
         bind: SocketAddr,
+        own: bool,
     ) -> Result<(Arc<DgramSocket>, u8), DgramError> {
+        if own {
+            let s = DgramSocket::open(shared, bind, true)?;
+            let slot = s.reserve_slot().ok_or(DgramError::PortFull)?;
+            return Ok((s, slot));
+        }
         let mut socks = self.sockets.lock().unwrap_or_else(|p| p.into_inner());
         for s in socks.iter() {
             if s.local.ip() != bind.ip() || (bind.port() != 0 && s.local.port() != bind.port()) {
@@ -647,7 +709,7 @@ impl Service {
                 return Err(DgramError::PortFull);
             }
         }
-        let s = DgramSocket::open(shared, bind)?;
+        let s = DgramSocket::open(shared, bind, false)?;
         let slot = s.reserve_slot().ok_or(DgramError::PortFull)?;
         socks.push(s.clone());
         Ok((s, slot))
@@ -723,6 +785,12 @@ pub(crate) struct DgramSocket {
     /// Epoll interest and busy-poll parking (`progress` module docs).
     park: Parking,
     stats: Counters,
+    /// The socket of one self-driven QP: the progress thread never reads
+    /// it for arrivals (module docs, "Self-driven datagram QPs").
+    self_driven: bool,
+    /// Self-driven RD: the thread looks at the socket every
+    /// [`SELF_DRIVEN_LOOK`] and reads it if no poller did meanwhile.
+    idle_look: AtomicBool,
 }
 
 impl std::fmt::Debug for DgramSocket {
@@ -746,6 +814,7 @@ impl DgramSocket {
         sock: UdpSocket,
         role: Role,
         offload: bool,
+        self_driven: bool,
     ) -> io::Result<Arc<DgramSocket>> {
         let local = sock.local_addr()?;
         let gro = offload && udp::enable_gro(sock.as_raw_fd());
@@ -771,19 +840,34 @@ impl DgramSocket {
             tx_wait: Mutex::new(TxWait::default()),
             park: Parking::default(),
             stats: Counters::default(),
+            self_driven,
+            idle_look: AtomicBool::new(false),
             sock,
         });
-        s.park.register(
-            shared.progress()?,
-            s.sock.as_raw_fd(),
-            s.token,
-            Arc::downgrade(&s),
-        )?;
+        if self_driven {
+            s.park.register_quiet(
+                shared.progress()?,
+                s.sock.as_raw_fd(),
+                s.token,
+                Arc::downgrade(&s),
+            );
+        } else {
+            s.park.register(
+                shared.progress()?,
+                s.sock.as_raw_fd(),
+                s.token,
+                Arc::downgrade(&s),
+            )?;
+        }
         Ok(s)
     }
 
-    /// A QP socket bound to `bind`.
-    fn open(shared: &Arc<Shared>, bind: SocketAddr) -> io::Result<Arc<DgramSocket>> {
+    /// A QP socket bound to `bind` (`self_driven`: of one self-driven QP).
+    fn open(
+        shared: &Arc<Shared>,
+        bind: SocketAddr,
+        self_driven: bool,
+    ) -> io::Result<Arc<DgramSocket>> {
         let sock = UdpSocket::bind(bind)?;
         sock.set_nonblocking(true)?;
         let fd = sock.as_raw_fd();
@@ -801,6 +885,7 @@ impl DgramSocket {
                 slots: Mutex::new(slots),
             },
             shared.config.dgram_offload,
+            self_driven,
         )
     }
 
@@ -813,6 +898,7 @@ impl DgramSocket {
             Role::Multicast {
                 groups: Mutex::new(Vec::new()),
             },
+            false,
             false,
         )
     }
@@ -1095,16 +1181,49 @@ impl Source for DgramSocket {
         }
     }
 
-    fn on_timer(&self, _now: Instant) {
+    fn on_timer(&self, now: Instant) {
         if let Some(s) = self.shared.upgrade() {
             if let Ok(p) = s.progress() {
-                self.park.recheck(p);
+                if self.self_driven {
+                    self.look_idle(p, now);
+                } else {
+                    self.park.recheck(p);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for DgramSocket {
+    fn drop(&mut self) {
+        // A self-driven socket goes with its QP; the others live as long
+        // as the context (and its progress thread).
+        if self.self_driven {
+            if let Some(s) = self.shared.upgrade() {
+                if let Ok(p) = s.progress() {
+                    self.park.unregister(p);
+                }
             }
         }
     }
 }
 
 impl DgramSocket {
+    /// Self-driven RD: from the progress thread's timer, every
+    /// [`SELF_DRIVEN_LOOK`]. A user that has not polled since the last
+    /// look is not in a call: what arrived meanwhile is read here, so the
+    /// peers' messages are acknowledged (an RD peer gives up on a QP that
+    /// stays silent for its retry span) and reassembly sees every segment.
+    fn look_idle(&self, p: &Progress, now: Instant) {
+        if !self.idle_look.load(Ordering::Relaxed) {
+            return;
+        }
+        if !self.park.busy.polled_within(SELF_DRIVEN_LOOK) {
+            self.drain(true, None, None);
+        }
+        p.set_timer(self.token, now + SELF_DRIVEN_LOOK);
+    }
+
     /// From the progress thread, woken readable: parks the socket if some
     /// CQ of its QPs is busy-polled.
     fn park_if_spinning(&self) -> bool {
@@ -1712,6 +1831,19 @@ impl DgramQpHandle {
         self.inner.pd
     }
 
+    /// The descriptor of the QP's UDP socket. For a self-driven QP
+    /// ([`UdOptions::self_driven`]) it is the QP's alone: wait for it to
+    /// become readable, then poll a CQ of the QP (inline progress reads
+    /// it). Other QPs share theirs, which the progress thread reads.
+    pub fn socket_fd(&self) -> RawFd {
+        self.inner.socket.sock.as_raw_fd()
+    }
+
+    /// Created self-driven ([`UdOptions::self_driven`]).
+    pub fn is_self_driven(&self) -> bool {
+        self.inner.socket.self_driven
+    }
+
     /// Where peers send to reach this QP (the socket's bound address).
     pub fn local_addr(&self) -> DgramAddr {
         DgramAddr {
@@ -1976,7 +2108,7 @@ impl Context {
         opts: UdOptions,
     ) -> Result<DgramQpHandle, DgramError> {
         let mtu = opts.mtu.unwrap_or(self.shared.config.dgram_mtu);
-        self.create_dgram_qp(pd, send_cq, recv_cq, opts.bind, |qpn| {
+        self.create_dgram_qp(pd, send_cq, recv_cq, opts.bind, opts.self_driven, |qpn| {
             let cfg = UdConfig {
                 qpn,
                 mtu,
@@ -2009,7 +2141,7 @@ impl Context {
         let epoch_seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_millis() as u32);
-        self.create_dgram_qp(pd, send_cq, recv_cq, opts.bind, |qpn| {
+        self.create_dgram_qp(pd, send_cq, recv_cq, opts.bind, opts.self_driven, |qpn| {
             let cfg = RdQpConfig {
                 qpn,
                 mtu,
@@ -2046,10 +2178,11 @@ impl Context {
         send_cq: Arc<Cq>,
         recv_cq: Arc<Cq>,
         bind: SocketAddr,
+        self_driven: bool,
         make: impl FnOnce(u32) -> Result<AnyQp, DgramError>,
     ) -> Result<DgramQpHandle, DgramError> {
         let shared = &self.shared;
-        let (socket, slot) = shared.dgram.reserve(shared, bind)?;
+        let (socket, slot) = shared.dgram.reserve(shared, bind, self_driven)?;
         let qpn = socket.qpn_of(slot);
         let qp = match make(qpn) {
             Ok(q) => q,
@@ -2093,9 +2226,12 @@ impl Context {
         });
         socket.bind_slot(slot, Arc::downgrade(&inner));
         inner.bound.store(true, Ordering::Release);
-        shared
-            .progress()?
-            .add_source(inner.token, Arc::downgrade(&inner));
+        let p = shared.progress()?;
+        p.add_source(inner.token, Arc::downgrade(&inner));
+        if self_driven && matches!(inner.lock().qp, AnyQp::Rd(_)) {
+            socket.idle_look.store(true, Ordering::Relaxed);
+            p.set_timer(socket.token, Instant::now() + SELF_DRIVEN_LOOK);
+        }
         send_cq.attach(Arc::downgrade(&inner));
         if !Arc::ptr_eq(&send_cq, &recv_cq) {
             recv_cq.attach(Arc::downgrade(&inner));
@@ -2339,5 +2475,285 @@ mod deferred_tests {
         assert!(checked > 0, "no receive by the poller in 200 tries");
         drop((qa, p));
         drop((x, y));
+    }
+}
+
+/// Self-driven datagram QPs: the progress thread does not read their
+/// sockets, and still runs their timers.
+#[cfg(test)]
+mod self_driven_tests {
+    use super::*;
+    use softrdma_proto::memory::Access;
+    use softrdma_proto::wr::{Payload, SendFlags, SendOp, SgList, WcOpcode, WcStatus};
+
+    struct Buf {
+        mem: Vec<u8>,
+        stag: u32,
+    }
+
+    impl Buf {
+        fn new(ctx: &Context, pd: u32, len: usize) -> Buf {
+            let mut mem = vec![0u8; len];
+            // SAFETY: the Vec's heap block does not move, and each test keeps the Buf alive until its contexts are dropped.
+            let stag = unsafe {
+                ctx.registry().register(
+                    mem.as_mut_ptr(),
+                    len,
+                    mem.as_ptr() as u64,
+                    Access::LOCAL_WRITE,
+                    pd,
+                )
+            }
+            .unwrap();
+            Buf { mem, stag }
+        }
+        fn sgl(&self, off: usize, len: u32) -> SgList {
+            SgList::single(self.mem.as_ptr() as u64 + off as u64, len, self.stag)
+        }
+    }
+
+    fn send(wr_id: u64, sgl: SgList) -> SendWr {
+        SendWr {
+            wr_id,
+            op: SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+            payload: Payload::Sgl(sgl),
+            flags: SendFlags {
+                signaled: true,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn blank() -> Completion {
+        Completion {
+            wc: WorkCompletion::new(0, WcStatus::GeneralErr, WcOpcode::Send, 0),
+            qp_num: 0,
+        }
+    }
+
+    /// Polls `cq` until a completion with `opcode` comes (at most 5 s).
+    fn poll_for(cq: &Cq, opcode: WcOpcode) -> WorkCompletion {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut out = [blank(); 8];
+        loop {
+            let n = cq.poll(&mut out);
+            if let Some(c) = out[..n].iter().find(|c| c.wc.opcode == opcode) {
+                return c.wc;
+            }
+            assert!(Instant::now() < deadline, "no {opcode:?} completion");
+        }
+    }
+
+    fn readable(fd: RawFd, ms: i32) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, ms) == 1 && p.revents & libc::POLLIN != 0 }
+    }
+
+    const LO: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+
+    /// A self-driven UD QP's datagrams wait in its own socket until its
+    /// user polls: the progress thread reads nothing (the socket counts no
+    /// datagram, the CQ stays empty), the socket's descriptor turns
+    /// readable, and a poll of the CQ delivers on the polling thread.
+    #[test]
+    fn ud_delivers_only_when_polled() {
+        let x = Context::new().unwrap();
+        let xpd = x.alloc_pd();
+        let xcq = x.create_cq(64, None);
+        let q = x
+            .create_ud_qp(
+                xpd,
+                QpCaps::default(),
+                xcq.clone(),
+                xcq.clone(),
+                UdOptions {
+                    bind: LO,
+                    self_driven: true,
+                    ..UdOptions::default()
+                },
+            )
+            .unwrap();
+        assert!(q.is_self_driven());
+        // Its socket is its own: a second QP bound alike gets another.
+        let other = x
+            .create_ud_qp(
+                xpd,
+                QpCaps::default(),
+                xcq.clone(),
+                xcq.clone(),
+                UdOptions {
+                    bind: LO,
+                    ..UdOptions::default()
+                },
+            )
+            .unwrap();
+        assert_ne!(other.local_addr().port, q.local_addr().port);
+        assert_ne!(other.socket_fd(), q.socket_fd());
+        drop(other);
+
+        let y = Context::new().unwrap();
+        let ypd = y.alloc_pd();
+        let ycq = y.create_cq(64, None);
+        let p = y
+            .create_ud_qp(
+                ypd,
+                QpCaps::default(),
+                ycq.clone(),
+                ycq.clone(),
+                UdOptions {
+                    bind: LO,
+                    ..UdOptions::default()
+                },
+            )
+            .unwrap();
+        let (xbuf, ybuf) = (Buf::new(&x, xpd, 4096), Buf::new(&y, ypd, 4096));
+        for k in 0..4 {
+            q.post_recv(RecvWr {
+                wr_id: k,
+                sgl: xbuf.sgl(1024 + 256 * k as usize, 256),
+            })
+            .unwrap();
+        }
+        for round in 0..3u64 {
+            p.post_send(send(round, ybuf.sgl(0, 100)), q.local_addr())
+                .unwrap();
+            assert!(readable(q.socket_fd(), 5000), "nothing arrived");
+            // Time for a progress thread that would read it.
+            std::thread::sleep(Duration::from_millis(30));
+            assert_eq!(xcq.len(), 0, "round {round}: completed without a poll");
+            assert_eq!(
+                q.socket_stats().rx_datagrams,
+                round,
+                "round {round}: the datagram was read without a poll"
+            );
+            assert!(readable(q.socket_fd(), 0), "no longer readable");
+            let wc = poll_for(&xcq, WcOpcode::Recv);
+            assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 100));
+            assert_eq!(wc.src, Some(p.local_addr()));
+            assert_eq!(q.socket_stats().rx_datagrams, round + 1);
+            q.post_recv(RecvWr {
+                wr_id: wc.wr_id,
+                sgl: xbuf.sgl(1024 + 256 * wc.wr_id as usize, 256),
+            })
+            .unwrap();
+            // And back: the self-driven QP sends as any other.
+            p.post_recv(RecvWr {
+                wr_id: 20 + round,
+                sgl: ybuf.sgl(2048, 256),
+            })
+            .unwrap();
+            q.post_send(send(10 + round, xbuf.sgl(0, 10)), p.local_addr())
+                .unwrap();
+            let wc = poll_for(&ycq, WcOpcode::Recv);
+            assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 10));
+            assert_eq!(wc.src, Some(q.local_addr()));
+            let wc = poll_for(&xcq, WcOpcode::Send);
+            assert_eq!((wc.wr_id, wc.status), (10 + round, WcStatus::Success));
+        }
+        drop((q, p));
+        drop((x, y, xbuf, ybuf));
+    }
+
+    fn rd_opts(self_driven: bool) -> RdOptions {
+        let mut o = RdOptions {
+            bind: LO,
+            self_driven,
+            ..RdOptions::default()
+        };
+        o.proto.rd.rto_initial = Duration::from_millis(20);
+        o.proto.rd.rto_max = Duration::from_millis(40);
+        o.proto.rd.retry_limit = 3;
+        o
+    }
+
+    /// A self-driven RD QP whose user never polls still acknowledges its
+    /// peer (the thread's idle look reads its socket), so the peer's send
+    /// completes successfully; and one that sends into a black hole
+    /// retransmits and fails its request by its timers alone, reported
+    /// through the armed CQ's channel with nobody polling.
+    #[test]
+    fn rd_timers_and_acks_without_polls() {
+        let x = Context::new().unwrap();
+        let xpd = x.alloc_pd();
+        let chan = crate::cq::CompChannel::new().unwrap();
+        let xcq = x.create_cq(64, Some(chan.clone()));
+        let q = x
+            .create_rd_qp(
+                xpd,
+                QpCaps::default(),
+                xcq.clone(),
+                xcq.clone(),
+                rd_opts(true),
+            )
+            .unwrap();
+        let y = Context::new().unwrap();
+        let ypd = y.alloc_pd();
+        let ycq = y.create_cq(64, None);
+        let p = y
+            .create_rd_qp(
+                ypd,
+                QpCaps::default(),
+                ycq.clone(),
+                ycq.clone(),
+                rd_opts(false),
+            )
+            .unwrap();
+        let (xbuf, ybuf) = (Buf::new(&x, xpd, 4096), Buf::new(&y, ypd, 4096));
+        q.post_recv(RecvWr {
+            wr_id: 1,
+            sgl: xbuf.sgl(1024, 256),
+        })
+        .unwrap();
+        // Nobody polls `xcq`: the peer's send completes all the same (with
+        // retries 20+40+40 ms, it would fail within ~150 ms otherwise).
+        p.post_send(send(7, ybuf.sgl(0, 64)), q.local_addr())
+            .unwrap();
+        let wc = poll_for(&ycq, WcOpcode::Send);
+        assert_eq!((wc.wr_id, wc.status), (7, WcStatus::Success));
+        std::thread::sleep(Duration::from_millis(300));
+        let ProtoStats::Rd(s) = p.stats().proto else {
+            panic!("not RD")
+        };
+        assert_eq!(s.rd.peers_failed, 0);
+        // The message waits in the CQ (placed by the idle look).
+        assert_eq!(xcq.len(), 1);
+
+        // A black hole: a plain socket that never answers.
+        let hole = UdpSocket::bind(LO).unwrap();
+        let dest = DgramAddr {
+            ip: Ipv4Addr::LOCALHOST.into(),
+            port: hole.local_addr().unwrap().port(),
+            qpn: u32::from(hole.local_addr().unwrap().port()) << 8,
+        };
+        let mut out = [blank(); 8];
+        assert_eq!(xcq.poll(&mut out), 1);
+        xcq.req_notify(false);
+        q.post_send(send(9, xbuf.sgl(0, 64)), dest).unwrap();
+        assert!(
+            chan.get_event(Some(Duration::from_secs(5))).is_some(),
+            "no completion signalled"
+        );
+        let n = xcq.poll(&mut out);
+        let wc = out[..n]
+            .iter()
+            .find(|c| c.wc.wr_id == 9)
+            .expect("the send's completion")
+            .wc;
+        assert_eq!(wc.status, WcStatus::RetryExcErr);
+        let ProtoStats::Rd(s) = q.stats().proto else {
+            panic!("not RD")
+        };
+        assert!(s.rd.retransmitted >= 3, "{:?}", s.rd);
+        assert!(q.stats().timers_thread > 0);
+        drop((q, p));
+        drop((x, y, xbuf, ybuf));
     }
 }

@@ -141,6 +141,13 @@ impl BusyPoll {
         self.last_ns.store(now_ns(), Ordering::Relaxed);
     }
 
+    /// True if an inline poll stamped the clock within `d` (a poll is
+    /// stamped at most [`STAMP_EVERY`] polls late).
+    pub(crate) fn polled_within(&self, d: Duration) -> bool {
+        let last = self.last_ns.load(Ordering::Relaxed);
+        last != 0 && now_ns().saturating_sub(last) < d.as_nanos() as u64
+    }
+
     /// A CQ of the source was armed: whoever polls may block next.
     pub(crate) fn reset(&self) {
         self.streak.store(0, Ordering::Relaxed);
@@ -168,6 +175,9 @@ struct ParkState {
     in_set: bool,
     /// While parked: the period of the re-check timer.
     every: Duration,
+    /// Never read interest: the source's user reads the descriptor
+    /// ([`Parking::register_quiet`]); only write interest is ever added.
+    quiet: bool,
 }
 
 /// The epoll interest of one source's descriptor, with busy-poll parking
@@ -209,7 +219,7 @@ impl Parking {
             return Ok(());
         };
         let want = Interest {
-            read: !st.parked,
+            read: !st.parked && !st.quiet,
             write: st.write && !st.parked_write,
         };
         match (want.read || want.write, st.in_set) {
@@ -245,6 +255,29 @@ impl Parking {
         st.in_set = true;
         self.fd.0.store(fd, Ordering::Release);
         Ok(())
+    }
+
+    /// Makes `src` reachable under `token` with `fd` as its descriptor, but
+    /// outside the epoll set: the thread never reads it (a self-driven
+    /// datagram socket, whose user reads it and waits on it). Write
+    /// interest ([`Parking::watch_write`]) still brings it into the set
+    /// while wanted; the token's timer works as for any source.
+    pub(crate) fn register_quiet<S: Source + 'static>(
+        &self,
+        p: &Progress,
+        fd: RawFd,
+        token: u64,
+        src: Weak<S>,
+    ) {
+        let mut st = self.state();
+        st.parked = false;
+        st.parked_write = false;
+        st.write = false;
+        st.quiet = true;
+        p.add_source(token, src);
+        st.fd = Some((fd, token));
+        st.in_set = false;
+        self.fd.0.store(fd, Ordering::Release);
     }
 
     /// The descriptor this source's progress reads, while registered (a

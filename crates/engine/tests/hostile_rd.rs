@@ -327,6 +327,7 @@ fn target() -> Target {
                 },
                 mtu: Some(1500),
                 bind: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+                self_driven: false,
             },
         )
         .unwrap();

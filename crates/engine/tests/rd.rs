@@ -189,6 +189,7 @@ fn rd_opts(bind: SocketAddr, rd: RdConfig) -> RdOptions {
         },
         mtu: Some(1500),
         bind,
+        self_driven: false,
     }
 }
 
@@ -1032,6 +1033,7 @@ fn bulk_opts(ip: IpAddr) -> RdOptions {
         },
         mtu: Some(BULK_MTU),
         bind: SocketAddr::new(ip, 0),
+        self_driven: false,
     }
 }
 

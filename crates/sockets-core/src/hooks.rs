@@ -1020,9 +1020,8 @@ pub unsafe fn getsockopt(
                 return -1;
             };
             return match name {
-                SOFTRDMA_DDPMODE | SOFTRDMA_TRANSPORT => {
-                    put_int(val, len, c_int::from(s.ddpmode()))
-                }
+                SOFTRDMA_DDPMODE => put_int(val, len, c_int::from(s.ddpmode())),
+                SOFTRDMA_TRANSPORT => put_int(val, len, s.transport().as_int()),
                 _ => {
                     set_errno(libc::ENOPROTOOPT);
                     -1
@@ -1054,8 +1053,19 @@ pub const SOL_SOFTRDMA: c_int = 0x5352;
 /// `SOFTRDMA_DDPMODE`: set 1 to switch a connected socket to DDP; read:
 /// 1 while the socket's bytes go over RC.
 pub const SOFTRDMA_DDPMODE: c_int = 1;
-/// `SOFTRDMA_TRANSPORT` (read only): 0 kernel, 1 RC.
+/// `SOFTRDMA_TRANSPORT`: what carries the socket
+/// ([`SOFTRDMA_TRANSPORT_KERNEL`] ... [`SOFTRDMA_TRANSPORT_RD`]); set on
+/// a UDP socket before softrdma takes it, it chooses its QP's transport.
 pub const SOFTRDMA_TRANSPORT: c_int = 2;
+/// `SOFTRDMA_TRANSPORT` value: the kernel.
+pub const SOFTRDMA_TRANSPORT_KERNEL: c_int = 0;
+/// `SOFTRDMA_TRANSPORT` value: an RC queue pair (TCP sockets).
+pub const SOFTRDMA_TRANSPORT_RC: c_int = 1;
+/// `SOFTRDMA_TRANSPORT` value: a UD queue pair (UDP sockets).
+pub const SOFTRDMA_TRANSPORT_UD: c_int = 2;
+/// `SOFTRDMA_TRANSPORT` value: an RD (reliable datagram) queue pair (UDP
+/// sockets).
+pub const SOFTRDMA_TRANSPORT_RD: c_int = 3;
 
 fn put_int(val: *mut c_void, len: *mut socklen_t, v: c_int) -> c_int {
     if val.is_null() || len.is_null() {
@@ -1090,13 +1100,28 @@ pub unsafe fn setsockopt(
                 set_errno(libc::ENOPROTOOPT);
                 return -1;
             };
-            if name != SOFTRDMA_DDPMODE {
+            if name != SOFTRDMA_DDPMODE && name != SOFTRDMA_TRANSPORT {
                 set_errno(libc::ENOPROTOOPT);
                 return -1;
             }
             if val.is_null() || (len as usize) < std::mem::size_of::<c_int>() {
                 set_errno(libc::EINVAL);
                 return -1;
+            }
+            if name == SOFTRDMA_TRANSPORT {
+                // SAFETY: the caller's int, checked non-null and long enough.
+                let v = unsafe { std::ptr::read_unaligned(val as *const c_int) };
+                let r = match crate::udp::SockTransport::from_int(v) {
+                    Some(t) => s.set_transport(t),
+                    None => Err(libc::EINVAL),
+                };
+                return match r {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        set_errno(e);
+                        -1
+                    }
+                };
             }
             // SAFETY: the caller's int, checked non-null and long enough.
             let on = unsafe { std::ptr::read_unaligned(val as *const c_int) } != 0;
@@ -1120,6 +1145,14 @@ pub unsafe fn setsockopt(
         if let (Some(_g), Some(s)) = (guard::enter(), table::sock(fd)) {
             // SAFETY: the caller's option value of `len` octets.
             let v = unsafe { std::slice::from_raw_parts(val as *const u8, len as usize) };
+            // `ip_mreq` and `ip_mreqn` both start with the group address.
+            if level == libc::IPPROTO_IP
+                && (name == libc::IP_ADD_MEMBERSHIP || name == libc::IP_DROP_MEMBERSHIP)
+                && v.len() >= 8
+            {
+                let group = std::net::Ipv4Addr::new(v[0], v[1], v[2], v[3]);
+                s.mcast_membership(fd, group, name == libc::IP_ADD_MEMBERSHIP);
+            }
             s.note_option(level, name, v);
         }
     }

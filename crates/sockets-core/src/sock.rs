@@ -95,6 +95,9 @@ struct Inner {
     dgram_plain: std::collections::HashMap<SocketAddr, Instant>,
     /// Datagram sockets: the `connect`ed peer.
     connected: Option<SocketAddr>,
+    /// Datagram sockets: the transport `SOFTRDMA_TRANSPORT` chose (`None`:
+    /// the process's `SOFTRDMA_SOCKETS_UDP`; `Some(None)`: the kernel).
+    dgram_transport: Option<Option<crate::udp::Transport>>,
 }
 
 /// A socket softrdma watches.
@@ -378,6 +381,7 @@ impl Sock {
                 slot: Slot::new(fd, kind),
                 dgram_plain: std::collections::HashMap::new(),
                 connected: None,
+                dgram_transport: None,
                 listener: None,
                 client: None,
                 shut_rd: false,
@@ -500,6 +504,64 @@ impl Sock {
     /// bytes go over RC.
     pub fn ddpmode(&self) -> bool {
         matches!(self.lock().phase, Phase::Rc(_))
+    }
+
+    /// `getsockopt(SOL_SOFTRDMA, SOFTRDMA_TRANSPORT)`: what carries the
+    /// socket now — RC for a stream carried over RC, the QP's transport
+    /// for a datagram socket that has its QP, else the kernel.
+    pub fn transport(&self) -> crate::udp::SockTransport {
+        use crate::udp::SockTransport;
+        match &self.lock().phase {
+            Phase::Rc(_) => SockTransport::Rc,
+            Phase::Ud(u) => u.end.qp_addr().2.into(),
+            _ => SockTransport::Kernel,
+        }
+    }
+
+    /// After the kernel accepted `IP_ADD_MEMBERSHIP` (`join`) or
+    /// `IP_DROP_MEMBERSHIP` of `group` on a datagram socket: with
+    /// `SOFTRDMA_SOCKETS_MCAST=ud` the socket's UD QP (taken now if need
+    /// be) is attached to the group or detached from it.
+    pub fn mcast_membership(self: &Arc<Self>, fd: c_int, group: std::net::Ipv4Addr, join: bool) {
+        if self.kind != Kind::Dgram || !crate::udp::mcast_ud() || !group.is_multicast() {
+            return;
+        }
+        let mut inner = self.lock();
+        if join && !self.take_udp(&mut inner, fd) {
+            return;
+        }
+        if let Phase::Ud(u) = &mut inner.phase {
+            u.end.join(group, join);
+        }
+    }
+
+    /// `setsockopt(SOL_SOFTRDMA, SOFTRDMA_TRANSPORT)` on a datagram
+    /// socket: the transport of the QP it will get (`Kernel`: none, the
+    /// socket stays the kernel's). Only before softrdma took the socket
+    /// (`EBUSY` after: its QP exists; choosing what it has is a no-op);
+    /// `EOPNOTSUPP` on a stream socket (`SOFTRDMA_DDPMODE` is its
+    /// switch), `EINVAL` for RC on a datagram socket.
+    pub fn set_transport(&self, t: crate::udp::SockTransport) -> Result<(), c_int> {
+        use crate::udp::SockTransport;
+        if self.kind != Kind::Dgram {
+            return Err(libc::EOPNOTSUPP);
+        }
+        let want = match t {
+            SockTransport::Kernel => None,
+            SockTransport::Ud => Some(crate::udp::Transport::Ud),
+            SockTransport::Rd => Some(crate::udp::Transport::Rd),
+            SockTransport::Rc => return Err(libc::EINVAL),
+        };
+        let mut inner = self.lock();
+        match &inner.phase {
+            Phase::Fresh => {
+                inner.dgram_transport = Some(want);
+                Ok(())
+            }
+            Phase::Ud(u) if Some(u.end.qp_addr().2) == want => Ok(()),
+            Phase::Kernel if want.is_none() => Ok(()),
+            _ => Err(libc::EBUSY),
+        }
     }
 
     /// The application's view of `O_NONBLOCK`.
@@ -1343,6 +1405,11 @@ impl Sock {
         if !matches!(inner.phase, Phase::Fresh) || !crate::policy::enabled() {
             return false;
         }
+        let transport = match inner.dgram_transport {
+            None => crate::policy::udp_transport(),
+            Some(Some(t)) => t,
+            Some(None) => return false,
+        };
         let local = match local_addr(fd) {
             Some(a) if a.port() != 0 => a,
             Some(a) => {
@@ -1374,7 +1441,7 @@ impl Sock {
             inner.slot.set_state(State::Kernel, Reason::Resources);
             return false;
         };
-        let end = match crate::udp::UdEnd::new(&dev, fd, local) {
+        let end = match crate::udp::UdEnd::new(&dev, fd, local, transport) {
             Ok(e) => e,
             Err(_) => {
                 inner.slot.set_state(State::Kernel, Reason::Resources);
@@ -1424,7 +1491,9 @@ impl Sock {
             inner.connected = dest;
             if let Some(d) = dest {
                 inner.slot.set_addrs(None, Some(&d.to_string()));
-                if crate::policy::connect_allowed(d) && crate::registry::udp_peer(d).is_some() {
+                if crate::policy::connect_allowed(d)
+                    && (crate::udp::mcast_dest(d) || crate::registry::udp_peer(d).is_some())
+                {
                     self.take_udp(&mut inner, fd);
                 }
             }
@@ -1456,14 +1525,16 @@ impl Sock {
             };
             let dest = SocketAddr::new(dest.ip().to_canonical(), dest.port());
             if matches!(inner.phase, Phase::Fresh) {
-                if !crate::policy::connect_allowed(dest) {
+                // Left to the kernel by `SOFTRDMA_TRANSPORT`.
+                if inner.dgram_transport == Some(None) || !crate::policy::connect_allowed(dest) {
                     return Out::Pass;
                 }
                 let fresh = inner
                     .dgram_plain
                     .get(&dest)
                     .is_some_and(|t| t.elapsed() < Duration::from_secs(1));
-                if fresh || crate::registry::udp_peer(dest).is_none() {
+                let group = crate::udp::mcast_dest(dest);
+                if !group && (fresh || crate::registry::udp_peer(dest).is_none()) {
                     if !fresh {
                         if inner.dgram_plain.len() > 4096 {
                             inner.dgram_plain.clear();
@@ -1496,7 +1567,7 @@ impl Sock {
             if nonblock {
                 return Out::Done(Err(libc::EAGAIN));
             }
-            if spinning(&mut spin) {
+            if crate::udp::spinning(&mut spin) {
                 continue;
             }
             let w = u.end.wait_fd();
@@ -1592,7 +1663,7 @@ impl Sock {
             if nonblock {
                 return Out::Done(Err(libc::EAGAIN));
             }
-            if spinning(&mut spin) {
+            if crate::udp::spinning(&mut spin) {
                 continue;
             }
             let w = u.end.wait_fd();

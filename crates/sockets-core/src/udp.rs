@@ -11,11 +11,39 @@
 //! |---|---|
 //! | 0..2 | `b"SU"` |
 //! | 2..4 | the sender socket's UDP port (big endian) |
-//! | 4..8 | zero |
+//! | 4..6 | multicast: the destination port (big endian); else zero |
+//! | 6 | 1: sent to a multicast group; else zero |
+//! | 7 | zero |
 //!
 //! so the receiver reports the sender's socket address (the completion's
 //! source IP, the header's port) as `recvfrom` would, and answers it over
 //! UD without asking the registry (it remembers the sender's QP).
+//!
+//! The QP is self-driven (`UdQpOptions::self_driven`): its UDP socket is
+//! its own and the engine's progress thread does not read it. A call on
+//! the socket polls the CQ, which reads the QP's socket on the caller's
+//! thread; a call that has to wait spins for `SOFTRDMA_SOCKETS_SPIN_US`,
+//! then sleeps on one private epoll set holding the kernel socket, the
+//! QP's UDP socket and the CQ's completion channel (armed: the progress
+//! thread still runs the QP's timers and resumes a transmit the socket
+//! pushed back, and what that completes must wake the sleeper). A UD
+//! datagram arriving for a sleeping caller wakes it directly. Datagrams
+//! that arrive while the application is in no call wait in the QP's
+//! socket buffer, as the kernel's datagrams wait in the kernel socket's
+//! (RD's are read by the progress thread when nobody polled for 10 ms, so
+//! the peer's messages are acknowledged).
+//!
+//! Multicast (`SOFTRDMA_SOCKETS_MCAST=ud`, opt-in: every member of the
+//! groups the program uses runs under the interposer with it). A UD
+//! socket's `IP_ADD_MEMBERSHIP` also attaches its QP to the group
+//! (`IP_DROP_MEMBERSHIP` detaches it), and a `sendto` to a group address
+//! is one UD multicast Send (to `Context::mcast_dest`) instead of the
+//! kernel's datagram, so no member gets both. Every QP attached to the
+//! group receives it whatever its socket's port, so the header carries
+//! the destination port and a receiver whose port differs drops the
+//! message (the kernel delivers a group datagram only to sockets bound to
+//! its port). Plain senders' group datagrams still arrive on the kernel
+//! socket. Without the policy, group traffic is the kernel's.
 //!
 //! Receives are served from pre-posted buffers and copied out; a socket
 //! reads whichever of its two sources (UD messages, kernel datagrams) has
@@ -48,6 +76,55 @@ const TX_BUFS: usize = 16;
 /// registry is asked again.
 const NEGATIVE_TTL: Duration = Duration::from_secs(1);
 
+/// True while a blocking datagram call's spin budget
+/// (`SOFTRDMA_SOCKETS_SPIN_US`, started on first use) lasts. Each turn
+/// yields the CPU (`sched_yield`): when the peer that is to answer waits
+/// to run on this very CPU (a small or busy machine puts both ends of an
+/// exchange on one core), a spin that does not yield holds it off until
+/// the spin ends — every answer then comes one whole spin late (measured
+/// with sockperf's ping-pong on a loaded 2-core VM: one way took the spin
+/// plus 10 µs, 30 µs at the default 20 µs spin, 110 µs at 100 µs). With a
+/// core of its own, the yield returns at once and the spin goes on.
+pub fn spinning(until: &mut Option<Instant>) -> bool {
+    let budget = crate::sock::spin_budget();
+    if budget.is_zero() {
+        return false;
+    }
+    let now = Instant::now();
+    let end = *until.get_or_insert(now + budget);
+    if now < end {
+        // SAFETY: no arguments, no memory touched.
+        unsafe { libc::sched_yield() };
+        true
+    } else {
+        false
+    }
+}
+
+/// `SOFTRDMA_SOCKETS_MCAST=ud`: group memberships and sends to groups of
+/// UD sockets go over UD multicast (module docs).
+pub fn mcast_ud() -> bool {
+    static M: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *M.get_or_init(|| std::env::var("SOFTRDMA_SOCKETS_MCAST").as_deref() == Ok("ud"))
+}
+
+/// True if `dest` is an IPv4 group that goes over UD multicast.
+pub fn mcast_dest(dest: SocketAddr) -> bool {
+    mcast_ud()
+        && match dest.ip().to_canonical() {
+            IpAddr::V4(a) => a.is_multicast(),
+            IpAddr::V6(_) => false,
+        }
+}
+
+/// Where a datagram goes over UD ([`UdEnd::peer`]).
+#[derive(Debug, Clone)]
+pub struct Dest {
+    ah: AddressHandle,
+    /// A group's destination port (the header's).
+    mcast_port: Option<u16>,
+}
+
 /// The datagram transport of a socket's QP (`SOFTRDMA_SOCKETS_UDP`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
@@ -73,6 +150,52 @@ impl Transport {
             "ud" => Some(Transport::Ud),
             "rd" => Some(Transport::Rd),
             _ => None,
+        }
+    }
+}
+
+/// What carries a socket, as `SOFTRDMA_TRANSPORT` names it
+/// (`softrdma/sockets.h`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SockTransport {
+    /// The kernel (`SOFTRDMA_TRANSPORT_KERNEL`, 0).
+    Kernel,
+    /// An RC queue pair, streams only (`SOFTRDMA_TRANSPORT_RC`, 1).
+    Rc,
+    /// A UD queue pair (`SOFTRDMA_TRANSPORT_UD`, 2).
+    Ud,
+    /// An RD queue pair (`SOFTRDMA_TRANSPORT_RD`, 3).
+    Rd,
+}
+
+impl SockTransport {
+    /// The option's value.
+    pub fn as_int(self) -> i32 {
+        match self {
+            SockTransport::Kernel => 0,
+            SockTransport::Rc => 1,
+            SockTransport::Ud => 2,
+            SockTransport::Rd => 3,
+        }
+    }
+
+    /// From the option's value.
+    pub fn from_int(v: i32) -> Option<SockTransport> {
+        match v {
+            0 => Some(SockTransport::Kernel),
+            1 => Some(SockTransport::Rc),
+            2 => Some(SockTransport::Ud),
+            3 => Some(SockTransport::Rd),
+            _ => None,
+        }
+    }
+}
+
+impl From<Transport> for SockTransport {
+    fn from(t: Transport) -> SockTransport {
+        match t {
+            Transport::Ud => SockTransport::Ud,
+            Transport::Rd => SockTransport::Rd,
         }
     }
 }
@@ -113,6 +236,12 @@ impl DQp {
             DQp::Rd(q) => q.qpn(),
         }
     }
+    fn socket_fd(&self) -> i32 {
+        match self {
+            DQp::Ud(q) => q.socket_fd(),
+            DQp::Rd(q) => q.socket_fd(),
+        }
+    }
 }
 
 struct RxMsg {
@@ -134,10 +263,12 @@ pub struct UdEnd {
     /// Destinations known to be interposed (their QP's address handle), or
     /// not (`None`, with when that was last checked).
     peers: HashMap<SocketAddr, (Option<AddressHandle>, Instant)>,
+    /// Multicast groups the QP is attached to.
+    groups: Vec<std::net::Ipv4Addr>,
     /// The socket's own UDP port (the header's).
     port: u16,
-    /// Private epoll set over the kernel socket and the completion channel:
-    /// the one descriptor a waiter sleeps on.
+    /// Private epoll set over the kernel socket, the QP's own UDP socket
+    /// and the completion channel: the one descriptor a waiter sleeps on.
     waitfd: i32,
     /// Messages sent and received (statistics).
     pub msgs_out: u64,
@@ -174,9 +305,15 @@ fn epoll_add(ep: i32, fd: i32) {
 }
 
 impl UdEnd {
-    /// A UD QP for the socket `fd` bound to `local` (its kernel socket
-    /// stays the socket's other source), every receive posted.
-    pub fn new(dev: &Device, fd: i32, local: SocketAddr) -> std::io::Result<UdEnd> {
+    /// A QP of `transport` for the socket `fd` bound to `local` (its
+    /// kernel socket stays the socket's other source), every receive
+    /// posted.
+    pub fn new(
+        dev: &Device,
+        fd: i32,
+        local: SocketAddr,
+        transport: Transport,
+    ) -> std::io::Result<UdEnd> {
         let chan = dev.ctx().create_comp_channel()?;
         let cq = dev
             .ctx()
@@ -186,7 +323,6 @@ impl UdEnd {
             max_send_wr: TX_BUFS + 4,
             max_recv_wr: RX_BUFS,
         };
-        let transport = crate::policy::udp_transport();
         let qp = match transport {
             Transport::Ud => dev
                 .pd()
@@ -197,6 +333,7 @@ impl UdEnd {
                     UdQpOptions {
                         bind,
                         max_msg: BUF,
+                        self_driven: true,
                         ..UdQpOptions::default()
                     },
                 )
@@ -210,6 +347,7 @@ impl UdEnd {
                     RdQpOptions {
                         bind,
                         max_msg: BUF,
+                        self_driven: true,
                         ..RdQpOptions::default()
                     },
                 )
@@ -229,6 +367,7 @@ impl UdEnd {
             return Err(std::io::Error::last_os_error());
         }
         epoll_add(waitfd, fd);
+        epoll_add(waitfd, qp.socket_fd());
         epoll_add(waitfd, chan.fd());
         let u = UdEnd {
             qp,
@@ -240,6 +379,7 @@ impl UdEnd {
             rx: VecDeque::new(),
             tx_free: (0..TX_BUFS).rev().collect(),
             peers: HashMap::new(),
+            groups: Vec::new(),
             port: local.port(),
             waitfd,
             msgs_out: 0,
@@ -265,8 +405,8 @@ impl UdEnd {
         (a.port, a.qpn, self.transport)
     }
 
-    /// The descriptor a waiter sleeps on (readable: a kernel datagram, or
-    /// the armed CQ fired).
+    /// The descriptor a waiter sleeps on (readable: a kernel datagram, a
+    /// UD datagram on the QP's socket, or the armed CQ fired).
     pub fn wait_fd(&self) -> i32 {
         self.waitfd
     }
@@ -305,6 +445,10 @@ impl UdEnd {
                     && h[..2] == *b"SU";
                 let src = wc.src.filter(|_| ok);
                 match src {
+                    // A group's message for another port (module docs).
+                    Some(_) if h[6] == 1 && u16::from_be_bytes([h[4], h[5]]) != self.port => {
+                        self.post_recv(idx)
+                    }
                     Some(s) => {
                         let port = u16::from_be_bytes([h[2], h[3]]);
                         let from = SocketAddr::new(s.ip.to_canonical(), port);
@@ -334,7 +478,11 @@ impl UdEnd {
     /// Arms the CQ and drains the channel (before a wait on
     /// [`UdEnd::wait_fd`]); true if completions arrived meanwhile.
     pub fn arm(&mut self) -> bool {
-        while self.chan.get_event(Some(Duration::ZERO)).is_some() {}
+        // The channel serves this CQ alone, which fires at most once per
+        // arming: one event at most to take (an event left over would
+        // only wake a waiter once for nothing). One look, not a loop that
+        // ends on an empty look (two more system calls per wait).
+        let _ = self.chan.get_event(Some(Duration::ZERO));
         self.cq.req_notify(false);
         self.progress()
     }
@@ -376,13 +524,61 @@ impl UdEnd {
         Some((len, src))
     }
 
-    /// The address handle of `dest` if it is an interposed socket (asking
-    /// the registry when the answer is not known or has grown old).
-    pub fn peer(&mut self, dest: SocketAddr) -> Option<AddressHandle> {
+    /// Attaches the QP to `group` (`join`) or detaches it, for the
+    /// socket's `IP_ADD_MEMBERSHIP`/`IP_DROP_MEMBERSHIP` under
+    /// `SOFTRDMA_SOCKETS_MCAST=ud`. UD only (RD is point to point); false
+    /// if nothing changed.
+    pub fn join(&mut self, group: std::net::Ipv4Addr, join: bool) -> bool {
+        let DQp::Ud(q) = &self.qp else {
+            return false;
+        };
+        let known = self.groups.contains(&group);
+        if join && !known && q.attach_mcast(IpAddr::V4(group)).is_ok() {
+            self.groups.push(group);
+            return true;
+        }
+        if !join && known {
+            let _ = q.detach_mcast(IpAddr::V4(group));
+            self.groups.retain(|g| *g != group);
+            return true;
+        }
+        false
+    }
+
+    /// Where to send toward `dest` over UD: an interposed socket's QP
+    /// (asking the registry when the answer is not known or has grown
+    /// old), or a multicast group (`SOFTRDMA_SOCKETS_MCAST=ud`, UD only).
+    pub fn peer(&mut self, dest: SocketAddr) -> Option<Dest> {
         let dest = SocketAddr::new(dest.ip().to_canonical(), dest.port());
         if dest.is_ipv6() {
             return None;
         }
+        if let IpAddr::V4(g) = dest.ip() {
+            if g.is_multicast() {
+                if !mcast_dest(dest) || self.transport != Transport::Ud {
+                    return None;
+                }
+                let ah = match self.peers.get(&dest) {
+                    Some((Some(ah), _)) => ah.clone(),
+                    _ => {
+                        let ah = self.qp.pd().create_mcast_ah(dest.ip()).ok()?;
+                        self.peers.insert(dest, (Some(ah.clone()), Instant::now()));
+                        ah
+                    }
+                };
+                return Some(Dest {
+                    ah,
+                    mcast_port: Some(dest.port()),
+                });
+            }
+        }
+        self.unicast_peer(dest).map(|ah| Dest {
+            ah,
+            mcast_port: None,
+        })
+    }
+
+    fn unicast_peer(&mut self, dest: SocketAddr) -> Option<AddressHandle> {
         if let Some((ah, at)) = self.peers.get(&dest) {
             if ah.is_some() || at.elapsed() < NEGATIVE_TTL {
                 return ah.clone();
@@ -404,9 +600,9 @@ impl UdEnd {
         ah
     }
 
-    /// Sends one datagram of `data` (gathered) to `ah`. `Ok(false)`: no
+    /// Sends one datagram of `data` (gathered) to `dest`. `Ok(false)`: no
     /// send slot free now.
-    pub fn send(&mut self, ah: &AddressHandle, data: &[&[u8]]) -> Result<bool, i32> {
+    pub fn send(&mut self, dest: &Dest, data: &[&[u8]]) -> Result<bool, i32> {
         let len: usize = data.iter().map(|d| d.len()).sum();
         if len > MAX_DGRAM {
             return Err(libc::EMSGSIZE);
@@ -417,6 +613,10 @@ impl UdEnd {
         let mut h = [0u8; HDR];
         h[..2].copy_from_slice(b"SU");
         h[2..4].copy_from_slice(&self.port.to_be_bytes());
+        if let Some(p) = dest.mcast_port {
+            h[4..6].copy_from_slice(&p.to_be_bytes());
+            h[6] = 1;
+        }
         let _ = self.tx_mr.write_at(idx * BUF, &h);
         let mut off = HDR;
         for d in data {
@@ -436,7 +636,7 @@ impl UdEnd {
                 ..SendFlags::default()
             },
         };
-        if self.qp.post_send(wr, ah) {
+        if self.qp.post_send(wr, &dest.ah) {
             self.msgs_out += 1;
             Ok(true)
         } else {

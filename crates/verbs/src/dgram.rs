@@ -408,6 +408,7 @@ impl ProtectionDomain {
                 proto,
                 mtu: opts.mtu,
                 bind: opts.bind,
+                self_driven: opts.self_driven,
             },
         )?;
         Ok(UdQueuePair {
@@ -471,6 +472,17 @@ pub struct UdQpOptions {
     /// validity map, partial timeout and action, bounds (default: both
     /// logs, 100 ms, partials delivered).
     pub record: RecordConfig,
+    /// Self-driven (default off): the QP gets a UDP socket of its own that
+    /// the context's progress thread does not read. Its user polls a CQ of
+    /// the QP (which reads the socket on the polling thread) and, with
+    /// nothing to do, waits for [`UdQueuePair::socket_fd`] to become
+    /// readable (and for the CQ's completion channel, armed, for what the
+    /// progress thread still completes: its timers, a transmit resumed
+    /// after the socket pushed back). A datagram then wakes the waiting
+    /// thread directly instead of the progress thread first.
+    /// `softrdma_engine::dgram` ("Self-driven datagram QPs") has the
+    /// details.
+    pub self_driven: bool,
 }
 
 impl Default for UdQpOptions {
@@ -483,6 +495,7 @@ impl Default for UdQpOptions {
             grh: false,
             reassembly_timeout: proto.reassembly_timeout,
             record: proto.record,
+            self_driven: false,
         }
     }
 }
@@ -606,6 +619,13 @@ impl UdQueuePair {
     /// The protection domain.
     pub fn pd(&self) -> &ProtectionDomain {
         &self.inner.pd
+    }
+
+    /// The descriptor of the QP's UDP socket: for a self-driven QP
+    /// ([`UdQpOptions::self_driven`]) what to wait on (readable) before
+    /// polling its CQ. Other QPs share a socket the progress thread reads.
+    pub fn socket_fd(&self) -> std::os::fd::RawFd {
+        self.inner.qp.socket_fd()
     }
 
     /// What a peer needs to reach this QP: IP address, UDP port and QPN.
@@ -879,6 +899,11 @@ pub struct RdQpOptions {
     /// engine). Default [`RdConfig::default`]: RTO 2 ms–500 ms, 7 retries
     /// (a silent peer fails after about 4 s), windows of 64 datagrams.
     pub reliability: RdConfig,
+    /// Self-driven (default off), as [`UdQpOptions::self_driven`]
+    /// ([`RdQueuePair::socket_fd`]). The progress thread still runs the
+    /// reliability timers, and reads the socket when the user has not
+    /// polled for 10 ms (so peers are acknowledged).
+    pub self_driven: bool,
 }
 
 impl Default for RdQpOptions {
@@ -893,6 +918,7 @@ impl Default for RdQpOptions {
             grh: false,
             record: proto.record,
             reliability: proto.rd,
+            self_driven: false,
         }
     }
 }
@@ -1044,6 +1070,7 @@ impl ProtectionDomain {
                 proto,
                 mtu: opts.mtu,
                 bind: opts.bind,
+                self_driven: opts.self_driven,
             },
         )?;
         Ok(RdQueuePair {
@@ -1065,6 +1092,12 @@ impl RdQueuePair {
     /// The protection domain.
     pub fn pd(&self) -> &ProtectionDomain {
         &self.inner.pd
+    }
+
+    /// The descriptor of the QP's UDP socket, as
+    /// [`UdQueuePair::socket_fd`] ([`RdQpOptions::self_driven`]).
+    pub fn socket_fd(&self) -> std::os::fd::RawFd {
+        self.inner.qp.socket_fd()
     }
 
     /// What a peer needs to reach this QP, as [`UdQueuePair::address`].

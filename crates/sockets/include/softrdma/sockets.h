@@ -39,7 +39,30 @@
  */
 #define SOFTRDMA_DDPMODE 1
 
-/* int, read only: 0 the kernel carries the socket, 1 an RC queue pair. */
+/*
+ * int: what carries the socket. getsockopt returns one of the values
+ * below: SOFTRDMA_TRANSPORT_RC for a TCP socket carried over RC, the QP's
+ * transport for a UDP socket that has its queue pair (it gets it when it
+ * is bound, or at its first sendto/connect toward an interposed socket),
+ * else SOFTRDMA_TRANSPORT_KERNEL.
+ *
+ * setsockopt on a UDP socket, before it is bound or first used, chooses
+ * the transport of its queue pair instead of the process's default
+ * (SOFTRDMA_SOCKETS_UDP=ud|rd): SOFTRDMA_TRANSPORT_UD or
+ * SOFTRDMA_TRANSPORT_RD, or SOFTRDMA_TRANSPORT_KERNEL to leave the socket
+ * to the kernel. Both ends must use the same transport: datagrams between
+ * sockets whose transports differ go through the kernel. Errors:
+ *   EBUSY       the socket already has its queue pair (or was left to
+ *               the kernel) and the value differs from what it has;
+ *   EINVAL      not one of the values, or SOFTRDMA_TRANSPORT_RC;
+ *   EOPNOTSUPP  a TCP socket (SOFTRDMA_DDPMODE switches those).
+ */
 #define SOFTRDMA_TRANSPORT 2
+
+/* Values of SOFTRDMA_TRANSPORT. */
+#define SOFTRDMA_TRANSPORT_KERNEL 0 /* the kernel's socket */
+#define SOFTRDMA_TRANSPORT_RC     1 /* an RC queue pair (TCP) */
+#define SOFTRDMA_TRANSPORT_UD     2 /* a UD queue pair (UDP): unreliable */
+#define SOFTRDMA_TRANSPORT_RD     3 /* an RD queue pair (UDP): reliable datagrams */
 
 #endif /* SOFTRDMA_SOCKETS_H */
