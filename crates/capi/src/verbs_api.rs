@@ -1136,6 +1136,7 @@ pub unsafe fn create_qp_internal(pd: *mut ibv_pd, init: &mut QpInit) -> Result<*
                         proto,
                         mtu: None,
                         bind,
+                        self_driven: false,
                     },
                 )
                 .map_err(|err| {
@@ -1162,6 +1163,7 @@ pub unsafe fn create_qp_internal(pd: *mut ibv_pd, init: &mut QpInit) -> Result<*
                         proto,
                         mtu: None,
                         bind,
+                        self_driven: false,
                     },
                 )
                 .map_err(|err| {
