@@ -76,31 +76,6 @@ const TX_BUFS: usize = 16;
 /// registry is asked again.
 const NEGATIVE_TTL: Duration = Duration::from_secs(1);
 
-/// True while a blocking datagram call's spin budget
-/// (`SOFTRDMA_SOCKETS_SPIN_US`, started on first use) lasts. Each turn
-/// yields the CPU (`sched_yield`): when the peer that is to answer waits
-/// to run on this very CPU (a small or busy machine puts both ends of an
-/// exchange on one core), a spin that does not yield holds it off until
-/// the spin ends — every answer then comes one whole spin late (measured
-/// with sockperf's ping-pong on a loaded 2-core VM: one way took the spin
-/// plus 10 µs, 30 µs at the default 20 µs spin, 110 µs at 100 µs). With a
-/// core of its own, the yield returns at once and the spin goes on.
-pub fn spinning(until: &mut Option<Instant>) -> bool {
-    let budget = crate::sock::spin_budget();
-    if budget.is_zero() {
-        return false;
-    }
-    let now = Instant::now();
-    let end = *until.get_or_insert(now + budget);
-    if now < end {
-        // SAFETY: no arguments, no memory touched.
-        unsafe { libc::sched_yield() };
-        true
-    } else {
-        false
-    }
-}
-
 /// `SOFTRDMA_SOCKETS_MCAST=ud`: group memberships and sends to groups of
 /// UD sockets go over UD multicast (module docs).
 pub fn mcast_ud() -> bool {
