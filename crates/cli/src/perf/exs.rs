@@ -484,9 +484,9 @@ fn targets(runs: &[Run], sizes: &[usize]) -> Vec<Target> {
 
 /// `1 KiB`, `16 MiB`, `100 B`.
 pub(crate) fn size_label(s: usize) -> String {
-    if s >= 1 << 20 && s % (1 << 20) == 0 {
+    if s >= 1 << 20 && s.is_multiple_of(1 << 20) {
         format!("{} MiB", s >> 20)
-    } else if s >= 1 << 10 && s % (1 << 10) == 0 {
+    } else if s >= 1 << 10 && s.is_multiple_of(1 << 10) {
         format!("{} KiB", s >> 10)
     } else {
         format!("{s} B")
