@@ -937,15 +937,19 @@ pub(crate) fn main(a: ExsArgs) -> ExitCode {
         let mut run = Run::new();
         for kind in KINDS {
             ctx.latency(kind, &mut run);
-            eprintln!(
-                "[{:>5.1} s] run {r}/{}: latency {kind}: {}",
-                t0.elapsed().as_secs_f64(),
-                a.runs,
-                LAT_SIZES
+            let text = match run.get(&lat_key(kind, LAT_SIZES[0])) {
+                // The program's failure or absence, once for every size.
+                Some(c @ (Cell::NotBuilt(_) | Cell::Failed(_))) => progress_text(Some(c), ""),
+                _ => LAT_SIZES
                     .iter()
                     .map(|&s| format!("{s} B {}", progress_text(run.get(&lat_key(kind, s)), "µs")))
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+            };
+            eprintln!(
+                "[{:>5.1} s] run {r}/{}: latency {kind}: {text}",
+                t0.elapsed().as_secs_f64(),
+                a.runs,
             );
         }
         for &s in &sizes {
