@@ -1044,7 +1044,7 @@ fn to_json(
                     .find_map(|r| r.get(&format!("bytes/{s}")).and_then(Cell::value));
                 json!({
                     "size": s,
-                    "bytes": bytes,
+                    "bytes": bytes.map(|b| b as u64),
                     format!("{mode}_mbps"): st(&stats(runs, &mbps_key(mode, s))),
                     "tcp_mbps": st(&stats(runs, &mbps_key("tcp", s))),
                     "ratio": st(&ratio_stats(runs, &mbps_key(mode, s), &mbps_key("tcp", s))),
