@@ -211,19 +211,25 @@ pub(crate) fn parse_output(out: &str) -> BenchOut {
     b
 }
 
-/// The line of `out` that best says what went wrong: the last one with
-/// `FAIL` or an error, else the last one; at most 240 characters.
+/// The line of `out` that best says what went wrong: the first `FAIL`
+/// line, else the last one with an error, else the last one; at most 240
+/// characters.
 pub(crate) fn complaint(out: &str) -> String {
     let lines: Vec<&str> = out
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
         .collect();
+    // The program's first FAIL is the cause (the client's, after the
+    // server's, is its consequence).
     let at = lines
         .iter()
-        .rposition(|l| {
-            let l = l.to_ascii_lowercase();
-            l.contains("fail") || l.contains("error") || l.contains("panick")
+        .position(|l| l.starts_with("FAIL"))
+        .or_else(|| {
+            lines.iter().rposition(|l| {
+                let l = l.to_ascii_lowercase();
+                l.contains("fail") || l.contains("error") || l.contains("panick")
+            })
         })
         .or(lines.len().checked_sub(1));
     let Some(at) = at else {
@@ -1125,6 +1131,10 @@ mod tests {
                 "lat normal 1 3\nFAIL client (x.c:1): no event in 20 s (errno 0: Success)\nbye\n"
             ),
             "FAIL client (x.c:1): no event in 20 s (errno 0: Success)"
+        );
+        assert_eq!(
+            complaint("FAIL server (x.c:2): receive 3\nFAIL client (x.c:9): status 256\n"),
+            "FAIL server (x.c:2): receive 3"
         );
         assert_eq!(complaint("a\nb\n"), "b");
         assert_eq!(complaint("\n"), "(no output)");
