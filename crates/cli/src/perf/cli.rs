@@ -20,7 +20,7 @@ use clap::{ArgMatches, Args, Command, FromArgMatches, Subcommand};
 
 use super::cell::{self, test_by_name, transport_by_name, Kind, Op, TestDef, WaitMode};
 use super::cell::{BASELINES, TESTS, TRANSPORTS};
-use super::{loss, scale, sockets, suite, tcp_cc, Opts, DEFAULT_PORT};
+use super::{exs, loss, scale, sockets, suite, tcp_cc, Opts, DEFAULT_PORT};
 
 /// `softrdma perf`.
 #[derive(Debug, Args)]
@@ -35,7 +35,8 @@ use super::{loss, scale, sockets, suite, tcp_cc, Opts, DEFAULT_PORT};
         `softrdma perf baseline NAME` one raw-socket baseline alone; `softrdma perf loss` \
         goodput under packet loss between two network namespaces (root); \
         `softrdma perf scale` what one server pays per peer; `softrdma perf sockets` \
-        unmodified socket programs under the sockets interposer and rsockets.\n\n\
+        unmodified socket programs under the sockets interposer and rsockets; \
+        `softrdma perf exs` the Extended Sockets API (libexs.so) against plain sockets.\n\n\
         Every TCP connection of a run, raw and softrdma's, uses one congestion control \
         algorithm (--tcp-cc), given to every process the run starts.",
     after_long_help = "Exit status: 0 when every cell worked, 1 when a cell failed (the table \
@@ -83,6 +84,10 @@ pub enum PerfCommand {
     /// under the sockets interposer, passed through it, and under rsockets.
     #[command(long_about = sockets::ABOUT)]
     Sockets(sockets::SocketsArgs),
+    /// The Extended Sockets API (libexs.so): RDMA-model latency and blast
+    /// against raw TCP, the Open Group model against plain send.
+    #[command(long_about = exs::ABOUT)]
+    Exs(exs::ExsArgs),
     /// One raw-socket baseline alone, without its reference.
     #[command(
         long_about = BASELINE_ABOUT,
