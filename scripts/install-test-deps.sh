@@ -23,6 +23,8 @@ APT_PACKAGES=(
     libibverbs-dev # softrdma-capi: layout test compiles C against Debian's infiniband/verbs.h
     librdmacm-dev # softrdma-capi: layout test compiles C against Debian's rdma/rdma_cma.h
     libfabric-bin # softrdma-capi-rdmacm: fi_info / fi_pingpong over libfabric's verbs provider
+    openmpi-bin # softrdma-capi-rdmacm mpi: mpirun (Open MPI, ofi MTL over libfabric's verbs provider)
+    libopenmpi-dev # softrdma-capi-rdmacm mpi: mpicc compiles tests/mpi/mpi_check.c
     qperf # softrdma-capi: unmodified qperf RC/UC/UD/RDMA/atomic tests over our libraries
     pkg-config # scripts/test-install.sh: builds C programs against an installed prefix
     gdb # softrdma-capi, softrdma-cli sockets_programs: a program killed at its deadline has its threads' stacks printed first
