@@ -817,3 +817,18 @@ pub fn format_table(rows: &[Row]) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::State;
+
+    #[test]
+    fn datagram_states_have_their_words() {
+        for (v, word) in [(6u8, "ud"), (7, "wr")] {
+            let s = State::from_u8(v);
+            assert_eq!(s as u8, v);
+            assert_eq!(s.as_str(), word);
+        }
+        assert_eq!(State::from_u8(8).as_str(), "pending");
+    }
+}

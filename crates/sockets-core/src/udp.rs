@@ -13,7 +13,7 @@
 //! | 2..4 | the sender socket's UDP port (big endian) |
 //! | 4..6 | multicast: the destination port (big endian); else zero |
 //! | 6 | 1: sent to a multicast group; else zero |
-//! | 7 | zero |
+//! | 7 | kind: 0 a datagram; Write-Record (below): 1 a datagram asking for a ring, 4 a datagram asking for credit, 2 a grant, 3 credit |
 //!
 //! so the receiver reports the sender's socket address (the completion's
 //! source IP, the header's port) as `recvfrom` would, and answers it over
@@ -44,6 +44,47 @@
 //! message (the kernel delivers a group datagram only to sockets bound to
 //! its port). Plain senders' group datagrams still arrive on the kernel
 //! socket. Without the policy, group traffic is the kernel's.
+//!
+//! Write-Record (`Transport::Wr`: `SOFTRDMA_TRANSPORT_WR`,
+//! `SOFTRDMA_SOCKETS_UDP=wr`; both ends must have it, the registry entry
+//! says `wr`). The QP is a UD QP; a datagram is one RDMA Write-Record of
+//! an 8-octet header (`b"SW"`, the sender socket's port, the record's
+//! sequence number, big endian) and the payload into a 64 KiB slot
+//! ([`SLOT`]) of a ring the *receiver* granted this sender:
+//!
+//! * **Rings.** A socket has [`RINGS`] rings of [`RING_SLOTS`] slots, each
+//!   its own memory region, handed out one per writer QP. A sender without
+//!   a ring sends the datagram as a UD Send with kind 1 (at most every
+//!   2 ms); the receiver takes a free ring for the sender's QP and answers
+//!   with a grant (kind 2: rkey, address, slots, records consumed so far),
+//!   or with a grant of zero slots when every ring is taken (the sender
+//!   goes on with UD Sends and asks again a second later). A ring is the
+//!   sender's alone, so two writers never share a slot; a Write-Record
+//!   completion whose source is not the ring's owner, or whose STag is a
+//!   region the ring no longer has, is ignored.
+//! * **Credit.** The sender writes record `n` into slot `n % slots` only
+//!   while `n` is below the receiver's last "consumed" count plus the
+//!   slots; the receiver counts a record consumed when the application
+//!   has read it (consumed = one past the highest sequence number read)
+//!   and sends the count (kind 3) every half ring, and when asked. A
+//!   sender out of credit sends the datagram as a UD Send instead, asking
+//!   for credit (kind 4, at most every 2 ms): an unread slot is never
+//!   written; what does not fit the UD buffers either is lost, as UDP's.
+//! * **Records lost whole** (every segment of them) never complete, so
+//!   their slots would never count as consumed: a later record read moves
+//!   the count past them, and a sender out of credit whose ring has no
+//!   record queued and none completed for 200 ms gets the ring re-keyed
+//!   (a new region, a new grant): whatever was still in flight toward the
+//!   old region cannot land in the new one, so re-keying loses at most
+//!   records that were late, never overwrites one.
+//! * **Delivery.** A record that completed whole is a datagram. One
+//!   missing segments is retired by the QP after 100 ms without a new
+//!   segment (or when the sender's next record to the ring starts) and
+//!   delivered as the part placed contiguously from its start: fewer
+//!   octets than its length, which `recvmsg` reports with `MSG_TRUNC`;
+//!   one whose first segment (the header) is lost is not delivered.
+//!   Records are read straight from the ring; a slot is only written
+//!   again after the application read it.
 //!
 //! Receives are served from pre-posted buffers and copied out; a socket
 //! reads whichever of its two sources (UD messages, kernel datagrams) has

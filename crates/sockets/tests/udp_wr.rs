@@ -172,8 +172,6 @@ fn records(out: &str, who: &str) -> (u64, u64, u64) {
     (n[0], n[1], n[2])
 }
 
-/// The stat word of the UDP socket (`softrdma sockets stat` prints it):
-/// checked through the statistics table the interposer keeps.
 #[test]
 fn both_ends_choose_write_record() {
     let run = Run::new("wr");
