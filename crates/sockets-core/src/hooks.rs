@@ -1022,6 +1022,10 @@ pub unsafe fn getsockopt(
             return match name {
                 SOFTRDMA_DDPMODE => put_int(val, len, c_int::from(s.ddpmode())),
                 SOFTRDMA_TRANSPORT => put_int(val, len, s.transport().as_int()),
+                SOFTRDMA_RECORDS => {
+                    let (a, b, c) = s.record_counts();
+                    put_u64s(val, len, &[a, b, c])
+                }
                 _ => {
                     set_errno(libc::ENOPROTOOPT);
                     -1
@@ -1054,7 +1058,7 @@ pub const SOL_SOFTRDMA: c_int = 0x5352;
 /// 1 while the socket's bytes go over RC.
 pub const SOFTRDMA_DDPMODE: c_int = 1;
 /// `SOFTRDMA_TRANSPORT`: what carries the socket
-/// ([`SOFTRDMA_TRANSPORT_KERNEL`] ... [`SOFTRDMA_TRANSPORT_RD`]); set on
+/// ([`SOFTRDMA_TRANSPORT_KERNEL`] ... [`SOFTRDMA_TRANSPORT_WR`]); set on
 /// a UDP socket before softrdma takes it, it chooses its QP's transport.
 pub const SOFTRDMA_TRANSPORT: c_int = 2;
 /// `SOFTRDMA_TRANSPORT` value: the kernel.
@@ -1066,6 +1070,31 @@ pub const SOFTRDMA_TRANSPORT_UD: c_int = 2;
 /// `SOFTRDMA_TRANSPORT` value: an RD (reliable datagram) queue pair (UDP
 /// sockets).
 pub const SOFTRDMA_TRANSPORT_RD: c_int = 3;
+/// `SOFTRDMA_TRANSPORT` value: a UD queue pair whose datagrams are RDMA
+/// Write-Records (UDP sockets; partial delivery under loss).
+pub const SOFTRDMA_TRANSPORT_WR: c_int = 4;
+/// `SOFTRDMA_RECORDS` (read only): three `uint64_t`, the socket's
+/// datagrams sent as Write-Records, received as Write-Records, and of
+/// those delivered partly.
+pub const SOFTRDMA_RECORDS: c_int = 3;
+
+fn put_u64s(val: *mut c_void, len: *mut socklen_t, v: &[u64]) -> c_int {
+    let n = std::mem::size_of_val(v);
+    if val.is_null() || len.is_null() {
+        set_errno(libc::EFAULT);
+        return -1;
+    }
+    // SAFETY: the caller's buffer of `*len` octets, checked non-null.
+    unsafe {
+        if (*len as usize) < n {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        std::ptr::copy_nonoverlapping(v.as_ptr() as *const u8, val as *mut u8, n);
+        *len = n as socklen_t;
+    }
+    0
+}
 
 fn put_int(val: *mut c_void, len: *mut socklen_t, v: c_int) -> c_int {
     if val.is_null() || len.is_null() {

@@ -155,9 +155,12 @@ pub fn udp_transport() -> crate::udp::Transport {
     static T: OnceLock<crate::udp::Transport> = OnceLock::new();
     *T.get_or_init(|| match std::env::var("SOFTRDMA_SOCKETS_UDP").as_deref() {
         Ok("rd") => crate::udp::Transport::Rd,
+        Ok("wr") => crate::udp::Transport::Wr,
         Ok("ud") | Ok("") | Err(_) => crate::udp::Transport::Ud,
         Ok(other) => {
-            eprintln!("softrdma-sockets: SOFTRDMA_SOCKETS_UDP={other:?} is not ud or rd; using ud");
+            eprintln!(
+                "softrdma-sockets: SOFTRDMA_SOCKETS_UDP={other:?} is not ud, rd or wr; using ud"
+            );
             crate::udp::Transport::Ud
         }
     })

@@ -14,8 +14,13 @@
 //!   MPA exchange ends or the socket closes.
 //!
 //! * `udp-<addr>-<port>`: a datagram socket bound to `addr:port` with a UD
-//!   (or RD) QP; holds `<netns> <pid> <qp port> <qpn> <ud|rd>`. Written when softrdma
-//!   takes the socket, removed when its creator closes it.
+//!   (or RD) QP; holds `<netns> <pid> <qp port> <qpn> <ud|rd|wr>`, and for
+//!   `wr` (Write-Record) the receive area's shape after it:
+//!   `<rings> <slots per ring> <slot octets>` (each writer's ring, its
+//!   rkey and address, is granted by the socket itself: [`crate::udp`]).
+//!   Readers take the first five fields and ignore the rest; one that
+//!   does not know the transport word takes the socket as plain. Written
+//!   when softrdma takes the socket, removed when its creator closes it.
 //!
 //! A client connecting to `addr:port` accelerates when a listener entry
 //! matches; a server that accepts a connection from `addr:port` expects
@@ -273,17 +278,23 @@ impl UdpEntry {
         ensure_dir()?;
         let path = udp_path(local);
         let pid = std::process::id();
-        std::fs::write(
-            &path,
-            format!(
-                "{} {} {} {} {}",
-                netns(),
-                pid,
-                qp_port,
-                qpn,
-                transport.as_str()
-            ),
-        )?;
+        let mut text = format!(
+            "{} {} {} {} {}",
+            netns(),
+            pid,
+            qp_port,
+            qpn,
+            transport.as_str()
+        );
+        if transport == crate::udp::Transport::Wr {
+            text.push_str(&format!(
+                " {} {} {}",
+                crate::udp::RINGS,
+                crate::udp::RING_SLOTS,
+                crate::udp::SLOT
+            ));
+        }
+        std::fs::write(&path, text)?;
         Ok(UdpEntry { path, pid })
     }
 }

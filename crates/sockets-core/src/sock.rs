@@ -518,6 +518,16 @@ impl Sock {
         }
     }
 
+    /// `getsockopt(SOL_SOFTRDMA, SOFTRDMA_RECORDS)`: datagrams sent as
+    /// Write-Records, received as Write-Records, and of those delivered
+    /// partly (zeros for a socket without a Write-Record QP).
+    pub fn record_counts(&self) -> (u64, u64, u64) {
+        match &self.lock().phase {
+            Phase::Ud(u) => u.end.record_counts(),
+            _ => (0, 0, 0),
+        }
+    }
+
     /// After the kernel accepted `IP_ADD_MEMBERSHIP` (`join`) or
     /// `IP_DROP_MEMBERSHIP` of `group` on a datagram socket: with
     /// `SOFTRDMA_SOCKETS_MCAST=ud` the socket's UD QP (taken now if need
@@ -550,6 +560,7 @@ impl Sock {
             SockTransport::Kernel => None,
             SockTransport::Ud => Some(crate::udp::Transport::Ud),
             SockTransport::Rd => Some(crate::udp::Transport::Rd),
+            SockTransport::Wr => Some(crate::udp::Transport::Wr),
             SockTransport::Rc => return Err(libc::EINVAL),
         };
         let mut inner = self.lock();
@@ -1452,7 +1463,14 @@ impl Sock {
         let entry = crate::registry::UdpEntry::new(local, qp_port, qpn, transport).ok();
         self.engine.store(true, Ordering::Relaxed);
         inner.slot.set_addrs(Some(&local.to_string()), None);
-        inner.slot.set_state(State::Ud, Reason::None);
+        inner.slot.set_state(
+            if transport == crate::udp::Transport::Wr {
+                State::Wr
+            } else {
+                State::Ud
+            },
+            Reason::None,
+        );
         inner.phase = Phase::Ud(Box::new(UdState { end, _entry: entry }));
         self.take_over(fd);
         true
@@ -1611,8 +1629,7 @@ impl Sock {
                 }
                 u.end.read(&mut [], true);
             }
-            if let Some((len, src)) = u.end.read(bufs, !peek) {
-                let copied = len.min(bufs.iter().map(|b| b.len()).sum());
+            if let Some((copied, len, src)) = u.end.read(bufs, !peek) {
                 if !peek {
                     inner.slot.received(len, 1);
                 }

@@ -77,6 +77,10 @@ pub enum State {
     /// A datagram socket with a UD QP (interposed peers over UD, others
     /// through the kernel).
     Ud = 6,
+    /// A datagram socket whose QP carries RDMA Write-Records
+    /// (`SOFTRDMA_TRANSPORT_WR`; interposed peers of the same transport
+    /// over Write-Records, others through the kernel).
+    Wr = 7,
 }
 
 /// Why a socket is not (or no longer) accelerated.
@@ -142,6 +146,7 @@ impl State {
             State::Closed => "closed",
             State::Inherited => "inherited",
             State::Ud => "ud",
+            State::Wr => "wr",
         }
     }
     fn from_u8(v: u8) -> State {
@@ -152,6 +157,7 @@ impl State {
             4 => State::Closed,
             5 => State::Inherited,
             6 => State::Ud,
+            7 => State::Wr,
             _ => State::Pending,
         }
     }
@@ -459,7 +465,9 @@ impl Slot {
             let role = r.role.load(Ordering::Relaxed);
             let end = role == Role::Client as u8
                 || role == Role::Server as u8
-                || (state == State::Ud && old != State::Ud as u8);
+                || (matches!(state, State::Ud | State::Wr)
+                    && old != State::Ud as u8
+                    && old != State::Wr as u8);
             if let (Some(h), true) = (self.header(), end && old != state as u8) {
                 match state {
                     State::Rc => {
@@ -468,7 +476,7 @@ impl Slot {
                     State::Kernel if old != State::Rc as u8 => {
                         h.kernel_conns.fetch_add(1, Ordering::Relaxed);
                     }
-                    State::Ud => {
+                    State::Ud | State::Wr => {
                         h.ud_socks.fetch_add(1, Ordering::Relaxed);
                     }
                     _ => {}
@@ -808,4 +816,19 @@ pub fn format_table(rows: &[Row]) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::State;
+
+    #[test]
+    fn datagram_states_have_their_words() {
+        for (v, word) in [(6u8, "ud"), (7, "wr")] {
+            let s = State::from_u8(v);
+            assert_eq!(s as u8, v);
+            assert_eq!(s.as_str(), word);
+        }
+        assert_eq!(State::from_u8(8).as_str(), "pending");
+    }
 }

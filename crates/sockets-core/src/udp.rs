@@ -13,7 +13,7 @@
 //! | 2..4 | the sender socket's UDP port (big endian) |
 //! | 4..6 | multicast: the destination port (big endian); else zero |
 //! | 6 | 1: sent to a multicast group; else zero |
-//! | 7 | zero |
+//! | 7 | kind: 0 a datagram; Write-Record (below): 1 a datagram asking for a ring, 4 a datagram asking for credit, 2 a grant, 3 credit |
 //!
 //! so the receiver reports the sender's socket address (the completion's
 //! source IP, the header's port) as `recvfrom` would, and answers it over
@@ -45,6 +45,47 @@
 //! its port). Plain senders' group datagrams still arrive on the kernel
 //! socket. Without the policy, group traffic is the kernel's.
 //!
+//! Write-Record (`Transport::Wr`: `SOFTRDMA_TRANSPORT_WR`,
+//! `SOFTRDMA_SOCKETS_UDP=wr`; both ends must have it, the registry entry
+//! says `wr`). The QP is a UD QP; a datagram is one RDMA Write-Record of
+//! an 8-octet header (`b"SW"`, the sender socket's port, the record's
+//! sequence number, big endian) and the payload into a 64 KiB slot
+//! ([`SLOT`]) of a ring the *receiver* granted this sender:
+//!
+//! * **Rings.** A socket has [`RINGS`] rings of [`RING_SLOTS`] slots, each
+//!   its own memory region, handed out one per writer QP. A sender without
+//!   a ring sends the datagram as a UD Send with kind 1 (at most every
+//!   2 ms); the receiver takes a free ring for the sender's QP and answers
+//!   with a grant (kind 2: rkey, address, slots, records consumed so far),
+//!   or with a grant of zero slots when every ring is taken (the sender
+//!   goes on with UD Sends and asks again a second later). A ring is the
+//!   sender's alone, so two writers never share a slot; a Write-Record
+//!   completion whose source is not the ring's owner, or whose STag is a
+//!   region the ring no longer has, is ignored.
+//! * **Credit.** The sender writes record `n` into slot `n % slots` only
+//!   while `n` is below the receiver's last "consumed" count plus the
+//!   slots; the receiver counts a record consumed when the application
+//!   has read it (consumed = one past the highest sequence number read)
+//!   and sends the count (kind 3) every half ring, and when asked. A
+//!   sender out of credit sends the datagram as a UD Send instead, asking
+//!   for credit (kind 4, at most every 2 ms): an unread slot is never
+//!   written; what does not fit the UD buffers either is lost, as UDP's.
+//! * **Records lost whole** (every segment of them) never complete, so
+//!   their slots would never count as consumed: a later record read moves
+//!   the count past them, and a sender out of credit whose ring has no
+//!   record queued and none completed for 200 ms gets the ring re-keyed
+//!   (a new region, a new grant): whatever was still in flight toward the
+//!   old region cannot land in the new one, so re-keying loses at most
+//!   records that were late, never overwrites one.
+//! * **Delivery.** A record that completed whole is a datagram. One
+//!   missing segments is retired by the QP after 100 ms without a new
+//!   segment (or when the sender's next record to the ring starts) and
+//!   delivered as the part placed contiguously from its start: fewer
+//!   octets than its length, which `recvmsg` reports with `MSG_TRUNC`;
+//!   one whose first segment (the header) is lost is not delivered.
+//!   Records are read straight from the ring; a slot is only written
+//!   again after the application read it.
+//!
 //! Receives are served from pre-posted buffers and copied out; a socket
 //! reads whichever of its two sources (UD messages, kernel datagrams) has
 //! something, UD first. Loss is UDP's: a message that finds no posted
@@ -54,6 +95,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use softrdma_verbs::dgram::{PartialAction, RecordConfig, RecordMode};
 use softrdma_verbs::{
     Access, AddressHandle, Completion, CompletionChannel, CompletionQueue, DgramAddr, MemoryRegion,
     Payload, ProtectionDomain, QpCaps, RdQpOptions, RdQueuePair, RecvWr, SendFlags, SendOp, SendWr,
@@ -75,6 +117,32 @@ const TX_BUFS: usize = 16;
 /// How long "not interposed" is believed of a destination before the
 /// registry is asked again.
 const NEGATIVE_TTL: Duration = Duration::from_secs(1);
+/// Write-Record: octets of a slot of a receive ring (a header and the
+/// largest datagram).
+pub const SLOT: usize = 64 << 10;
+/// Write-Record: slots of the ring one sender writes into.
+pub const RING_SLOTS: u32 = 8;
+/// Write-Record: rings of a socket (the senders it serves by
+/// Write-Record; others send UD Sends).
+pub const RINGS: usize = 8;
+/// Header kinds (octet 7; 0: a datagram): a datagram whose sender asks
+/// for a ring.
+const K_HELLO: u8 = 1;
+/// A ring granted (body: rkey, address, slots, consumed; 20 octets).
+const K_GRANT: u8 = 2;
+/// Credit: records of the ring consumed (body: rkey, consumed).
+const K_CREDIT: u8 = 3;
+/// A datagram whose sender is out of credit.
+const K_ASK: u8 = 4;
+/// Least time between two requests of a sender (hello or ask) to a peer.
+const ASK_EVERY: Duration = Duration::from_millis(2);
+/// How long a Write-Record missing segments waits before it is delivered
+/// partly (the QP's record partial timeout).
+const PARTIAL_TIMEOUT: Duration = Duration::from_millis(100);
+/// A ring whose sender is out of credit with none of its records queued
+/// and none completed for this long is re-keyed (its records in flight
+/// are lost).
+const STUCK: Duration = Duration::from_millis(200);
 
 /// `SOFTRDMA_SOCKETS_MCAST=ud`: group memberships and sends to groups of
 /// UD sockets go over UD multicast (module docs).
@@ -108,6 +176,10 @@ pub enum Transport {
     /// Reliable datagrams (softrdma's RD): acknowledged, retransmitted,
     /// in order per peer; a Send completes when the peer has it.
     Rd,
+    /// A UD QP whose datagrams are RDMA Write-Records into the receiver's
+    /// registered area (module docs, "Write-Record"): loss as UD's, and a
+    /// datagram missing segments is delivered partly.
+    Wr,
 }
 
 impl Transport {
@@ -116,6 +188,7 @@ impl Transport {
         match self {
             Transport::Ud => "ud",
             Transport::Rd => "rd",
+            Transport::Wr => "wr",
         }
     }
 
@@ -124,6 +197,7 @@ impl Transport {
         match s {
             "ud" => Some(Transport::Ud),
             "rd" => Some(Transport::Rd),
+            "wr" => Some(Transport::Wr),
             _ => None,
         }
     }
@@ -141,6 +215,9 @@ pub enum SockTransport {
     Ud,
     /// An RD queue pair (`SOFTRDMA_TRANSPORT_RD`, 3).
     Rd,
+    /// A UD queue pair carrying RDMA Write-Records
+    /// (`SOFTRDMA_TRANSPORT_WR`, 4).
+    Wr,
 }
 
 impl SockTransport {
@@ -151,6 +228,7 @@ impl SockTransport {
             SockTransport::Rc => 1,
             SockTransport::Ud => 2,
             SockTransport::Rd => 3,
+            SockTransport::Wr => 4,
         }
     }
 
@@ -161,6 +239,7 @@ impl SockTransport {
             1 => Some(SockTransport::Rc),
             2 => Some(SockTransport::Ud),
             3 => Some(SockTransport::Rd),
+            4 => Some(SockTransport::Wr),
             _ => None,
         }
     }
@@ -171,6 +250,7 @@ impl From<Transport> for SockTransport {
         match t {
             Transport::Ud => SockTransport::Ud,
             Transport::Rd => SockTransport::Rd,
+            Transport::Wr => SockTransport::Wr,
         }
     }
 }
@@ -219,10 +299,54 @@ impl DQp {
     }
 }
 
+/// Where a received datagram lies.
+#[derive(Clone, Copy)]
+enum Loc {
+    /// A posted receive buffer (its index).
+    Buf(usize),
+    /// A ring slot: ring, octet offset of the slot in the ring's region,
+    /// the record's sequence number.
+    Slot(usize, usize, u32),
+}
+
 struct RxMsg {
-    idx: usize,
+    loc: Loc,
+    /// The datagram's length.
     len: usize,
+    /// Octets of it present (less than `len`: a partial Write-Record, the
+    /// placed prefix).
+    avail: usize,
     src: SocketAddr,
+}
+
+/// A receive ring one sender writes its Write-Records into.
+struct Ring {
+    mr: MemoryRegion,
+    /// The sender's QP (IP, QPN): only its records are taken.
+    owner: (IpAddr, u32),
+    /// Its address handle (grants and credits go there).
+    ah: AddressHandle,
+    /// The sender socket's address (`recvfrom`'s).
+    from: SocketAddr,
+    /// One past the highest sequence number consumed.
+    consumed: u32,
+    /// `consumed` as last sent to the sender.
+    credited: u32,
+    /// Records of the ring queued for the application.
+    queued: usize,
+    /// The last record completion (or grant).
+    last: Instant,
+}
+
+/// A ring a peer granted this socket.
+struct Grant {
+    rkey: u32,
+    base: u64,
+    slots: u32,
+    /// The next record's sequence number.
+    next: u32,
+    /// Records may be written while `next` is below this.
+    upto: u32,
 }
 
 /// A datagram socket's UD side.
@@ -245,10 +369,22 @@ pub struct UdEnd {
     /// Private epoll set over the kernel socket, the QP's own UDP socket
     /// and the completion channel: the one descriptor a waiter sleeps on.
     waitfd: i32,
+    /// Write-Record: the receive rings granted to senders.
+    rings: Vec<Option<Ring>>,
+    /// Write-Record: rings peers granted, by the peer QP (UDP port, QPN).
+    grants: HashMap<(u16, u32), Grant>,
+    /// Write-Record: when a peer QP was last asked for a ring or credit.
+    asked: HashMap<(u16, u32), Instant>,
     /// Messages sent and received (statistics).
     pub msgs_out: u64,
     /// As [`UdEnd::msgs_out`], inbound.
     pub msgs_in: u64,
+    /// Datagrams sent as Write-Records.
+    pub records_out: u64,
+    /// Datagrams received as Write-Records (whole or partial).
+    pub records_in: u64,
+    /// Of [`UdEnd::records_in`], those delivered partly.
+    pub records_partial: u64,
 }
 
 impl std::fmt::Debug for UdEnd {
@@ -290,16 +426,17 @@ impl UdEnd {
         transport: Transport,
     ) -> std::io::Result<UdEnd> {
         let chan = dev.ctx().create_comp_channel()?;
-        let cq = dev
-            .ctx()
-            .create_cq(2 * (RX_BUFS + TX_BUFS) + 8, Some(&chan));
+        let cq = dev.ctx().create_cq(
+            2 * (RX_BUFS + TX_BUFS) + 2 * RINGS * RING_SLOTS as usize + 8,
+            Some(&chan),
+        );
         let bind = SocketAddr::new(local.ip(), 0);
         let caps = QpCaps {
             max_send_wr: TX_BUFS + 4,
             max_recv_wr: RX_BUFS,
         };
         let qp = match transport {
-            Transport::Ud => dev
+            Transport::Ud | Transport::Wr => dev
                 .pd()
                 .create_ud_qp(
                     &cq,
@@ -309,6 +446,12 @@ impl UdEnd {
                         bind,
                         max_msg: BUF,
                         self_driven: true,
+                        record: RecordConfig {
+                            mode: RecordMode::Cq,
+                            partial_timeout: PARTIAL_TIMEOUT,
+                            partial_action: PartialAction::Deliver,
+                            ..RecordConfig::default()
+                        },
                         ..UdQpOptions::default()
                     },
                 )
@@ -357,8 +500,14 @@ impl UdEnd {
             groups: Vec::new(),
             port: local.port(),
             waitfd,
+            rings: (0..RINGS).map(|_| None).collect(),
+            grants: HashMap::new(),
+            asked: HashMap::new(),
             msgs_out: 0,
             msgs_in: 0,
+            records_out: 0,
+            records_in: 0,
+            records_partial: 0,
         };
         for i in 0..RX_BUFS {
             u.post_recv(i);
@@ -394,15 +543,25 @@ impl UdEnd {
         };
         let mut out = [blank; 32];
         let mut changed = false;
+        // A poll reads the QP's socket only when the CQ's queue is empty.
+        // A Write-Record sender that never reads still needs its peers'
+        // grants and credits: it polls until one poll found the queue
+        // empty (a few times at most).
+        let mut empty_looks: usize = if self.transport == Transport::Wr {
+            4
+        } else {
+            0
+        };
         loop {
             let n = self.cq.poll(&mut out);
             for c in &out[..n] {
                 self.complete(&c.wc);
             }
             changed |= n > 0;
-            if n < out.len() {
+            if n == 0 || (n < out.len() && empty_looks == 0) {
                 break;
             }
+            empty_looks = empty_looks.saturating_sub(usize::from(n < out.len()));
         }
         changed
     }
@@ -431,10 +590,22 @@ impl UdEnd {
                         if let Ok(ah) = self.qp.pd().create_ah(s) {
                             self.peers.insert(from, (Some(ah), Instant::now()));
                         }
+                        match h[7] {
+                            K_GRANT | K_CREDIT => {
+                                self.control(idx, len, s, h[7]);
+                                self.post_recv(idx);
+                                return;
+                            }
+                            k @ (K_HELLO | K_ASK) if self.transport == Transport::Wr => {
+                                self.request(s, from, k)
+                            }
+                            _ => {}
+                        }
                         self.msgs_in += 1;
                         self.rx.push_back(RxMsg {
-                            idx,
+                            loc: Loc::Buf(idx),
                             len: len - HDR,
+                            avail: len - HDR,
                             src: from,
                         });
                     }
@@ -442,9 +613,268 @@ impl UdEnd {
                     None => {}
                 }
             }
+            WcOpcode::RecvWriteRecord => self.record(wc),
             _ => {
                 if wc.wr_id < TX_BUFS as u64 {
                     self.tx_free.push(wc.wr_id as usize);
+                }
+            }
+        }
+    }
+
+    /// A grant or credit from a peer this socket writes to (`at`: its QP).
+    fn control(&mut self, idx: usize, len: usize, at: DgramAddr, kind: u8) {
+        let mut b = [0u8; 20];
+        let need = if kind == K_GRANT { 20 } else { 8 };
+        if len < HDR + need || self.rx_mr.read_at(idx * BUF + HDR, &mut b[..need]).is_err() {
+            return;
+        }
+        let u32_at = |o: usize| u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let key = (at.port, at.qpn);
+        let rkey = u32_at(0);
+        if kind == K_CREDIT {
+            if let Some(g) = self.grants.get_mut(&key).filter(|g| g.rkey == rkey) {
+                let upto = u32_at(4).wrapping_add(g.slots);
+                if upto.wrapping_sub(g.upto) as i32 > 0 {
+                    g.upto = upto;
+                }
+            }
+            return;
+        }
+        let base = u64::from_be_bytes(b[4..12].try_into().unwrap_or([0; 8]));
+        let (slots, consumed) = (u32_at(12), u32_at(16));
+        if slots == 0 {
+            // Refused (the peer serves as many writers as it can): UD
+            // Sends, asking again in a second.
+            self.grants.remove(&key);
+            self.asked
+                .insert(key, Instant::now() + Duration::from_secs(1));
+            return;
+        }
+        match self.grants.get_mut(&key) {
+            Some(g) if g.rkey == rkey => {
+                let upto = consumed.wrapping_add(slots);
+                if upto.wrapping_sub(g.upto) as i32 > 0 {
+                    g.upto = upto;
+                }
+            }
+            _ => {
+                self.grants.insert(
+                    key,
+                    Grant {
+                        rkey,
+                        base,
+                        slots,
+                        next: consumed,
+                        upto: consumed.wrapping_add(slots),
+                    },
+                );
+            }
+        }
+    }
+
+    /// A writer's request (a hello: it wants a ring; an ask: it is out of
+    /// credit), carried on a datagram from QP `at`, socket `from`.
+    fn request(&mut self, at: DgramAddr, from: SocketAddr, kind: u8) {
+        let owner = (at.ip.to_canonical(), at.qpn);
+        let known = self
+            .rings
+            .iter()
+            .position(|r| r.as_ref().is_some_and(|r| r.owner == owner));
+        let i = match known {
+            Some(i) => i,
+            None => {
+                let Ok(ah) = self.qp.pd().create_ah(at) else {
+                    return;
+                };
+                let Some(i) = self.rings.iter().position(Option::is_none) else {
+                    // Every ring is taken: this writer sends UD Sends.
+                    self.send_ctl(&ah, K_GRANT, &[0u8; 20]);
+                    return;
+                };
+                let Ok(mr) = self.ring_region() else {
+                    self.send_ctl(&ah, K_GRANT, &[0u8; 20]);
+                    return;
+                };
+                self.rings[i] = Some(Ring {
+                    mr,
+                    owner,
+                    ah,
+                    from,
+                    consumed: 0,
+                    credited: 0,
+                    queued: 0,
+                    last: Instant::now(),
+                });
+                self.grant(i);
+                return;
+            }
+        };
+        let Some(r) = self.rings[i].as_ref() else {
+            return;
+        };
+        if kind == K_HELLO {
+            self.grant(i);
+        } else if r.queued == 0 && r.last.elapsed() >= STUCK {
+            // Out of credit with nothing queued and nothing completed for
+            // a while: its records in flight were lost. A new region (new
+            // rkey) for the ring, so nothing still in flight toward the
+            // old one can land in it, and a new grant.
+            let Ok(mr) = self.ring_region() else {
+                return;
+            };
+            let Some(r) = self.rings[i].as_mut() else {
+                return;
+            };
+            let old = std::mem::replace(&mut r.mr, mr);
+            r.last = Instant::now();
+            if let DQp::Ud(q) = &self.qp {
+                q.record_forget(&old);
+            }
+            self.grant(i);
+        } else {
+            self.credit(i);
+        }
+    }
+
+    fn ring_region(&self) -> Result<MemoryRegion, ()> {
+        self.qp
+            .pd()
+            .register(
+                RING_SLOTS as usize * SLOT,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            )
+            .map_err(|_| ())
+    }
+
+    /// Sends ring `i`'s grant to its writer.
+    fn grant(&mut self, i: usize) {
+        let Some(r) = self.rings[i].as_mut() else {
+            return;
+        };
+        let mut b = [0u8; 20];
+        b[..4].copy_from_slice(&r.mr.rkey().to_be_bytes());
+        b[4..12].copy_from_slice(&r.mr.addr().to_be_bytes());
+        b[12..16].copy_from_slice(&RING_SLOTS.to_be_bytes());
+        b[16..20].copy_from_slice(&r.consumed.to_be_bytes());
+        r.credited = r.consumed;
+        let ah = r.ah.clone();
+        self.send_ctl(&ah, K_GRANT, &b);
+    }
+
+    /// Sends ring `i`'s credit (records consumed) to its writer.
+    fn credit(&mut self, i: usize) {
+        let Some(r) = self.rings[i].as_mut() else {
+            return;
+        };
+        let mut b = [0u8; 8];
+        b[..4].copy_from_slice(&r.mr.rkey().to_be_bytes());
+        b[4..].copy_from_slice(&r.consumed.to_be_bytes());
+        r.credited = r.consumed;
+        let ah = r.ah.clone();
+        self.send_ctl(&ah, K_CREDIT, &b);
+    }
+
+    /// One control message (no free send slot: not sent; the writer asks
+    /// again).
+    fn send_ctl(&mut self, ah: &AddressHandle, kind: u8, body: &[u8]) {
+        let Some(idx) = self.tx_free.pop() else {
+            return;
+        };
+        let mut h = [0u8; HDR];
+        h[..2].copy_from_slice(b"SU");
+        h[2..4].copy_from_slice(&self.port.to_be_bytes());
+        h[7] = kind;
+        let _ = self.tx_mr.write_at(idx * BUF, &h);
+        let _ = self.tx_mr.write_at(idx * BUF + HDR, body);
+        let sge = self.tx_mr.sge(idx * BUF, (HDR + body.len()) as u32);
+        let wr = SendWr {
+            wr_id: idx as u64,
+            op: SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+            payload: Payload::Sgl(SgList::single(sge.addr, sge.length, sge.lkey)),
+            flags: SendFlags {
+                signaled: true,
+                ..SendFlags::default()
+            },
+        };
+        if !self.qp.post_send(wr, ah) {
+            self.tx_free.push(idx);
+        }
+    }
+
+    /// A Write-Record completion: a datagram in a ring slot, whole or (the
+    /// record timed out missing segments) its placed prefix.
+    fn record(&mut self, wc: &WorkCompletion) {
+        let (Some(info), Some(src)) = (wc.record, wc.src) else {
+            return;
+        };
+        let Some(i) = self
+            .rings
+            .iter()
+            .position(|r| r.as_ref().is_some_and(|r| r.mr.rkey() == info.stag))
+        else {
+            return; // a region since replaced
+        };
+        let Some(r) = self.rings[i].as_mut() else {
+            return;
+        };
+        // Only the ring's writer.
+        if (src.ip.to_canonical(), src.qpn) != r.owner {
+            return;
+        }
+        let off = info.to.wrapping_sub(r.mr.addr()) as usize;
+        if !off.is_multiple_of(SLOT) || off / SLOT >= RING_SLOTS as usize {
+            return;
+        }
+        let prefix = match wc.status {
+            WcStatus::Success => info.len as usize,
+            WcStatus::RecordPartial => info.ranges[..info.n_ranges as usize]
+                .iter()
+                .find(|(o, _)| *o == 0)
+                .map_or(0, |(_, l)| *l as usize),
+            _ => 0,
+        };
+        let mut h = [0u8; HDR];
+        if prefix < HDR || r.mr.read_at(off, &mut h).is_err() || h[..2] != *b"SW" {
+            return; // its start is lost: nothing to deliver
+        }
+        let seq = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
+        r.queued += 1;
+        r.last = Instant::now();
+        let from = r.from;
+        self.records_in += 1;
+        if wc.status != WcStatus::Success {
+            self.records_partial += 1;
+        }
+        self.msgs_in += 1;
+        self.rx.push_back(RxMsg {
+            loc: Loc::Slot(i, off, seq),
+            len: info.len as usize - HDR,
+            avail: prefix.min(info.len as usize) - HDR,
+            src: from,
+        });
+    }
+
+    /// The application is done with a datagram: its buffer is posted
+    /// again, or its ring slot counts as consumed (credit goes back to the
+    /// writer every half ring).
+    fn release(&mut self, loc: Loc) {
+        match loc {
+            Loc::Buf(idx) => self.post_recv(idx),
+            Loc::Slot(i, _, seq) => {
+                let Some(r) = self.rings[i].as_mut() else {
+                    return;
+                };
+                r.queued = r.queued.saturating_sub(1);
+                let next = seq.wrapping_add(1);
+                if next.wrapping_sub(r.consumed) as i32 > 0 {
+                    r.consumed = next;
+                }
+                if r.consumed.wrapping_sub(r.credited) >= RING_SLOTS / 2 {
+                    self.credit(i);
                 }
             }
         }
@@ -479,24 +909,34 @@ impl UdEnd {
 
     /// Copies the next message into `bufs` (in order); with `consume` the
     /// message is gone after (the rest of a long one is discarded, as
-    /// UDP does). Returns its full length and source.
-    pub fn read(&mut self, bufs: &mut [&mut [u8]], consume: bool) -> Option<(usize, SocketAddr)> {
+    /// UDP does). Returns the octets copied, its full length and its
+    /// source. A partial Write-Record gives its placed prefix: fewer
+    /// octets copied than its length even when `bufs` has room.
+    pub fn read(
+        &mut self,
+        bufs: &mut [&mut [u8]],
+        consume: bool,
+    ) -> Option<(usize, usize, SocketAddr)> {
         let m = self.rx.front()?;
-        let (idx, len, src) = (m.idx, m.len, m.src);
+        let (loc, len, avail, src) = (m.loc, m.len, m.avail, m.src);
+        let (mr, at) = match loc {
+            Loc::Buf(idx) => (&self.rx_mr, idx * BUF + HDR),
+            Loc::Slot(i, off, _) => (&self.rings[i].as_ref()?.mr, off + HDR),
+        };
         let mut off = 0;
         for b in bufs.iter_mut() {
-            if off >= len {
+            if off >= avail {
                 break;
             }
-            let n = b.len().min(len - off);
-            let _ = self.rx_mr.read_at(idx * BUF + HDR + off, &mut b[..n]);
+            let n = b.len().min(avail - off);
+            let _ = mr.read_at(at + off, &mut b[..n]);
             off += n;
         }
         if consume {
             self.rx.pop_front();
-            self.post_recv(idx);
+            self.release(loc);
         }
-        Some((len, src))
+        Some((off, len, src))
     }
 
     /// Attaches the QP to `group` (`join`) or detaches it, for the
@@ -586,18 +1026,62 @@ impl UdEnd {
             return Ok(false);
         };
         let mut h = [0u8; HDR];
+        if self.transport == Transport::Wr && dest.mcast_port.is_none() {
+            let d = dest.ah.dest();
+            let key = (d.port, d.qpn);
+            if let Some(g) = self
+                .grants
+                .get_mut(&key)
+                .filter(|g| g.upto.wrapping_sub(g.next) as i32 > 0)
+            {
+                // One Write-Record into the next slot of our ring.
+                let seq = g.next;
+                let remote_addr = g.base + u64::from(seq % g.slots) * SLOT as u64;
+                let rkey = g.rkey;
+                h[..2].copy_from_slice(b"SW");
+                h[2..4].copy_from_slice(&self.port.to_be_bytes());
+                h[4..8].copy_from_slice(&seq.to_be_bytes());
+                let off = self.fill(idx, &h, data);
+                let sge = self.tx_mr.sge(idx * BUF, off as u32);
+                let wr = SendWr {
+                    wr_id: idx as u64,
+                    op: SendOp::WriteRecord { remote_addr, rkey },
+                    payload: Payload::Sgl(SgList::single(sge.addr, sge.length, sge.lkey)),
+                    flags: SendFlags {
+                        signaled: true,
+                        ..SendFlags::default()
+                    },
+                };
+                if !self.qp.post_send(wr, &dest.ah) {
+                    self.tx_free.push(idx);
+                    return Err(libc::EIO);
+                }
+                if let Some(g) = self.grants.get_mut(&key) {
+                    g.next = seq.wrapping_add(1);
+                }
+                self.msgs_out += 1;
+                self.records_out += 1;
+                return Ok(true);
+            }
+            // No ring yet, or no credit: a UD Send, asking (at most every
+            // ASK_EVERY) for a ring or for credit.
+            let now = Instant::now();
+            if self.asked.get(&key).is_none_or(|t| now >= *t) {
+                self.asked.insert(key, now + ASK_EVERY);
+                h[7] = if self.grants.contains_key(&key) {
+                    K_ASK
+                } else {
+                    K_HELLO
+                };
+            }
+        }
         h[..2].copy_from_slice(b"SU");
         h[2..4].copy_from_slice(&self.port.to_be_bytes());
         if let Some(p) = dest.mcast_port {
             h[4..6].copy_from_slice(&p.to_be_bytes());
             h[6] = 1;
         }
-        let _ = self.tx_mr.write_at(idx * BUF, &h);
-        let mut off = HDR;
-        for d in data {
-            let _ = self.tx_mr.write_at(idx * BUF + off, d);
-            off += d.len();
-        }
+        let off = self.fill(idx, &h, data);
         let sge = self.tx_mr.sge(idx * BUF, off as u32);
         let wr = SendWr {
             wr_id: idx as u64,
@@ -618,5 +1102,23 @@ impl UdEnd {
             self.tx_free.push(idx);
             Err(libc::EIO)
         }
+    }
+
+    /// Writes the header and the gathered data into send slot `idx`;
+    /// returns the octets written.
+    fn fill(&self, idx: usize, h: &[u8; HDR], data: &[&[u8]]) -> usize {
+        let _ = self.tx_mr.write_at(idx * BUF, h);
+        let mut off = HDR;
+        for d in data {
+            let _ = self.tx_mr.write_at(idx * BUF + off, d);
+            off += d.len();
+        }
+        off
+    }
+
+    /// Datagrams sent as Write-Records, received as Write-Records, and of
+    /// those delivered partly.
+    pub fn record_counts(&self) -> (u64, u64, u64) {
+        (self.records_out, self.records_in, self.records_partial)
     }
 }

@@ -48,10 +48,22 @@
  *
  * setsockopt on a UDP socket, before it is bound or first used, chooses
  * the transport of its queue pair instead of the process's default
- * (SOFTRDMA_SOCKETS_UDP=ud|rd): SOFTRDMA_TRANSPORT_UD or
- * SOFTRDMA_TRANSPORT_RD, or SOFTRDMA_TRANSPORT_KERNEL to leave the socket
- * to the kernel. Both ends must use the same transport: datagrams between
- * sockets whose transports differ go through the kernel. Errors:
+ * (SOFTRDMA_SOCKETS_UDP=ud|rd|wr): SOFTRDMA_TRANSPORT_UD,
+ * SOFTRDMA_TRANSPORT_RD or SOFTRDMA_TRANSPORT_WR, or
+ * SOFTRDMA_TRANSPORT_KERNEL to leave the socket to the kernel. Both ends
+ * must use the same transport: datagrams between sockets whose transports
+ * differ go through the kernel.
+ *
+ * SOFTRDMA_TRANSPORT_WR: each datagram is one RDMA Write-Record into a
+ * ring of 64 KiB slots that the receiving socket grants the sender (the
+ * first datagrams, before the grant arrives, and datagrams sent while the
+ * receiver has not read enough of the ring go as UD Sends). A datagram
+ * some of whose segments were lost is delivered, after 100 ms, as the
+ * part placed contiguously from its start: recvmsg sets MSG_TRUNC in
+ * msg_flags and returns fewer octets than the datagram had (with the
+ * MSG_TRUNC flag, recv returns its full length), so a reader that sizes
+ * its buffer to the largest datagram tells a partial one by MSG_TRUNC.
+ * A datagram whose first segment was lost is not delivered. Errors:
  *   EBUSY       the socket already has its queue pair (or was left to
  *               the kernel) and the value differs from what it has;
  *   EINVAL      not one of the values, or SOFTRDMA_TRANSPORT_RC;
@@ -64,5 +76,21 @@
 #define SOFTRDMA_TRANSPORT_RC     1 /* an RC queue pair (TCP) */
 #define SOFTRDMA_TRANSPORT_UD     2 /* a UD queue pair (UDP): unreliable */
 #define SOFTRDMA_TRANSPORT_RD     3 /* an RD queue pair (UDP): reliable datagrams */
+#define SOFTRDMA_TRANSPORT_WR     4 /* a UD queue pair (UDP): RDMA Write-Records,
+                                       partial delivery under loss */
+
+/*
+ * struct softrdma_records, getsockopt only: the socket's datagrams sent as
+ * Write-Records, received as Write-Records, and of those delivered partly
+ * (zeros for a socket that is not SOFTRDMA_TRANSPORT_WR). EINVAL if the
+ * buffer is smaller than the struct.
+ */
+#define SOFTRDMA_RECORDS 3
+
+struct softrdma_records {
+	unsigned long long sent;
+	unsigned long long received;
+	unsigned long long partial;
+};
 
 #endif /* SOFTRDMA_SOCKETS_H */
