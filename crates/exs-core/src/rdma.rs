@@ -102,6 +102,102 @@ pub fn owns(fd: c_int) -> bool {
     ACTIVE.load(Ordering::Acquire) && st().socks.contains_key(&fd)
 }
 
+/// How long a thread waiting in `exs_qdequeue` polls the connections'
+/// completion queues itself before it sleeps, unless
+/// `SOFTRDMA_EXS_SPIN_US` says otherwise.
+pub const SPIN: Duration = Duration::from_micros(50);
+
+/// [`SPIN`], or `SOFTRDMA_EXS_SPIN_US` (microseconds; 0: sleep at once).
+pub fn spin() -> Duration {
+    static US: OnceLock<u64> = OnceLock::new();
+    Duration::from_micros(*US.get_or_init(|| {
+        std::env::var("SOFTRDMA_EXS_SPIN_US")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(SPIN.as_micros() as u64)
+    }))
+}
+
+/// Whether the RDMA model has been used in this process.
+pub fn active() -> bool {
+    ACTIVE.load(Ordering::Acquire)
+}
+
+/// Drives every connection in the caller's thread: takes completions
+/// (the engine's inline progress reads the wire in this thread too),
+/// matches, posts, and queues the events of what finished. Without `arm`
+/// it gives up at once when another thread holds the model's lock and
+/// leaves the CQs as they are (a CQ that was armed stays armed, so the
+/// progress thread still hears of what this poller does not take); with
+/// `arm` it waits for the lock and re-arms every CQ, which a poller does
+/// before it sleeps. Returns whether it polled.
+pub fn poll_inline(arm: bool) -> bool {
+    if !active() {
+        return false;
+    }
+    let Some(m) = ST.get() else { return false };
+    let mut g = if arm {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    } else {
+        match m.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        }
+    };
+    let g = &mut *g;
+    for (fd, s) in g.socks.iter_mut() {
+        if s.conn.is_some() {
+            s.drive_opt(*fd, arm);
+        }
+    }
+    g.forget();
+    true
+}
+
+/// The completion channel every connection's CQ reports to, once the
+/// RDMA model is in use.
+pub fn channel_fd() -> Option<c_int> {
+    match DEV.get() {
+        Some(Ok(d)) => Some(d.ch.fd()),
+        _ => None,
+    }
+}
+
+/// Takes the channel's pending CQ ids and drives their connections: what
+/// the progress thread does when the channel wakes it, done by whichever
+/// thread gets there first (a waiter in `exs_qdequeue` or the progress
+/// thread; the other finds nothing left).
+pub fn progress_channel() {
+    let Some(Ok(d)) = DEV.get() else { return };
+    let mut ids: [u64; 16] = [0; 16];
+    let mut n = 0;
+    let mut more = false;
+    while let Some(id) = d.ch.get_event(Some(Duration::ZERO)) {
+        if n == ids.len() {
+            more = true;
+            break;
+        }
+        ids[n] = id;
+        n += 1;
+    }
+    if n == 0 {
+        return;
+    }
+    let mut s = st();
+    for id in &ids[..n] {
+        if let Some(&fd) = s.cqs.get(id) {
+            s.drive(fd);
+        }
+    }
+    if more {
+        let fds: Vec<c_int> = s.cqs.values().copied().collect();
+        for fd in fds {
+            s.drive(fd);
+        }
+    }
+}
+
 /// Removes `stag` from the engine (`exs_mderegister` of a region the
 /// RDMA model used).
 pub fn deregister(stag: u32) {
@@ -378,6 +474,11 @@ impl Sock {
     /// Reads and advertisements, returns credits, and queues the events of
     /// what finished (in call order).
     fn drive(&mut self, fd: c_int) {
+        self.drive_opt(fd, true)
+    }
+
+    /// [`Sock::drive`]; without `arm` the CQ is only polled, not armed.
+    fn drive_opt(&mut self, fd: c_int, arm: bool) {
         let Some(cq) = self.conn.as_ref().map(|c| c.cq.clone()) else {
             return;
         };
@@ -393,7 +494,7 @@ impl Sock {
                 self.completion(&c.wc);
             }
             if n == 0 {
-                if armed {
+                if armed || !arm {
                     break;
                 }
                 cq.req_notify(false);
@@ -776,6 +877,11 @@ impl RState {
         if let Some(s) = self.socks.get_mut(&fd) {
             s.drive(fd);
         }
+        self.forget();
+    }
+
+    /// Drops the CQ ids of connections that went away.
+    fn forget(&mut self) {
         let f: Vec<u64> = std::mem::take(&mut *FORGET.lock().unwrap_or_else(|e| e.into_inner()));
         for id in f {
             self.cqs.remove(&id);
@@ -857,17 +963,9 @@ fn progress_thread() {
         };
         // SAFETY: one pollfd.
         unsafe { libc::poll(&mut p, 1, TICK.as_millis() as c_int) };
-        let mut ids = Vec::new();
-        while let Some(id) = d.ch.get_event(Some(Duration::ZERO)) {
-            ids.push(id);
-        }
-        let mut s = st();
-        for id in ids {
-            if let Some(&fd) = s.cqs.get(&id) {
-                s.drive(fd);
-            }
-        }
+        progress_channel();
         if last.elapsed() >= TICK {
+            let mut s = st();
             last = Instant::now();
             let fds: Vec<c_int> = s.cqs.values().copied().collect();
             for fd in fds {
@@ -1075,11 +1173,16 @@ pub fn listen(fd: c_int, backlog: c_int) -> Result<(), Errno> {
     drop(g);
     let spawned = std::thread::Builder::new()
         .name("exs-listen".into())
-        .spawn(move || accept_loop(fd, id, l, local, closed));
+        .spawn(move || {
+            // The listener is dropped when accept_loop returns, before
+            // this clone of `closed`: exs_close waits for that.
+            accept_loop(fd, id, l, local, &closed);
+            drop(closed);
+        });
     spawned.map(|_| ()).map_err(|_| libc::EAGAIN)
 }
 
-fn accept_loop(fd: c_int, id: u64, l: cm::Listener, local: SocketAddr, closed: Arc<AtomicBool>) {
+fn accept_loop(fd: c_int, id: u64, l: cm::Listener, local: SocketAddr, closed: &AtomicBool) {
     loop {
         let r = l.get_request();
         if closed.load(Ordering::Acquire) {
@@ -1398,6 +1501,12 @@ pub fn close(fd: c_int) -> Result<(), Errno> {
             local
         };
         let _ = std::net::TcpStream::connect_timeout(&wake, Duration::from_millis(200));
+        // Stop listening before returning: a connect that follows must
+        // find the port closed (ECONNREFUSED), not a listener about to go.
+        let end = Instant::now() + Duration::from_secs(1);
+        while Arc::strong_count(closed) > 1 && Instant::now() < end {
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
     // SAFETY: our own descriptor.
     unsafe { libc::close(fd) };
