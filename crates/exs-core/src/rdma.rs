@@ -56,10 +56,13 @@ const TICK: Duration = Duration::from_millis(20);
 const MAX_READS: usize = 16;
 /// Receives beyond the two credit windows (credit messages and FIN).
 const EXTRA_RECVS: usize = 4;
+/// RDMA Writes into the peer's persistent receive block in flight.
+const MAX_WRITES: usize = 16;
 
 const TAG_CTRL: u64 = 0;
 const TAG_IMM: u64 = 1;
 const TAG_READ: u64 = 2;
+const TAG_WRITE: u64 = 3;
 
 struct Dev {
     ctx: Context,
@@ -238,6 +241,37 @@ struct XOp {
     done: Option<Errno>,
     nbytes: usize,
     trunc: bool,
+    /// `exs_send_offset` / `exs_recv_offset`: the offset in the peer's
+    /// persistent block.
+    offset: Option<u64>,
+    /// A persistent send (its PADV) or receive (its PRECV); the note flag.
+    persist: Option<bool>,
+}
+
+/// One of this end's persistent blocks: registered exactly (so the peer
+/// reaches nothing else) until the descriptor goes.
+struct PBlock {
+    q: Arc<Queue>,
+    ah: usize,
+    buf: usize,
+    len: usize,
+    stag: u32,
+    notify: bool,
+}
+
+impl Drop for PBlock {
+    fn drop(&mut self) {
+        deregister(self.stag);
+    }
+}
+
+/// The peer's persistent block.
+#[derive(Clone, Copy)]
+struct Remote {
+    addr: u64,
+    len: u64,
+    stag: u32,
+    notify: bool,
 }
 
 impl XOp {
@@ -252,7 +286,10 @@ impl XOp {
         }
         let ty = if recv { EXS_EVT_RECV } else { EXS_EVT_SEND };
         let mut ev = exs_event_t::new(ty, fd, self.ah, errno);
-        let mut flags = self.flags;
+        let mut flags = self.flags & !(EXS_PERSISTENT | EXS_PERSISTENT_NOTIFY);
+        if self.persist.is_some() {
+            flags |= EXS_PERSISTENT;
+        }
         if self.trunc {
             flags |= libc::MSG_TRUNC;
         }
@@ -301,6 +338,9 @@ struct Rd {
     /// The advertisement's sequence number when this part ends it (its
     /// acknowledgement is due when the Read completes).
     last: Option<u32>,
+    /// A Read of the peer's persistent block that asked for notes: the
+    /// RNOTE (offset, length) due when the Read completes.
+    note: Option<(u64, u32)>,
 }
 
 struct Conn {
@@ -315,6 +355,15 @@ struct Conn {
     next_seq: u32,
     advs: VecDeque<Adv>,
     reads_posted: usize,
+    writes_posted: usize,
+    /// Credit-spending messages of the peer not yet returned.
+    held: u32,
+    /// The peer's persistent send block (PADV).
+    peer_psend: Option<Remote>,
+    /// The peer's persistent receive block (PRECV).
+    peer_precv: Option<Remote>,
+    /// Notes (RNOTE, WNOTE) waiting for a credit.
+    outbox: VecDeque<Msg>,
     broken: bool,
 }
 
@@ -323,7 +372,7 @@ impl Conn {
         let d = dev()?;
         let c = credits as usize;
         let nrx = 2 * c + EXTRA_RECVS;
-        let nsq = 3 * c + MAX_READS + 8;
+        let nsq = 3 * c + MAX_READS + MAX_WRITES + 8;
         let cq = d.ctx.create_cq(nrx + nsq + 16, Some(&d.ch));
         let qp = d.pd.create_cm_qp(
             &cq,
@@ -348,6 +397,11 @@ impl Conn {
             next_seq: 0,
             advs: VecDeque::new(),
             reads_posted: 0,
+            writes_posted: 0,
+            held: 0,
+            peer_psend: None,
+            peer_precv: None,
+            outbox: VecDeque::new(),
             broken: false,
         };
         for i in 0..nrx {
@@ -390,6 +444,7 @@ impl Conn {
     fn send_msg(&mut self, wr_id: u64, mut m: Msg) {
         m.credits = self.owed.min(u16::MAX as u32) as u16;
         self.owed -= u32::from(m.credits);
+        self.held = self.held.saturating_sub(u32::from(m.credits));
         let b = m.encode();
         let data = InlineData::new(&b).expect("control messages fit inline");
         self.post(
@@ -438,6 +493,16 @@ struct Sock {
     closed: Option<Arc<AtomicBool>>,
     dead: Option<Errno>,
     fin: bool,
+    /// This end's persistent send block, once advertised.
+    psend: Option<PBlock>,
+    /// This end's persistent receive block, once advertised.
+    precv: Option<PBlock>,
+    /// A persistent receive waiting to be advertised.
+    precv_op: Option<XOp>,
+    /// Notes received for a block that asked for them, waiting for a
+    /// queue slot (their credits are held until then: the peer slows
+    /// down instead of the queue overflowing).
+    notes: VecDeque<Msg>,
 }
 
 impl Sock {
@@ -463,6 +528,10 @@ impl Sock {
             closed: None,
             dead: None,
             fin: false,
+            psend: None,
+            precv: None,
+            precv_op: None,
+            notes: VecDeque::new(),
         }
     }
 
@@ -510,7 +579,13 @@ impl Sock {
         self.match_recvs();
         self.post_reads();
         self.complete_recvs(fd);
+        self.deliver_notes(fd);
         self.advertise();
+        if self.precv_op.as_ref().is_some_and(|o| o.done.is_some()) {
+            let op = self.precv_op.take().expect("checked");
+            let e = op.done.unwrap_or(0);
+            op.finish(fd, true, e);
+        }
         while self.sends.front().is_some_and(|s| s.done.is_some()) {
             let op = self.sends.pop_front().expect("front");
             let e = op.done.unwrap_or(0);
@@ -564,6 +639,14 @@ impl Sock {
                     return;
                 };
                 rd.ready = true;
+                if let Some((addr, len)) = rd.note {
+                    c.outbox.push_back(Msg {
+                        kind: wire::RNOTE,
+                        addr,
+                        len,
+                        ..Msg::default()
+                    });
+                }
                 if let Some(seq) = rd.last {
                     c.owed += 1;
                     let len = rd.op.nbytes as u32;
@@ -579,7 +662,11 @@ impl Sock {
                 }
             }
             _ => {
-                if wc.wr_id >> 32 == TAG_IMM {
+                let tag = wc.wr_id >> 32;
+                if tag == TAG_WRITE {
+                    c.writes_posted = c.writes_posted.saturating_sub(1);
+                }
+                if tag == TAG_IMM || tag == TAG_WRITE {
                     let seq = wc.wr_id as u32;
                     if let Some(s) = self.sends.iter_mut().find(|s| s.adv && s.seq == seq) {
                         s.done = Some(0);
@@ -591,14 +678,51 @@ impl Sock {
     }
 
     fn message(&mut self, m: Msg) {
+        let psend_len = self.psend.as_ref().map_or(0, |b| b.len as u64);
+        let precv_len = self.precv.as_ref().map_or(0, |b| b.len as u64);
+        let psend_notify = self.psend.as_ref().is_some_and(|b| b.notify);
+        let precv_notify = self.precv.as_ref().is_some_and(|b| b.notify);
         let Some(c) = self.conn.as_mut() else { return };
-        let back = c.send_credits.saturating_add(u32::from(m.credits));
-        if back > c.credits {
+        let mut w = wire::Window {
+            credits: c.credits,
+            send_credits: c.send_credits,
+            held: c.held,
+            precv_len,
+            psend_len,
+        };
+        if wire::check(&mut w, &m).is_err() {
             c.broken = true;
             return;
         }
-        c.send_credits = back;
+        c.send_credits = w.send_credits;
+        c.held = w.held;
         match m.kind {
+            wire::PADV | wire::PRECV => {
+                let r = Remote {
+                    addr: m.addr,
+                    len: u64::from(m.len),
+                    stag: m.stag,
+                    notify: m.flags & wire::F_NOTIFY != 0,
+                };
+                if m.kind == wire::PADV {
+                    c.peer_psend = Some(r);
+                } else {
+                    c.peer_precv = Some(r);
+                }
+                c.owed += 1;
+            }
+            wire::RNOTE | wire::WNOTE => {
+                let wanted = if m.kind == wire::RNOTE {
+                    psend_notify
+                } else {
+                    precv_notify
+                };
+                if wanted {
+                    self.notes.push_back(m);
+                } else {
+                    c.owed += 1;
+                }
+            }
             wire::ADV => {
                 if c.advs.len() >= c.credits as usize {
                     c.broken = true;
@@ -634,8 +758,18 @@ impl Sock {
 
     fn match_recvs(&mut self) {
         let stream = self.stream();
-        while !self.recvs.is_empty() {
+        while let Some(front) = self.recvs.front() {
             let Some(c) = self.conn.as_mut() else { return };
+            if front.offset.is_some() || c.advs.is_empty() {
+                // From the peer's persistent block: one Read, no ACK.
+                let p = c.peer_psend;
+                if p.is_none() && front.offset.is_none() {
+                    return;
+                }
+                let op = self.recvs.pop_front().expect("non-empty");
+                self.reading.push_back(pull_persistent(op, p, stream));
+                continue;
+            }
             let Some(a) = c.advs.front_mut() else { return };
             let mut op = self.recvs.pop_front().expect("non-empty");
             let rem = a.len - a.off;
@@ -650,6 +784,7 @@ impl Sock {
                 posted: false,
                 ready: false,
                 last: None,
+                note: None,
             };
             if let Some(d) = &a.imm {
                 if take > 0 {
@@ -751,12 +886,116 @@ impl Sock {
     }
 
     fn advertise(&mut self) {
-        let Some(c) = self.conn.as_mut() else { return };
-        for op in self.sends.iter_mut() {
+        let Sock {
+            conn,
+            sends,
+            psend,
+            precv,
+            precv_op,
+            ..
+        } = self;
+        let Some(c) = conn.as_mut() else { return };
+        while c.send_credits > 0 && !c.broken {
+            let Some(m) = c.outbox.pop_front() else { break };
+            c.send_credits -= 1;
+            c.send_msg(TAG_CTRL, m);
+        }
+        if let Some(op) = precv_op.as_mut().filter(|o| o.done.is_none()) {
+            if c.send_credits > 0 && !c.broken {
+                let notify = op.persist == Some(true);
+                match PBlock::new(op, Access::LOCAL_WRITE | Access::REMOTE_WRITE, notify) {
+                    Ok(b) => {
+                        c.send_credits -= 1;
+                        c.send_msg(TAG_CTRL, b.msg(wire::PRECV));
+                        *precv = Some(b);
+                        op.done = Some(0);
+                    }
+                    Err(e) => op.done = Some(e),
+                }
+            }
+        }
+        for op in sends.iter_mut() {
             if op.adv || op.done.is_some() {
                 continue;
             }
-            if c.send_credits == 0 || c.broken {
+            if c.broken {
+                return;
+            }
+            if let Some(notify) = op.persist {
+                if c.send_credits == 0 {
+                    return;
+                }
+                match PBlock::new(op, Access::REMOTE_READ, notify) {
+                    Ok(b) => {
+                        c.send_credits -= 1;
+                        c.send_msg(TAG_CTRL, b.msg(wire::PADV));
+                        *psend = Some(b);
+                        op.adv = true;
+                        op.done = Some(0);
+                        op.nbytes = op.len;
+                    }
+                    Err(e) => op.done = Some(e),
+                }
+                continue;
+            }
+            if op.offset.is_some() || c.peer_precv.is_some() {
+                // Into the peer's persistent receive block: one Write.
+                let Some(p) = c.peer_precv else {
+                    op.done = Some(libc::EINVAL);
+                    continue;
+                };
+                let off = op.offset.unwrap_or(0);
+                if off.checked_add(op.len as u64).is_none_or(|e| e > p.len) {
+                    op.done = Some(if op.offset.is_some() {
+                        libc::EINVAL
+                    } else {
+                        libc::EMSGSIZE
+                    });
+                    continue;
+                }
+                if (p.notify && c.send_credits == 0) || c.writes_posted >= MAX_WRITES {
+                    return;
+                }
+                let seq = c.next_seq;
+                if op.len == 0 {
+                    op.done = Some(0);
+                } else {
+                    let lkey = match op.stag(Access::LOCAL_WRITE) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            op.done = Some(e);
+                            continue;
+                        }
+                    };
+                    c.writes_posted += 1;
+                    c.post(
+                        (TAG_WRITE << 32) | u64::from(seq),
+                        SendOp::Write {
+                            remote_addr: p.addr + off,
+                            rkey: p.stag,
+                            imm: None,
+                        },
+                        Payload::Sgl(SgList::single(op.buf as u64, op.len as u32, lkey)),
+                    );
+                }
+                c.next_seq = c.next_seq.wrapping_add(1);
+                op.adv = true;
+                op.seq = seq;
+                if p.notify {
+                    c.send_credits -= 1;
+                    c.send_msg(
+                        TAG_CTRL,
+                        Msg {
+                            kind: wire::WNOTE,
+                            addr: off,
+                            len: op.len as u32,
+                            ..Msg::default()
+                        },
+                    );
+                }
+                continue;
+            }
+            if c.send_credits == 0 {
                 return;
             }
             let seq = c.next_seq;
@@ -809,6 +1048,8 @@ impl Sock {
 
     /// The connection is gone: every outstanding operation completes.
     fn die(&mut self, fd: c_int) {
+        // Notes that arrived before the end still become events.
+        self.deliver_notes(fd);
         let e = if self.fin {
             libc::EPIPE
         } else {
@@ -837,6 +1078,12 @@ impl Sock {
             let d = op.done;
             op.finish(fd, false, if d == Some(0) { 0 } else { e });
         }
+        if let Some(op) = self.precv_op.take() {
+            op.finish(fd, true, e);
+        }
+        self.notes.clear();
+        self.psend = None;
+        self.precv = None;
     }
 
     /// Fails every operation with `e` (close, failed connect).
@@ -850,6 +1097,12 @@ impl Sock {
         for op in self.sends.drain(..) {
             op.finish(fd, false, e);
         }
+        if let Some(op) = self.precv_op.take() {
+            op.finish(fd, true, e);
+        }
+        self.notes.clear();
+        self.psend = None;
+        self.precv = None;
         for a in self.accepts.drain(..) {
             push_accept(fd, a, -1, None, e);
         }
@@ -857,6 +1110,115 @@ impl Sock {
             q.push(exs_event_t::new(EXS_EVT_CONNECT, fd, ah, e));
         }
     }
+}
+
+impl Sock {
+    /// Queues an event per note whose block asked for them, while the
+    /// block's queue has a free slot; each note's credit goes back then.
+    fn deliver_notes(&mut self, fd: c_int) {
+        let Some(c) = self.conn.as_mut() else { return };
+        while let Some(m) = self.notes.front() {
+            let recv = m.kind == wire::WNOTE;
+            let blk = if recv { &self.precv } else { &self.psend };
+            if let Some(b) = blk {
+                match b.q.reserve() {
+                    Ok(()) => {
+                        let ty = if recv { EXS_EVT_RECV } else { EXS_EVT_SEND };
+                        let mut ev = exs_event_t::new(ty, fd, b.ah, 0);
+                        ev.exs_evt_union.exs_evt_xfer = exs_evt_xfer_t {
+                            exs_evt_buf: (b.buf + m.addr as usize) as *mut libc::c_void,
+                            exs_evt_len: m.len as usize,
+                            exs_evt_nbytes: m.len as isize,
+                            exs_evt_flags: EXS_PERSISTENT,
+                        };
+                        b.q.push(ev);
+                    }
+                    Err(libc::EAGAIN) => return,
+                    Err(_) => {}
+                }
+            }
+            self.notes.pop_front();
+            c.owed += 1;
+        }
+    }
+}
+
+impl PBlock {
+    /// Registers exactly the operation's buffer for the peer.
+    fn new(op: &XOp, access: Access, notify: bool) -> Result<PBlock, Errno> {
+        let stag = reg_user(op.buf, op.len, access)?;
+        Ok(PBlock {
+            q: op.q.clone(),
+            ah: op.ah,
+            buf: op.buf,
+            len: op.len,
+            stag,
+            notify,
+        })
+    }
+
+    /// Its advertisement ([`wire::PADV`] or [`wire::PRECV`]).
+    fn msg(&self, kind: u8) -> Msg {
+        Msg {
+            kind,
+            flags: if self.notify { wire::F_NOTIFY } else { 0 },
+            addr: self.buf as u64,
+            len: self.len as u32,
+            stag: self.stag,
+            ..Msg::default()
+        }
+    }
+}
+
+/// A receive served from the peer's persistent block `p` (at its offset,
+/// bounds checked, or from the start): one Read, no acknowledgement.
+fn pull_persistent(mut op: XOp, p: Option<Remote>, stream: bool) -> Rd {
+    let rd = |op: XOp| Rd {
+        op,
+        read: None,
+        posted: false,
+        ready: false,
+        last: None,
+        note: None,
+    };
+    let Some(p) = p else {
+        op.done = Some(libc::EINVAL);
+        let mut r = rd(op);
+        r.ready = true;
+        return r;
+    };
+    let off = op.offset.unwrap_or(0);
+    let take = if op.offset.is_some() {
+        if off.checked_add(op.len as u64).is_none_or(|e| e > p.len) {
+            op.done = Some(libc::EINVAL);
+            let mut r = rd(op);
+            r.ready = true;
+            return r;
+        }
+        op.len
+    } else {
+        op.trunc = !stream && (op.len as u64) < p.len;
+        op.len.min(p.len as usize)
+    };
+    op.nbytes = take;
+    let mut r = rd(op);
+    if take == 0 {
+        r.ready = true;
+        return r;
+    }
+    match r.op.stag(Access::LOCAL_WRITE) {
+        Ok(l) => {
+            r.read = Some((p.addr + off, p.stag, l, take));
+            if p.notify {
+                r.note = Some((off, take as u32));
+            }
+        }
+        Err(e) => {
+            r.op.done = Some(e);
+            r.ready = true;
+        }
+    }
+    r
 }
 
 /// CQ ids whose connection went away (pending removal from the map).
@@ -1402,6 +1764,8 @@ fn xop(
         done: None,
         nbytes: 0,
         trunc: false,
+        offset: None,
+        persist: None,
     })
 }
 
@@ -1411,7 +1775,11 @@ const SEND_OK: c_int = libc::MSG_EOR | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT |
 /// event's flags whatever the call asked; `MSG_WAITALL` has no effect).
 const RECV_OK: c_int = libc::MSG_TRUNC | libc::MSG_WAITALL | libc::MSG_DONTWAIT;
 
-/// `exs_send` and `exs_recv` on a descriptor of the RDMA model.
+/// The persistent flags.
+const PERSIST: c_int = EXS_PERSISTENT | EXS_PERSISTENT_NOTIFY;
+
+/// `exs_send` and `exs_recv` on a descriptor of the RDMA model, and with
+/// `offset` `exs_send_offset` and `exs_recv_offset`.
 #[allow(clippy::too_many_arguments)]
 pub fn xfer(
     recv: bool,
@@ -1422,12 +1790,14 @@ pub fn xfer(
     q: Arc<Queue>,
     ah: usize,
     mh: c_int,
+    offset: Option<u64>,
 ) -> Result<(), Errno> {
-    if flags & EXS_PERSISTENT != 0 {
-        return Err(libc::EOPNOTSUPP);
-    }
     let ok = if recv { RECV_OK } else { SEND_OK };
-    if flags & !ok != 0 {
+    if flags & !(ok | PERSIST) != 0 {
+        return Err(libc::EINVAL);
+    }
+    let persist = (flags & PERSIST != 0).then_some(flags & EXS_PERSISTENT_NOTIFY != 0);
+    if persist.is_some() && (offset.is_some() || len == 0) {
         return Err(libc::EINVAL);
     }
     let mut g = st();
@@ -1441,13 +1811,42 @@ pub fn xfer(
             return Err(e);
         }
     }
-    let op = xop(buf, len, flags, &q, ah, mh)?;
+    if let Some(off) = offset {
+        // Bounds of the peer's persistent block (known once its
+        // advertisement arrived).
+        let c = s.conn.as_ref().ok_or(libc::EINVAL)?;
+        let p = if recv { c.peer_psend } else { c.peer_precv };
+        let p = p.ok_or(libc::EINVAL)?;
+        if off.checked_add(len as u64).is_none_or(|e| e > p.len) {
+            return Err(libc::EINVAL);
+        }
+    }
+    let psent = s.psend.is_some() || s.sends.iter().any(|o| o.persist.is_some());
+    if persist.is_some() {
+        // One persistent block per direction and descriptor.
+        let taken = if recv {
+            s.precv.is_some() || s.precv_op.is_some()
+        } else {
+            psent
+        };
+        if taken {
+            return Err(libc::EINVAL);
+        }
+    } else if !recv && offset.is_none() && psent {
+        // The persistent side is passive.
+        return Err(libc::EINVAL);
+    }
+    let mut op = xop(buf, len, flags, &q, ah, mh)?;
+    op.offset = offset;
+    op.persist = persist;
     if s.dead.is_some() {
         // The peer closed: end of stream at once.
         op.finish(fd, true, 0);
         return Ok(());
     }
-    if recv {
+    if recv && persist.is_some() {
+        s.precv_op = Some(op);
+    } else if recv {
         s.recvs.push_back(op);
     } else {
         s.sends.push_back(op);

@@ -136,7 +136,7 @@ fn a_peer_killed_mid_transfer_resets_every_outstanding_operation() {
 #[test]
 fn latency_ping_pong_runs() {
     let t = case("latency", &["200"], Duration::from_secs(90));
-    for what in ["normal", "immediate"] {
+    for what in ["normal", "immediate", "persistent"] {
         for size in [1, 10, 100] {
             assert!(
                 t.contains(&format!("latency {what} {size} B:")),
@@ -144,4 +144,16 @@ fn latency_ping_pong_runs() {
             );
         }
     }
+}
+
+/// Persistent send and receive, with and without notes: pulls of the
+/// whole block (again and again), shorter pulls with `MSG_TRUNC`, pulls
+/// and writes at offsets (contents checked), bounds (`EINVAL`), a send
+/// longer than the peer's receive block (`EMSGSIZE`), one note event per
+/// access with the right buffer and length, and the passive side's
+/// refusals.
+#[test]
+fn persistent_blocks_are_pulled_and_pushed_one_sided() {
+    let t = case("persistent", &[], Duration::from_secs(90));
+    assert!(t.contains("server: ok"), "{t}");
 }

@@ -12,8 +12,11 @@
  *   rdma_test errors           calls that cannot start, late failures
  *   rdma_test kill             the server is killed mid-transfer: every
  *                              outstanding operation ends with ECONNRESET
+ *   rdma_test persistent       persistent send and receive, with and without
+ *                              notes, offsets and their bounds
  *   rdma_test latency N        ping-pong, one-way microseconds at 1/10/100 B
- *                              for normal (small 0) and immediate sends
+ *                              for normal (small 0) and immediate sends;
+ *                              then receives pulling a persistent block
  *
  * Every wait is bounded (10 s); the harness bounds the whole run too. */
 #define _GNU_SOURCE
@@ -458,10 +461,13 @@ static int errors_client(int port) {
     FAILS(exs_send(fd, (void *)16, 10, 0, q, AH(0), EXS_MHANDLE_UNREGISTERED), EFAULT);
     FAILS(exs_send(fd, b, 10, MSG_OOB, q, AH(0), mh), EINVAL);
     FAILS(exs_recv(fd, b, 10, MSG_PEEK, q, AH(0), mh), EINVAL);
-    FAILS(exs_send(fd, b, 10, EXS_PERSISTENT, q, AH(0), mh), EOPNOTSUPP);
+    FAILS(exs_send(fd, b, 0, EXS_PERSISTENT, q, AH(0), mh), EINVAL);
+    FAILS(exs_recv(fd, b, 0, EXS_PERSISTENT_NOTIFY, q, AH(0), mh), EINVAL);
     FAILS(exs_send(fd, b, 10, 0, 9999, AH(0), mh), EINVAL);
-    FAILS(exs_send_offset(fd, b, 10, 0, 0, q, AH(0), mh), EOPNOTSUPP);
-    FAILS(exs_recv_offset(fd, b, 10, 0, 0, q, AH(0), mh), EOPNOTSUPP);
+    /* the peer has no persistent block */
+    FAILS(exs_send_offset(fd, b, 10, 0, 0, q, AH(0), mh), EINVAL);
+    FAILS(exs_recv_offset(fd, b, 10, 0, 0, q, AH(0), mh), EINVAL);
+    FAILS(exs_recv_offset(fd, b, 10, EXS_PERSISTENT, 0, q, AH(0), mh), EINVAL);
     exs_msghdr_t m;
     memset(&m, 0, sizeof m);
     FAILS(exs_sendmsg(fd, &m, 0, q, AH(0)), EOPNOTSUPP);
@@ -516,6 +522,187 @@ static int kill_client(int port, int rfd, pid_t server) {
     CHECK(sends == 7 && recvs == 4, "every operation: %d sends %d receives", sends, recvs);
     FAILS(exs_send(fd, b, 10, 0, q, AH(0), mh), ECONNRESET);
     CHECK(exs_close(fd) == 0, "close");
+    printf("client: ok\n");
+    return 0;
+}
+
+/* ---------------------------------------------------------------- */
+
+/* Waits up to 10 s for n octets at p to read as fill(seed). */
+static void await_same(const unsigned char *p, size_t n, unsigned seed, const char *what) {
+    for (int i = 0; i < 10000 && !same(p, n, seed); i++) usleep(1000);
+    CHECK(same(p, n, seed), "%s never arrived", what);
+}
+
+/* exs_send_offset until the peer's persistent receive block is known
+ * (EINVAL before its advertisement arrived). */
+static void send_offset_retry(int fd, void *buf, size_t len, uint64_t off, exs_mhandle_t mh,
+                              int tag) {
+    for (int i = 0; i < 10000; i++) {
+        if (exs_send_offset(fd, buf, len, 0, off, q, AH(tag), mh) == 0) return;
+        CHECK(errno == EINVAL, "send_offset");
+        usleep(1000);
+    }
+    CHECK(0, "the peer's persistent receive block never became known");
+}
+
+static void persistent_event(exs_event_t ev, exs_ahandle_t ah, void *buf, long n) {
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_ahandle == ah, "event errno %d", ev.exs_evt_errno);
+    CHECK(ev.exs_evt_union.exs_evt_xfer.exs_evt_buf == buf &&
+              ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes == n &&
+              (ev.exs_evt_union.exs_evt_xfer.exs_evt_flags & EXS_PERSISTENT),
+          "persistent event: buf %p (want %p), %ld octets (want %ld)",
+          ev.exs_evt_union.exs_evt_xfer.exs_evt_buf, buf,
+          (long)ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes, n);
+}
+
+static void await_eof(int fd) {
+    char c;
+    CHECK(exs_recv(fd, &c, 1, 0, q, AH(99), EXS_MHANDLE_UNREGISTERED) == 0, "recv");
+    exs_event_t ev = next(EXS_EVT_RECV);
+    CHECK(ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes == 0, "end of stream");
+}
+
+/* Connection 1: the server sends a 4096-octet block persistently (no
+ * notes) and receives persistently with notes; connection 2 the other
+ * way round. The client pulls, pulls at offsets, and writes. */
+static int persistent_server(int wfd) {
+    unsigned char *pb = malloc(4096), *rb = calloc(1, 4096);
+    fill(pb, 4096, 7);
+    exs_mhandle_t pm = exs_mregister(pb, 4096, 0);
+    int fd = serve(wfd, SOCK_SEQPACKET, 0);
+    CHECK(exs_send(fd, pb, 4096, EXS_PERSISTENT, q, AH(10), pm) == 0, "persistent send");
+    exs_event_t ev = next(EXS_EVT_SEND);
+    persistent_event(ev, AH(10), pb, 4096);
+    FAILS(exs_send(fd, pb, 10, EXS_PERSISTENT, q, AH(0), pm), EINVAL);
+    FAILS(exs_send(fd, pb, 10, 0, q, AH(0), pm), EINVAL);
+    CHECK(exs_recv(fd, rb, 4096, EXS_PERSISTENT_NOTIFY, q, AH(11), EXS_MHANDLE_UNREGISTERED) == 0,
+          "persistent recv");
+    ev = next(EXS_EVT_RECV);
+    persistent_event(ev, AH(11), rb, 0);
+    FAILS(exs_recv(fd, rb, 10, EXS_PERSISTENT, q, AH(0), EXS_MHANDLE_UNREGISTERED), EINVAL);
+    /* the client writes 200 octets at 1000, 100 at 0, 96 at 4000: one
+     * event each, in order, with the data in place */
+    ev = next(EXS_EVT_RECV);
+    persistent_event(ev, AH(11), rb + 1000, 200);
+    CHECK(same(rb + 1000, 200, 2), "write at 1000");
+    ev = next(EXS_EVT_RECV);
+    persistent_event(ev, AH(11), rb, 100);
+    CHECK(same(rb, 100, 1), "write at 0");
+    ev = next(EXS_EVT_RECV);
+    persistent_event(ev, AH(11), rb + 4000, 96);
+    CHECK(same(rb + 4000, 96, 3), "write at 4000");
+    /* nothing outside the writes changed */
+    for (size_t i = 100; i < 1000; i++) CHECK(rb[i] == 0, "octet %zu", i);
+    await_eof(fd);
+    exs_close(fd);
+
+    unsigned char *pb2 = malloc(1000), *rb2 = calloc(1, 1000);
+    fill(pb2, 1000, 9);
+    fd = serve(wfd, SOCK_STREAM, 0);
+    /* the receive block first: the notes of the client's reads cannot
+     * come before its event */
+    CHECK(exs_recv(fd, rb2, 1000, EXS_PERSISTENT, q, AH(21), EXS_MHANDLE_UNREGISTERED) == 0,
+          "persistent recv");
+    ev = next(EXS_EVT_RECV);
+    persistent_event(ev, AH(21), rb2, 0);
+    CHECK(exs_send(fd, pb2, 1000, EXS_PERSISTENT_NOTIFY, q, AH(20), EXS_MHANDLE_UNREGISTERED) == 0,
+          "persistent send with notes");
+    ev = next(EXS_EVT_SEND);
+    persistent_event(ev, AH(20), pb2, 1000);
+    /* the client reads the block twice whole and 10 octets at 990 */
+    ev = next(EXS_EVT_SEND);
+    persistent_event(ev, AH(20), pb2, 1000);
+    ev = next(EXS_EVT_SEND);
+    persistent_event(ev, AH(20), pb2, 1000);
+    ev = next(EXS_EVT_SEND);
+    persistent_event(ev, AH(20), pb2 + 990, 10);
+    /* a write without notes: it just lands */
+    await_same(rb2 + 100, 500, 4, "write at 100");
+    await_eof(fd);
+    exs_close(fd);
+    printf("server: ok\n");
+    return 0;
+}
+
+static int persistent_client(int rfd) {
+    unsigned char *b = calloc(1, 8192);
+    exs_mhandle_t mh = exs_mregister(b, 8192, 0);
+    int port;
+    CHECK(read(rfd, &port, sizeof port) == sizeof port, "port");
+    int fd = dial(port, SOCK_SEQPACKET, 0, -1);
+    /* a receive waits for the block, then pulls it whole */
+    memset(b, 0, 8192);
+    CHECK(exs_recv(fd, b, 4096, 0, q, AH(1), mh) == 0, "recv");
+    exs_event_t ev = next(EXS_EVT_RECV);
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes == 4096 &&
+              same(b, 4096, 7),
+          "pulled block");
+    /* again (not consumed); shorter: first octets, MSG_TRUNC */
+    memset(b, 0, 8192);
+    CHECK(exs_recv(fd, b, 10, 0, q, AH(2), EXS_MHANDLE_UNREGISTERED) == 0, "recv");
+    ev = next(EXS_EVT_RECV);
+    CHECK(ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes == 10 &&
+              (ev.exs_evt_union.exs_evt_xfer.exs_evt_flags & MSG_TRUNC) && same(b, 10, 7) &&
+              b[10] == 0,
+          "short pull");
+    /* at an offset */
+    CHECK(exs_recv_offset(fd, b + 5000, 100, 0, 3000, q, AH(3), mh) == 0, "recv_offset");
+    ev = next(EXS_EVT_RECV);
+    CHECK(ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes == 100, "offset pull");
+    {
+        unsigned char want[4096];
+        fill(want, 4096, 7);
+        CHECK(memcmp(b + 5000, want + 3000, 100) == 0, "offset pull data");
+    }
+    CHECK(exs_recv_offset(fd, b, 96, 0, 4000, q, AH(4), mh) == 0, "recv_offset to the end");
+    ev = next(EXS_EVT_RECV);
+    CHECK(ev.exs_evt_errno == 0, "to the end");
+    FAILS(exs_recv_offset(fd, b, 97, 0, 4000, q, AH(0), mh), EINVAL);
+    FAILS(exs_recv_offset(fd, b, 1, 0, 4096, q, AH(0), mh), EINVAL);
+    FAILS(exs_recv_offset(fd, b, 2, 0, UINT64_MAX, q, AH(0), mh), EINVAL);
+    /* writes into the server's persistent receive block */
+    fill(b, 200, 2);
+    send_offset_retry(fd, b, 200, 1000, mh, 5);
+    ev = next(EXS_EVT_SEND);
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes == 200, "write");
+    fill(b + 1000, 100, 1);
+    send1(fd, b + 1000, 100, mh, 6);
+    ev = next(EXS_EVT_SEND);
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes == 100, "write");
+    fill(b + 2000, 96, 3);
+    CHECK(exs_send_offset(fd, b + 2000, 96, 0, 4000, q, AH(7), mh) == 0, "send_offset");
+    ev = next(EXS_EVT_SEND);
+    CHECK(ev.exs_evt_errno == 0, "write at 4000");
+    FAILS(exs_send_offset(fd, b, 97, 0, 4000, q, AH(0), mh), EINVAL);
+    FAILS(exs_send_offset(fd, b, 1, 0, UINT64_MAX, q, AH(0), mh), EINVAL);
+    /* a send longer than the block: EMSGSIZE as the event */
+    send1(fd, b, 5000, mh, 8);
+    ev = next(EXS_EVT_SEND);
+    CHECK(ev.exs_evt_errno == EMSGSIZE, "too long: %d", ev.exs_evt_errno);
+    exs_close(fd);
+
+    CHECK(read(rfd, &port, sizeof port) == sizeof port, "port");
+    fd = dial(port, SOCK_STREAM, 0, -1);
+    for (int i = 0; i < 2; i++) {
+        memset(b, 0, 1000);
+        CHECK(exs_recv(fd, b, 1000, 0, q, AH(1), mh) == 0, "recv");
+        ev = next(EXS_EVT_RECV);
+        CHECK(ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes == 1000 && same(b, 1000, 9), "pull %d",
+              i);
+    }
+    CHECK(exs_recv_offset(fd, b, 10, 0, 990, q, AH(2), mh) == 0, "recv_offset");
+    ev = next(EXS_EVT_RECV);
+    {
+        unsigned char want[1000];
+        fill(want, 1000, 9);
+        CHECK(ev.exs_evt_errno == 0 && memcmp(b, want + 990, 10) == 0, "offset pull");
+    }
+    fill(b, 500, 4);
+    send_offset_retry(fd, b, 500, 100, mh, 3);
+    ev = next(EXS_EVT_SEND);
+    CHECK(ev.exs_evt_errno == 0, "write");
+    exs_close(fd);
     printf("client: ok\n");
     return 0;
 }
@@ -577,7 +764,34 @@ static int latency_server(int wfd, long n) {
     fd = serve(wfd, SOCK_SEQPACKET, 0);
     pingpong(fd, 0, n, b, mh, "immediate");
     exs_close(fd);
+    /* persistent: one send of a 100-octet block, then passive until the
+     * client closes */
+    fd = serve(wfd, SOCK_SEQPACKET, 0);
+    fill(b, 100, 5);
+    CHECK(exs_send(fd, b, 100, EXS_PERSISTENT, q, AH(3), mh) == 0, "persistent send");
+    next(EXS_EVT_SEND);
+    await_eof(fd);
+    exs_close(fd);
     return 0;
+}
+
+/* Each receive is one Read of the peer's persistent block: its round
+ * trip, halved, is the one-way figure. */
+static void pull_latency(int fd, long n, unsigned char *b, exs_mhandle_t mh) {
+    for (unsigned s = 0; s < 3; s++) {
+        size_t len = lat_sizes[s];
+        double t0 = 0;
+        for (long i = -100; i < n; i++) {
+            if (i == 0) t0 = now_us();
+            CHECK(exs_recv(fd, b + 4096, len, 0, q, AH(1), mh) == 0, "recv");
+            exs_event_t ev = next(EXS_EVT_RECV);
+            CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes == (long)len,
+                  "pull");
+        }
+        CHECK(same(b + 4096, len, 5), "pulled data");
+        printf("latency persistent %zu B: %.2f us one-way\n", len,
+               (now_us() - t0) / (double)n / 2);
+    }
 }
 
 static int latency_client(int rfd, long n) {
@@ -592,6 +806,10 @@ static int latency_client(int rfd, long n) {
     fd = dial(port, SOCK_SEQPACKET, 0, -1);
     pingpong(fd, 1, n, b, mh, "immediate");
     exs_close(fd);
+    CHECK(read(rfd, &port, sizeof port) == sizeof port, "port");
+    fd = dial(port, SOCK_SEQPACKET, 0, -1);
+    pull_latency(fd, n, b, mh);
+    exs_close(fd);
     printf("client: ok\n");
     return 0;
 }
@@ -601,7 +819,7 @@ static int latency_client(int rfd, long n) {
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IONBF, 0);
     if (argc < 2) {
-        fprintf(stderr, "usage: rdma_test seqpacket|stream|credits N|errors|kill|latency N\n");
+        fprintf(stderr, "usage: rdma_test seqpacket|stream|credits N|errors|kill|persistent|latency N\n");
         return 2;
     }
     const char *mode = argv[1];
@@ -622,6 +840,7 @@ int main(int argc, char **argv) {
         if (!strcmp(mode, "errors")) return errors_server(wfd);
         if (!strcmp(mode, "kill")) return kill_server(wfd);
         if (!strcmp(mode, "latency")) return latency_server(wfd, n);
+        if (!strcmp(mode, "persistent")) return persistent_server(wfd);
         return 2;
     }
     close(up[1]);
@@ -631,6 +850,8 @@ int main(int argc, char **argv) {
     int rc;
     if (!strcmp(mode, "latency")) {
         rc = latency_client(rfd, n);
+    } else if (!strcmp(mode, "persistent")) {
+        rc = persistent_client(rfd);
     } else {
         int port;
         CHECK(read(rfd, &port, sizeof port) == sizeof port, "server port");
