@@ -169,6 +169,10 @@ impl Queue {
         // thread and the queue's eventfd), then re-arms them and sleeps.
         let rdma_spin = crate::rdma::spin();
         let mut polled = false;
+        // While this thread is here the progress thread leaves the
+        // completion channel to it (one thread woken per completion).
+        let _waiter = crate::rdma::active().then(crate::rdma::Waiter::enter);
+        let mut looked = false;
         loop {
             got += self.take(&mut out[got..]);
             if got >= at_least {
@@ -183,7 +187,20 @@ impl Queue {
             }
             let now = Instant::now();
             let remaining = match deadline {
-                Some(d) if now >= d => return Ok(got),
+                Some(d) if now >= d => {
+                    // A bounded wait (also {0, 0}) looks at the
+                    // connections once before giving up.
+                    if !looked && crate::rdma::active() && crate::rdma::poll_inline(false) {
+                        looked = true;
+                        polled = true;
+                        continue;
+                    }
+                    if polled {
+                        crate::rdma::poll_inline(true);
+                        got += self.take(&mut out[got..]);
+                    }
+                    return Ok(got);
+                }
                 Some(d) => Some(d - now),
                 None => None,
             };
@@ -192,22 +209,26 @@ impl Queue {
                 EXS_WAIT_ADAPTIVE => now - start < Duration::from_micros(50),
                 _ => false,
             };
-            if !rdma_spin.is_zero() && crate::rdma::active() {
-                if now - start < rdma_spin {
-                    polled |= crate::rdma::poll_inline(false);
-                    std::thread::yield_now();
-                    continue;
-                }
-                if polled {
-                    // Arms every CQ (taking back what was left to this
-                    // poller) and completes what came meanwhile.
-                    crate::rdma::poll_inline(true);
-                    polled = false;
-                    continue;
-                }
+            let rdma = crate::rdma::active();
+            if rdma && now - start < rdma_spin {
+                polled |= crate::rdma::poll_inline(false);
+                std::thread::yield_now();
+                continue;
             }
             if spin {
+                // EXS_WAIT_BUSY_POLL / ADAPTIVE: this thread is a waiter
+                // the progress thread relies on; it keeps polling.
+                if rdma {
+                    polled |= crate::rdma::poll_inline(false);
+                }
                 std::thread::yield_now();
+                continue;
+            }
+            if polled {
+                // Before sleeping: arm every CQ (taking back what was
+                // left to this poller) and complete what came meanwhile.
+                crate::rdma::poll_inline(true);
+                polled = false;
                 continue;
             }
             let chan = if crate::rdma::active() {

@@ -19,7 +19,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -156,6 +156,55 @@ pub fn poll_inline(arm: bool) -> bool {
     }
     g.forget();
     true
+}
+
+/// Threads inside `exs_qdequeue` while the RDMA model is in use.
+static WAITERS: AtomicUsize = AtomicUsize::new(0);
+/// When the last one left ([`now_ns`]).
+static LAST_EXIT: AtomicU64 = AtomicU64::new(0);
+/// The progress thread sleeps long, away from the channel (a waiter has
+/// it): the waiter that leaves last wakes it through [`kick`].
+static PT_AWAY: AtomicBool = AtomicBool::new(false);
+/// How long after the last waiter left the progress thread still leaves
+/// the channel alone (an application between two `exs_qdequeue` calls
+/// comes back sooner; what arrives meanwhile is found by its polls).
+const HANDBACK: Duration = Duration::from_millis(1);
+
+fn now_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// The progress thread's wake-up eventfd.
+fn kick() -> c_int {
+    static FD: OnceLock<c_int> = OnceLock::new();
+    // SAFETY: no pointer arguments.
+    *FD.get_or_init(|| unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })
+}
+
+/// A thread waiting in `exs_qdequeue` (see [`Waiter::enter`]).
+pub struct Waiter(());
+
+impl Waiter {
+    /// Counts the calling thread as a waiter: it drives the connections
+    /// itself (polling, then sleeping on the completion channel), so the
+    /// progress thread stays off the channel meanwhile and a completion
+    /// wakes one thread, not two that then fight for the lock.
+    pub fn enter() -> Waiter {
+        WAITERS.fetch_add(1, Ordering::AcqRel);
+        Waiter(())
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        LAST_EXIT.store(now_ns(), Ordering::Release);
+        if WAITERS.fetch_sub(1, Ordering::AcqRel) == 1 && PT_AWAY.swap(false, Ordering::AcqRel) {
+            let one: u64 = 1;
+            // SAFETY: writes 8 octets from a local.
+            unsafe { libc::write(kick(), (&one as *const u64).cast(), 8) };
+        }
+    }
 }
 
 /// The completion channel every connection's CQ reports to, once the
@@ -1317,15 +1366,48 @@ fn progress_thread() {
     }
     let Ok(d) = dev() else { return };
     let mut last = Instant::now();
+    let kfd = kick();
     loop {
-        let mut p = libc::pollfd {
-            fd: d.ch.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one pollfd.
-        unsafe { libc::poll(&mut p, 1, TICK.as_millis() as c_int) };
-        progress_channel();
+        let waiters = WAITERS.load(Ordering::Acquire) > 0;
+        let recent =
+            now_ns().saturating_sub(LAST_EXIT.load(Ordering::Acquire)) < HANDBACK.as_nanos() as u64;
+        let mut p = [
+            libc::pollfd {
+                fd: kfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: d.ch.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        if waiters || recent {
+            // A waiter has the channel (or one is about to come back).
+            let ms = if waiters {
+                PT_AWAY.store(true, Ordering::Release);
+                if WAITERS.load(Ordering::Acquire) == 0 {
+                    // It left in between: do not sleep long.
+                    PT_AWAY.store(false, Ordering::Release);
+                    1
+                } else {
+                    TICK.as_millis() as c_int
+                }
+            } else {
+                1
+            };
+            // SAFETY: one pollfd (the kick eventfd).
+            unsafe { libc::poll(p.as_mut_ptr(), 1, ms) };
+            PT_AWAY.store(false, Ordering::Release);
+            let mut v: u64 = 0;
+            // SAFETY: reads 8 octets into a local (non-blocking eventfd).
+            unsafe { libc::read(kfd, (&mut v as *mut u64).cast(), 8) };
+        } else {
+            // SAFETY: two pollfds.
+            unsafe { libc::poll(p.as_mut_ptr(), 2, TICK.as_millis() as c_int) };
+            progress_channel();
+        }
         if last.elapsed() >= TICK {
             let mut s = st();
             last = Instant::now();
