@@ -874,10 +874,40 @@ impl Sock {
                     }
                 }
             }
+            let imm = a.imm.is_some();
             if ends {
                 c.advs.pop_front();
             } else {
                 a.off += take;
+            }
+            if stream && imm {
+                // Coalescing: a stream receive that began with immediate
+                // data goes on through the immediate messages already
+                // here, up to its length (as a TCP receive returns what
+                // has arrived).
+                while rd.op.nbytes < rd.op.len {
+                    let Some(b) = c.advs.front_mut() else { break };
+                    let Some(d) = &b.imm else { break };
+                    let rem = b.len - b.off;
+                    let k = rem.min(rd.op.len - rd.op.nbytes);
+                    if k > 0 {
+                        // SAFETY: as above; nbytes + k <= the receive's length.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                d[b.off..].as_ptr(),
+                                (rd.op.buf as *mut u8).add(rd.op.nbytes),
+                                k,
+                            )
+                        };
+                    }
+                    rd.op.nbytes += k;
+                    if k == rem {
+                        c.advs.pop_front();
+                        c.owed += 1;
+                    } else {
+                        b.off += k;
+                    }
+                }
             }
             if let Some(seq) = ack {
                 c.owed += 1;

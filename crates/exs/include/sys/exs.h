@@ -407,7 +407,9 @@ int exs_close(int fd);
  * message takes its first octets, the rest is discarded and the event's
  * exs_evt_flags has MSG_TRUNC. SOCK_STREAM: a receive shorter than the
  * message takes its first octets and the next receive the following
- * ones (byte order kept; one receive never spans two sends).
+ * ones (byte order kept); a receive that begins with immediate data
+ * also takes the immediate messages already arrived behind it, up to its
+ * length (small sends coalesce).
  * Send flags: MSG_EOR, MSG_NOSIGNAL, MSG_DONTWAIT, MSG_MORE (no effect);
  * receive flags: MSG_TRUNC, MSG_WAITALL, MSG_DONTWAIT (no effect); others
  * EINVAL. exs_sendmsg,

@@ -279,6 +279,24 @@ static int stream_server(int wfd) {
         got += (size_t)n;
     }
     CHECK(got == total && same(b, 100, 1) && same(b + 100, 100000, 2), "stream order");
+    /* 50 sends of 10 octets, all arrived before the receive: one receive
+     * spans them (coalescing), bytes in order */
+    usleep(200000);
+    memset(b, 0, 4096);
+    got = 0;
+    int receives = 0;
+    size_t first = 0;
+    while (got < 500) {
+        CHECK(exs_recv(fd, b + got, 4096 - got, 0, q, AH(1), mh) == 0, "recv");
+        exs_event_t ev = next(EXS_EVT_RECV);
+        ssize_t n = ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes;
+        CHECK(ev.exs_evt_errno == 0 && n > 0, "stream recv %zd", n);
+        if (receives++ == 0) first = (size_t)n;
+        got += (size_t)n;
+    }
+    CHECK(got == 500 && same(b, 500, 3), "coalesced bytes in order");
+    CHECK(first > 10, "the first receive spans sends (%zu octets)", first);
+    printf("coalesced: 500 octets of 50 sends in %d receives\n", receives);
     CHECK(exs_close(fd) == 0, "close");
     printf("server: ok\n");
     return 0;
@@ -292,6 +310,9 @@ static int stream_client(int port) {
     send1(fd, b, 100, EXS_MHANDLE_UNREGISTERED, 1);
     send1(fd, b + 4096, 100000, EXS_MHANDLE_UNREGISTERED, 2);
     for (int i = 0; i < 2; i++) CHECK(next(EXS_EVT_SEND).exs_evt_errno == 0, "send");
+    fill(b, 500, 3);
+    for (int i = 0; i < 50; i++) send1(fd, b + 10 * i, 10, EXS_MHANDLE_UNREGISTERED, 10 + i);
+    for (int i = 0; i < 50; i++) CHECK(next(EXS_EVT_SEND).exs_evt_errno == 0, "small send");
     exs_event_t ev;
     struct timespec t = {10, 0};
     /* wait for the server to finish (its close ends our connection) */
