@@ -191,7 +191,7 @@ impl Waiter {
     /// progress thread stays off the channel meanwhile and a completion
     /// wakes one thread, not two that then fight for the lock.
     pub fn enter() -> Waiter {
-        WAITERS.fetch_add(1, Ordering::AcqRel);
+        WAITERS.fetch_add(1, Ordering::SeqCst);
         Waiter(())
     }
 }
@@ -199,7 +199,9 @@ impl Waiter {
 impl Drop for Waiter {
     fn drop(&mut self) {
         LAST_EXIT.store(now_ns(), Ordering::Release);
-        if WAITERS.fetch_sub(1, Ordering::AcqRel) == 1 && PT_AWAY.swap(false, Ordering::AcqRel) {
+        // SeqCst with the progress thread's store of PT_AWAY and load of
+        // WAITERS: one of the two sees the other (no lost wake-up).
+        if WAITERS.fetch_sub(1, Ordering::SeqCst) == 1 && PT_AWAY.swap(false, Ordering::SeqCst) {
             let one: u64 = 1;
             // SAFETY: writes 8 octets from a local.
             unsafe { libc::write(kick(), (&one as *const u64).cast(), 8) };
@@ -621,6 +623,11 @@ impl Sock {
         }
         if let Some(c) = &self.conn {
             if c.broken || c.qp.state() == QpLinkState::Error {
+                // What already arrived still reaches the receives waiting
+                // for it (immediate data, up to the peer's FIN); a message
+                // that must be pulled cannot be any more.
+                self.match_recvs();
+                self.complete_recvs(fd);
                 self.die(fd);
                 return;
             }
@@ -1416,8 +1423,8 @@ fn progress_thread() {
         if waiters || recent {
             // A waiter has the channel (or one is about to come back).
             let ms = if waiters {
-                PT_AWAY.store(true, Ordering::Release);
-                if WAITERS.load(Ordering::Acquire) == 0 {
+                PT_AWAY.store(true, Ordering::SeqCst);
+                if WAITERS.load(Ordering::SeqCst) == 0 {
                     // It left in between: do not sleep long.
                     PT_AWAY.store(false, Ordering::Release);
                     1

@@ -140,7 +140,10 @@ typedef struct exs_pollfd {
 #define EXS_QATTR_EVENTS 3
 /* int: how exs_qdequeue() waits: EXS_WAIT_NOTIFY (sleep, the default),
  * EXS_WAIT_ADAPTIVE (spin about 50 us, then sleep), EXS_WAIT_BUSY_POLL
- * (spin; a signal does not end such a wait with EINTR). */
+ * (spin; a signal does not end such a wait with EINTR). While the RDMA
+ * model is in use a waiting thread completes the connections' work
+ * itself: it first polls them for SOFTRDMA_EXS_SPIN_US microseconds
+ * (environment; default 50, 0 sleeps at once), whatever the mode. */
 #define EXS_QATTR_WAIT 4
 
 #define EXS_SIG_DISABLE 0

@@ -775,7 +775,13 @@ static void *pp_thread(void *arg) {
                 CHECK(k > 0, "thread ping-pong stalled at %ld", i);
                 got += k;
             }
-            for (int j = 0; j < 2; j++) CHECK(ev[j].exs_evt_errno == 0, "event errno");
+            for (int j = 0; j < 2; j++) {
+                CHECK(ev[j].exs_evt_errno == 0, "event errno");
+                if (ev[j].exs_evt_type == EXS_EVT_RECV)
+                    CHECK(ev[j].exs_evt_union.exs_evt_xfer.exs_evt_nbytes == (long)len,
+                          "reply %ld: %ld octets", i,
+                          (long)ev[j].exs_evt_union.exs_evt_xfer.exs_evt_nbytes);
+            }
             CHECK(same(b + 4096, len, base + (unsigned)i + 1), "reply %ld", i);
         } else {
             exs_event_t ev = pp_next(qq, EXS_EVT_RECV);
