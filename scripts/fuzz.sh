@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-30}
-targets=(mpa_frame fpdu_deframer segment datagram dc_table)
+targets=(mpa_frame fpdu_deframer segment datagram dc_table exs_wire)
 
 command -v cargo-fuzz >/dev/null || { echo "cargo-fuzz missing: run scripts/install-test-deps.sh" >&2; exit 1; }
 
@@ -26,6 +26,7 @@ golden=testdata/iwarp/golden.txt
 seeds=target/fuzz-seeds
 rm -rf "$seeds"
 python3 scripts/fuzz-seeds.py "$golden" "$seeds"
+mkdir -p "$seeds/exs_wire" # no golden vectors for libexs messages: it starts from fuzz/corpus/exs_wire
 
 echo "building fuzz targets"
 "${fuzz[@]}" build --sanitizer none --debug-assertions

@@ -78,6 +78,10 @@ pub const SO_ASYNC_RECV_TIMEOUT: c_int = 0x4558_0003;
 
 /// `EXS_PERSISTENT` (RDMA model only).
 pub const EXS_PERSISTENT: c_int = 0x1000_0000;
+/// `EXS_PERSISTENT_NOTIFY`: a persistent send or receive whose owner gets
+/// an event each time the peer reads (or writes) the block; implies
+/// `EXS_PERSISTENT`.
+pub const EXS_PERSISTENT_NOTIFY: c_int = 0x2000_0000;
 
 /// `EXS_IOVEC`.
 pub const EXS_IOVEC: c_int = 1;

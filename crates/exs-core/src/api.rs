@@ -191,7 +191,7 @@ pub fn mderegister(mh: c_int) -> R<()> {
 }
 
 fn send_flags(flags: c_int) -> R<()> {
-    if flags & EXS_PERSISTENT != 0 {
+    if flags & (EXS_PERSISTENT | EXS_PERSISTENT_NOTIFY) != 0 {
         return Err(libc::EOPNOTSUPP);
     }
     if flags & !SEND_FLAGS != 0 {
@@ -201,7 +201,7 @@ fn send_flags(flags: c_int) -> R<()> {
 }
 
 fn recv_flags(flags: c_int) -> R<()> {
-    if flags & EXS_PERSISTENT != 0 {
+    if flags & (EXS_PERSISTENT | EXS_PERSISTENT_NOTIFY) != 0 {
         return Err(libc::EOPNOTSUPP);
     }
     if flags & !RECV_FLAGS != 0 {
@@ -222,7 +222,17 @@ pub fn send(
 ) -> R<()> {
     if rdma::owns(fd) {
         let q = engine()?.queue(qh)?;
-        return rdma::xfer(false, fd, buf as usize, len, flags, q, ah as usize, mh);
+        return rdma::xfer(
+            false,
+            fd,
+            buf as usize,
+            len,
+            flags,
+            q,
+            ah as usize,
+            mh,
+            None,
+        );
     }
     send_flags(flags)?;
     let b = buf as usize;
@@ -243,7 +253,7 @@ pub fn recv(
 ) -> R<()> {
     if rdma::owns(fd) {
         let q = engine()?.queue(qh)?;
-        return rdma::xfer(true, fd, buf as usize, len, flags, q, ah as usize, mh);
+        return rdma::xfer(true, fd, buf as usize, len, flags, q, ah as usize, mh, None);
     }
     recv_flags(flags)?;
     let b = buf as usize;
@@ -618,9 +628,26 @@ pub fn sockname(peer: bool, fd: c_int, addr: *mut sockaddr, len: *mut socklen_t)
     }
 }
 
-/// `exs_send_offset` / `exs_recv_offset`: persistent blocks are not
-/// built yet.
-pub fn offset_xfer(fd: c_int) -> R<()> {
+/// `exs_send_offset` (`recv` false) / `exs_recv_offset`: octets
+/// [`offset`, `offset + len`) of the peer's persistent block (receive
+/// block for a send, send block for a receive), one RDMA Write or Read;
+/// `EINVAL` when the peer has no such block or the range leaves it.
+#[allow(clippy::too_many_arguments)]
+pub fn offset_xfer(
+    recv: bool,
+    fd: c_int,
+    buf: usize,
+    len: size_t,
+    flags: c_int,
+    offset: u64,
+    qh: c_int,
+    ah: *mut c_void,
+    mh: c_int,
+) -> R<()> {
     rdma_fd(fd)?;
-    Err(libc::EOPNOTSUPP)
+    if flags & (EXS_PERSISTENT | EXS_PERSISTENT_NOTIFY) != 0 {
+        return Err(libc::EINVAL);
+    }
+    let q = engine()?.queue(qh)?;
+    rdma::xfer(recv, fd, buf, len, flags, q, ah as usize, mh, Some(offset))
 }

@@ -163,6 +163,16 @@ impl Queue {
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
         let mut got = 0;
+        // While the RDMA model has connections, the waiter first polls
+        // their completion queues itself for `rdma_spin` (completing what
+        // arrives in this thread: no hand-off through the progress
+        // thread and the queue's eventfd), then re-arms them and sleeps.
+        let rdma_spin = crate::rdma::spin();
+        let mut polled = false;
+        // While this thread is here the progress thread leaves the
+        // completion channel to it (one thread woken per completion).
+        let _waiter = crate::rdma::active().then(crate::rdma::Waiter::enter);
+        let mut looked = false;
         loop {
             got += self.take(&mut out[got..]);
             if got >= at_least {
@@ -177,7 +187,20 @@ impl Queue {
             }
             let now = Instant::now();
             let remaining = match deadline {
-                Some(d) if now >= d => return Ok(got),
+                Some(d) if now >= d => {
+                    // A bounded wait (also {0, 0}) looks at the
+                    // connections once before giving up.
+                    if !looked && crate::rdma::active() && crate::rdma::poll_inline(false) {
+                        looked = true;
+                        polled = true;
+                        continue;
+                    }
+                    if polled {
+                        crate::rdma::poll_inline(true);
+                        got += self.take(&mut out[got..]);
+                    }
+                    return Ok(got);
+                }
                 Some(d) => Some(d - now),
                 None => None,
             };
@@ -186,11 +209,34 @@ impl Queue {
                 EXS_WAIT_ADAPTIVE => now - start < Duration::from_micros(50),
                 _ => false,
             };
-            if spin {
+            let rdma = crate::rdma::active();
+            if rdma && now - start < rdma_spin {
+                polled |= crate::rdma::poll_inline(false);
                 std::thread::yield_now();
                 continue;
             }
-            match self.sleep(remaining) {
+            if spin {
+                // EXS_WAIT_BUSY_POLL / ADAPTIVE: this thread is a waiter
+                // the progress thread relies on; it keeps polling.
+                if rdma {
+                    polled |= crate::rdma::poll_inline(false);
+                }
+                std::thread::yield_now();
+                continue;
+            }
+            if polled {
+                // Before sleeping: arm every CQ (taking back what was
+                // left to this poller) and complete what came meanwhile.
+                crate::rdma::poll_inline(true);
+                polled = false;
+                continue;
+            }
+            let chan = if crate::rdma::active() {
+                crate::rdma::channel_fd()
+            } else {
+                None
+            };
+            match self.sleep(remaining, chan) {
                 Ok(()) => {}
                 Err(libc::EINTR) if got > 0 => return Ok(got),
                 Err(e) => return Err(e),
@@ -198,13 +244,26 @@ impl Queue {
         }
     }
 
-    /// Sleeps until events may be ready or `limit` passes; EINTR on a signal.
-    fn sleep(&self, limit: Option<Duration>) -> Result<(), Errno> {
-        let mut p = libc::pollfd {
-            fd: self.efd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
+    /// Sleeps until events may be ready or `limit` passes; EINTR on a
+    /// signal. With `chan` (the RDMA model's completion channel) it wakes
+    /// when a connection's CQ fires too, and then drives the connections
+    /// itself ([`crate::rdma::progress_channel`]): the completion becomes
+    /// an event in this thread instead of through the progress thread and
+    /// the queue's eventfd.
+    fn sleep(&self, limit: Option<Duration>, chan: Option<c_int>) -> Result<(), Errno> {
+        let mut p = [
+            libc::pollfd {
+                fd: self.efd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: chan.unwrap_or(-1),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let nfds = if chan.is_some() { 2 } else { 1 };
         let ts = limit.map(|d| libc::timespec {
             tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
             tv_nsec: d.subsec_nanos() as libc::c_long,
@@ -212,14 +271,17 @@ impl Queue {
         let tsp = ts
             .as_ref()
             .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-        // SAFETY: one pollfd and an optional timespec, both locals.
-        let r = unsafe { libc::ppoll(&mut p, 1, tsp, std::ptr::null()) };
+        // SAFETY: nfds pollfds and an optional timespec, all locals.
+        let r = unsafe { libc::ppoll(p.as_mut_ptr(), nfds, tsp, std::ptr::null()) };
         if r < 0 {
             let e = crate::sys::errno();
             if e == libc::EINTR {
                 return Err(libc::EINTR);
             }
             return Err(e);
+        }
+        if chan.is_some() && p[1].revents != 0 {
+            crate::rdma::progress_channel();
         }
         Ok(())
     }

@@ -19,7 +19,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -56,10 +56,13 @@ const TICK: Duration = Duration::from_millis(20);
 const MAX_READS: usize = 16;
 /// Receives beyond the two credit windows (credit messages and FIN).
 const EXTRA_RECVS: usize = 4;
+/// RDMA Writes into the peer's persistent receive block in flight.
+const MAX_WRITES: usize = 16;
 
 const TAG_CTRL: u64 = 0;
 const TAG_IMM: u64 = 1;
 const TAG_READ: u64 = 2;
+const TAG_WRITE: u64 = 3;
 
 struct Dev {
     ctx: Context,
@@ -102,6 +105,153 @@ pub fn owns(fd: c_int) -> bool {
     ACTIVE.load(Ordering::Acquire) && st().socks.contains_key(&fd)
 }
 
+/// How long a thread waiting in `exs_qdequeue` polls the connections'
+/// completion queues itself before it sleeps, unless
+/// `SOFTRDMA_EXS_SPIN_US` says otherwise.
+pub const SPIN: Duration = Duration::from_micros(50);
+
+/// [`SPIN`], or `SOFTRDMA_EXS_SPIN_US` (microseconds; 0: sleep at once).
+pub fn spin() -> Duration {
+    static US: OnceLock<u64> = OnceLock::new();
+    Duration::from_micros(*US.get_or_init(|| {
+        std::env::var("SOFTRDMA_EXS_SPIN_US")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(SPIN.as_micros() as u64)
+    }))
+}
+
+/// Whether the RDMA model has been used in this process.
+pub fn active() -> bool {
+    ACTIVE.load(Ordering::Acquire)
+}
+
+/// Drives every connection in the caller's thread: takes completions
+/// (the engine's inline progress reads the wire in this thread too),
+/// matches, posts, and queues the events of what finished. Without `arm`
+/// it gives up at once when another thread holds the model's lock and
+/// leaves the CQs as they are (a CQ that was armed stays armed, so the
+/// progress thread still hears of what this poller does not take); with
+/// `arm` it waits for the lock and re-arms every CQ, which a poller does
+/// before it sleeps. Returns whether it polled.
+pub fn poll_inline(arm: bool) -> bool {
+    if !active() {
+        return false;
+    }
+    let Some(m) = ST.get() else { return false };
+    let mut g = if arm {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    } else {
+        match m.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        }
+    };
+    let g = &mut *g;
+    for (fd, s) in g.socks.iter_mut() {
+        if s.conn.is_some() {
+            s.drive_opt(*fd, arm);
+        }
+    }
+    g.forget();
+    true
+}
+
+/// Threads inside `exs_qdequeue` while the RDMA model is in use.
+static WAITERS: AtomicUsize = AtomicUsize::new(0);
+/// When the last one left ([`now_ns`]).
+static LAST_EXIT: AtomicU64 = AtomicU64::new(0);
+/// The progress thread sleeps long, away from the channel (a waiter has
+/// it): the waiter that leaves last wakes it through [`kick`].
+static PT_AWAY: AtomicBool = AtomicBool::new(false);
+/// How long after the last waiter left the progress thread still leaves
+/// the channel alone (an application between two `exs_qdequeue` calls
+/// comes back sooner; what arrives meanwhile is found by its polls).
+const HANDBACK: Duration = Duration::from_millis(1);
+
+fn now_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// The progress thread's wake-up eventfd.
+fn kick() -> c_int {
+    static FD: OnceLock<c_int> = OnceLock::new();
+    // SAFETY: no pointer arguments.
+    *FD.get_or_init(|| unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })
+}
+
+/// A thread waiting in `exs_qdequeue` (see [`Waiter::enter`]).
+pub struct Waiter(());
+
+impl Waiter {
+    /// Counts the calling thread as a waiter: it drives the connections
+    /// itself (polling, then sleeping on the completion channel), so the
+    /// progress thread stays off the channel meanwhile and a completion
+    /// wakes one thread, not two that then fight for the lock.
+    pub fn enter() -> Waiter {
+        WAITERS.fetch_add(1, Ordering::SeqCst);
+        Waiter(())
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        LAST_EXIT.store(now_ns(), Ordering::Release);
+        // SeqCst with the progress thread's store of PT_AWAY and load of
+        // WAITERS: one of the two sees the other (no lost wake-up).
+        if WAITERS.fetch_sub(1, Ordering::SeqCst) == 1 && PT_AWAY.swap(false, Ordering::SeqCst) {
+            let one: u64 = 1;
+            // SAFETY: writes 8 octets from a local.
+            unsafe { libc::write(kick(), (&one as *const u64).cast(), 8) };
+        }
+    }
+}
+
+/// The completion channel every connection's CQ reports to, once the
+/// RDMA model is in use.
+pub fn channel_fd() -> Option<c_int> {
+    match DEV.get() {
+        Some(Ok(d)) => Some(d.ch.fd()),
+        _ => None,
+    }
+}
+
+/// Takes the channel's pending CQ ids and drives their connections: what
+/// the progress thread does when the channel wakes it, done by whichever
+/// thread gets there first (a waiter in `exs_qdequeue` or the progress
+/// thread; the other finds nothing left).
+pub fn progress_channel() {
+    let Some(Ok(d)) = DEV.get() else { return };
+    let mut ids: [u64; 16] = [0; 16];
+    let mut n = 0;
+    let mut more = false;
+    while let Some(id) = d.ch.get_event(Some(Duration::ZERO)) {
+        if n == ids.len() {
+            more = true;
+            break;
+        }
+        ids[n] = id;
+        n += 1;
+    }
+    if n == 0 {
+        return;
+    }
+    let mut s = st();
+    for id in &ids[..n] {
+        if let Some(&fd) = s.cqs.get(id) {
+            s.drive(fd);
+        }
+    }
+    if more {
+        let fds: Vec<c_int> = s.cqs.values().copied().collect();
+        for fd in fds {
+            s.drive(fd);
+        }
+    }
+}
+
 /// Removes `stag` from the engine (`exs_mderegister` of a region the
 /// RDMA model used).
 pub fn deregister(stag: u32) {
@@ -142,6 +292,37 @@ struct XOp {
     done: Option<Errno>,
     nbytes: usize,
     trunc: bool,
+    /// `exs_send_offset` / `exs_recv_offset`: the offset in the peer's
+    /// persistent block.
+    offset: Option<u64>,
+    /// A persistent send (its PADV) or receive (its PRECV); the note flag.
+    persist: Option<bool>,
+}
+
+/// One of this end's persistent blocks: registered exactly (so the peer
+/// reaches nothing else) until the descriptor goes.
+struct PBlock {
+    q: Arc<Queue>,
+    ah: usize,
+    buf: usize,
+    len: usize,
+    stag: u32,
+    notify: bool,
+}
+
+impl Drop for PBlock {
+    fn drop(&mut self) {
+        deregister(self.stag);
+    }
+}
+
+/// The peer's persistent block.
+#[derive(Clone, Copy)]
+struct Remote {
+    addr: u64,
+    len: u64,
+    stag: u32,
+    notify: bool,
 }
 
 impl XOp {
@@ -156,7 +337,10 @@ impl XOp {
         }
         let ty = if recv { EXS_EVT_RECV } else { EXS_EVT_SEND };
         let mut ev = exs_event_t::new(ty, fd, self.ah, errno);
-        let mut flags = self.flags;
+        let mut flags = self.flags & !(EXS_PERSISTENT | EXS_PERSISTENT_NOTIFY);
+        if self.persist.is_some() {
+            flags |= EXS_PERSISTENT;
+        }
         if self.trunc {
             flags |= libc::MSG_TRUNC;
         }
@@ -205,6 +389,9 @@ struct Rd {
     /// The advertisement's sequence number when this part ends it (its
     /// acknowledgement is due when the Read completes).
     last: Option<u32>,
+    /// A Read of the peer's persistent block that asked for notes: the
+    /// RNOTE (offset, length) due when the Read completes.
+    note: Option<(u64, u32)>,
 }
 
 struct Conn {
@@ -219,6 +406,15 @@ struct Conn {
     next_seq: u32,
     advs: VecDeque<Adv>,
     reads_posted: usize,
+    writes_posted: usize,
+    /// Credit-spending messages of the peer not yet returned.
+    held: u32,
+    /// The peer's persistent send block (PADV).
+    peer_psend: Option<Remote>,
+    /// The peer's persistent receive block (PRECV).
+    peer_precv: Option<Remote>,
+    /// Notes (RNOTE, WNOTE) waiting for a credit.
+    outbox: VecDeque<Msg>,
     broken: bool,
 }
 
@@ -227,7 +423,7 @@ impl Conn {
         let d = dev()?;
         let c = credits as usize;
         let nrx = 2 * c + EXTRA_RECVS;
-        let nsq = 3 * c + MAX_READS + 8;
+        let nsq = 3 * c + MAX_READS + MAX_WRITES + 8;
         let cq = d.ctx.create_cq(nrx + nsq + 16, Some(&d.ch));
         let qp = d.pd.create_cm_qp(
             &cq,
@@ -252,6 +448,11 @@ impl Conn {
             next_seq: 0,
             advs: VecDeque::new(),
             reads_posted: 0,
+            writes_posted: 0,
+            held: 0,
+            peer_psend: None,
+            peer_precv: None,
+            outbox: VecDeque::new(),
             broken: false,
         };
         for i in 0..nrx {
@@ -294,6 +495,7 @@ impl Conn {
     fn send_msg(&mut self, wr_id: u64, mut m: Msg) {
         m.credits = self.owed.min(u16::MAX as u32) as u16;
         self.owed -= u32::from(m.credits);
+        self.held = self.held.saturating_sub(u32::from(m.credits));
         let b = m.encode();
         let data = InlineData::new(&b).expect("control messages fit inline");
         self.post(
@@ -342,6 +544,16 @@ struct Sock {
     closed: Option<Arc<AtomicBool>>,
     dead: Option<Errno>,
     fin: bool,
+    /// This end's persistent send block, once advertised.
+    psend: Option<PBlock>,
+    /// This end's persistent receive block, once advertised.
+    precv: Option<PBlock>,
+    /// A persistent receive waiting to be advertised.
+    precv_op: Option<XOp>,
+    /// Notes received for a block that asked for them, waiting for a
+    /// queue slot (their credits are held until then: the peer slows
+    /// down instead of the queue overflowing).
+    notes: VecDeque<Msg>,
 }
 
 impl Sock {
@@ -367,6 +579,10 @@ impl Sock {
             closed: None,
             dead: None,
             fin: false,
+            psend: None,
+            precv: None,
+            precv_op: None,
+            notes: VecDeque::new(),
         }
     }
 
@@ -378,6 +594,11 @@ impl Sock {
     /// Reads and advertisements, returns credits, and queues the events of
     /// what finished (in call order).
     fn drive(&mut self, fd: c_int) {
+        self.drive_opt(fd, true)
+    }
+
+    /// [`Sock::drive`]; without `arm` the CQ is only polled, not armed.
+    fn drive_opt(&mut self, fd: c_int, arm: bool) {
         let Some(cq) = self.conn.as_ref().map(|c| c.cq.clone()) else {
             return;
         };
@@ -393,7 +614,7 @@ impl Sock {
                 self.completion(&c.wc);
             }
             if n == 0 {
-                if armed {
+                if armed || !arm {
                     break;
                 }
                 cq.req_notify(false);
@@ -402,6 +623,11 @@ impl Sock {
         }
         if let Some(c) = &self.conn {
             if c.broken || c.qp.state() == QpLinkState::Error {
+                // What already arrived still reaches the receives waiting
+                // for it (immediate data, up to the peer's FIN); a message
+                // that must be pulled cannot be any more.
+                self.match_recvs();
+                self.complete_recvs(fd);
                 self.die(fd);
                 return;
             }
@@ -409,7 +635,13 @@ impl Sock {
         self.match_recvs();
         self.post_reads();
         self.complete_recvs(fd);
+        self.deliver_notes(fd);
         self.advertise();
+        if self.precv_op.as_ref().is_some_and(|o| o.done.is_some()) {
+            let op = self.precv_op.take().expect("checked");
+            let e = op.done.unwrap_or(0);
+            op.finish(fd, true, e);
+        }
         while self.sends.front().is_some_and(|s| s.done.is_some()) {
             let op = self.sends.pop_front().expect("front");
             let e = op.done.unwrap_or(0);
@@ -463,6 +695,14 @@ impl Sock {
                     return;
                 };
                 rd.ready = true;
+                if let Some((addr, len)) = rd.note {
+                    c.outbox.push_back(Msg {
+                        kind: wire::RNOTE,
+                        addr,
+                        len,
+                        ..Msg::default()
+                    });
+                }
                 if let Some(seq) = rd.last {
                     c.owed += 1;
                     let len = rd.op.nbytes as u32;
@@ -478,7 +718,11 @@ impl Sock {
                 }
             }
             _ => {
-                if wc.wr_id >> 32 == TAG_IMM {
+                let tag = wc.wr_id >> 32;
+                if tag == TAG_WRITE {
+                    c.writes_posted = c.writes_posted.saturating_sub(1);
+                }
+                if tag == TAG_IMM || tag == TAG_WRITE {
                     let seq = wc.wr_id as u32;
                     if let Some(s) = self.sends.iter_mut().find(|s| s.adv && s.seq == seq) {
                         s.done = Some(0);
@@ -490,14 +734,51 @@ impl Sock {
     }
 
     fn message(&mut self, m: Msg) {
+        let psend_len = self.psend.as_ref().map_or(0, |b| b.len as u64);
+        let precv_len = self.precv.as_ref().map_or(0, |b| b.len as u64);
+        let psend_notify = self.psend.as_ref().is_some_and(|b| b.notify);
+        let precv_notify = self.precv.as_ref().is_some_and(|b| b.notify);
         let Some(c) = self.conn.as_mut() else { return };
-        let back = c.send_credits.saturating_add(u32::from(m.credits));
-        if back > c.credits {
+        let mut w = wire::Window {
+            credits: c.credits,
+            send_credits: c.send_credits,
+            held: c.held,
+            precv_len,
+            psend_len,
+        };
+        if wire::check(&mut w, &m).is_err() {
             c.broken = true;
             return;
         }
-        c.send_credits = back;
+        c.send_credits = w.send_credits;
+        c.held = w.held;
         match m.kind {
+            wire::PADV | wire::PRECV => {
+                let r = Remote {
+                    addr: m.addr,
+                    len: u64::from(m.len),
+                    stag: m.stag,
+                    notify: m.flags & wire::F_NOTIFY != 0,
+                };
+                if m.kind == wire::PADV {
+                    c.peer_psend = Some(r);
+                } else {
+                    c.peer_precv = Some(r);
+                }
+                c.owed += 1;
+            }
+            wire::RNOTE | wire::WNOTE => {
+                let wanted = if m.kind == wire::RNOTE {
+                    psend_notify
+                } else {
+                    precv_notify
+                };
+                if wanted {
+                    self.notes.push_back(m);
+                } else {
+                    c.owed += 1;
+                }
+            }
             wire::ADV => {
                 if c.advs.len() >= c.credits as usize {
                     c.broken = true;
@@ -533,8 +814,18 @@ impl Sock {
 
     fn match_recvs(&mut self) {
         let stream = self.stream();
-        while !self.recvs.is_empty() {
+        while let Some(front) = self.recvs.front() {
             let Some(c) = self.conn.as_mut() else { return };
+            if front.offset.is_some() || c.advs.is_empty() {
+                // From the peer's persistent block: one Read, no ACK.
+                let p = c.peer_psend;
+                if p.is_none() && front.offset.is_none() {
+                    return;
+                }
+                let op = self.recvs.pop_front().expect("non-empty");
+                self.reading.push_back(pull_persistent(op, p, stream));
+                continue;
+            }
             let Some(a) = c.advs.front_mut() else { return };
             let mut op = self.recvs.pop_front().expect("non-empty");
             let rem = a.len - a.off;
@@ -549,6 +840,7 @@ impl Sock {
                 posted: false,
                 ready: false,
                 last: None,
+                note: None,
             };
             if let Some(d) = &a.imm {
                 if take > 0 {
@@ -589,10 +881,40 @@ impl Sock {
                     }
                 }
             }
+            let imm = a.imm.is_some();
             if ends {
                 c.advs.pop_front();
             } else {
                 a.off += take;
+            }
+            if stream && imm {
+                // Coalescing: a stream receive that began with immediate
+                // data goes on through the immediate messages already
+                // here, up to its length (as a TCP receive returns what
+                // has arrived).
+                while rd.op.nbytes < rd.op.len {
+                    let Some(b) = c.advs.front_mut() else { break };
+                    let Some(d) = &b.imm else { break };
+                    let rem = b.len - b.off;
+                    let k = rem.min(rd.op.len - rd.op.nbytes);
+                    if k > 0 {
+                        // SAFETY: as above; nbytes + k <= the receive's length.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                d[b.off..].as_ptr(),
+                                (rd.op.buf as *mut u8).add(rd.op.nbytes),
+                                k,
+                            )
+                        };
+                    }
+                    rd.op.nbytes += k;
+                    if k == rem {
+                        c.advs.pop_front();
+                        c.owed += 1;
+                    } else {
+                        b.off += k;
+                    }
+                }
             }
             if let Some(seq) = ack {
                 c.owed += 1;
@@ -650,12 +972,116 @@ impl Sock {
     }
 
     fn advertise(&mut self) {
-        let Some(c) = self.conn.as_mut() else { return };
-        for op in self.sends.iter_mut() {
+        let Sock {
+            conn,
+            sends,
+            psend,
+            precv,
+            precv_op,
+            ..
+        } = self;
+        let Some(c) = conn.as_mut() else { return };
+        while c.send_credits > 0 && !c.broken {
+            let Some(m) = c.outbox.pop_front() else { break };
+            c.send_credits -= 1;
+            c.send_msg(TAG_CTRL, m);
+        }
+        if let Some(op) = precv_op.as_mut().filter(|o| o.done.is_none()) {
+            if c.send_credits > 0 && !c.broken {
+                let notify = op.persist == Some(true);
+                match PBlock::new(op, Access::LOCAL_WRITE | Access::REMOTE_WRITE, notify) {
+                    Ok(b) => {
+                        c.send_credits -= 1;
+                        c.send_msg(TAG_CTRL, b.msg(wire::PRECV));
+                        *precv = Some(b);
+                        op.done = Some(0);
+                    }
+                    Err(e) => op.done = Some(e),
+                }
+            }
+        }
+        for op in sends.iter_mut() {
             if op.adv || op.done.is_some() {
                 continue;
             }
-            if c.send_credits == 0 || c.broken {
+            if c.broken {
+                return;
+            }
+            if let Some(notify) = op.persist {
+                if c.send_credits == 0 {
+                    return;
+                }
+                match PBlock::new(op, Access::REMOTE_READ, notify) {
+                    Ok(b) => {
+                        c.send_credits -= 1;
+                        c.send_msg(TAG_CTRL, b.msg(wire::PADV));
+                        *psend = Some(b);
+                        op.adv = true;
+                        op.done = Some(0);
+                        op.nbytes = op.len;
+                    }
+                    Err(e) => op.done = Some(e),
+                }
+                continue;
+            }
+            if op.offset.is_some() || c.peer_precv.is_some() {
+                // Into the peer's persistent receive block: one Write.
+                let Some(p) = c.peer_precv else {
+                    op.done = Some(libc::EINVAL);
+                    continue;
+                };
+                let off = op.offset.unwrap_or(0);
+                if off.checked_add(op.len as u64).is_none_or(|e| e > p.len) {
+                    op.done = Some(if op.offset.is_some() {
+                        libc::EINVAL
+                    } else {
+                        libc::EMSGSIZE
+                    });
+                    continue;
+                }
+                if (p.notify && c.send_credits == 0) || c.writes_posted >= MAX_WRITES {
+                    return;
+                }
+                let seq = c.next_seq;
+                if op.len == 0 {
+                    op.done = Some(0);
+                } else {
+                    let lkey = match op.stag(Access::LOCAL_WRITE) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            op.done = Some(e);
+                            continue;
+                        }
+                    };
+                    c.writes_posted += 1;
+                    c.post(
+                        (TAG_WRITE << 32) | u64::from(seq),
+                        SendOp::Write {
+                            remote_addr: p.addr + off,
+                            rkey: p.stag,
+                            imm: None,
+                        },
+                        Payload::Sgl(SgList::single(op.buf as u64, op.len as u32, lkey)),
+                    );
+                }
+                c.next_seq = c.next_seq.wrapping_add(1);
+                op.adv = true;
+                op.seq = seq;
+                if p.notify {
+                    c.send_credits -= 1;
+                    c.send_msg(
+                        TAG_CTRL,
+                        Msg {
+                            kind: wire::WNOTE,
+                            addr: off,
+                            len: op.len as u32,
+                            ..Msg::default()
+                        },
+                    );
+                }
+                continue;
+            }
+            if c.send_credits == 0 {
                 return;
             }
             let seq = c.next_seq;
@@ -708,6 +1134,8 @@ impl Sock {
 
     /// The connection is gone: every outstanding operation completes.
     fn die(&mut self, fd: c_int) {
+        // Notes that arrived before the end still become events.
+        self.deliver_notes(fd);
         let e = if self.fin {
             libc::EPIPE
         } else {
@@ -736,6 +1164,12 @@ impl Sock {
             let d = op.done;
             op.finish(fd, false, if d == Some(0) { 0 } else { e });
         }
+        if let Some(op) = self.precv_op.take() {
+            op.finish(fd, true, e);
+        }
+        self.notes.clear();
+        self.psend = None;
+        self.precv = None;
     }
 
     /// Fails every operation with `e` (close, failed connect).
@@ -749,6 +1183,12 @@ impl Sock {
         for op in self.sends.drain(..) {
             op.finish(fd, false, e);
         }
+        if let Some(op) = self.precv_op.take() {
+            op.finish(fd, true, e);
+        }
+        self.notes.clear();
+        self.psend = None;
+        self.precv = None;
         for a in self.accepts.drain(..) {
             push_accept(fd, a, -1, None, e);
         }
@@ -756,6 +1196,115 @@ impl Sock {
             q.push(exs_event_t::new(EXS_EVT_CONNECT, fd, ah, e));
         }
     }
+}
+
+impl Sock {
+    /// Queues an event per note whose block asked for them, while the
+    /// block's queue has a free slot; each note's credit goes back then.
+    fn deliver_notes(&mut self, fd: c_int) {
+        let Some(c) = self.conn.as_mut() else { return };
+        while let Some(m) = self.notes.front() {
+            let recv = m.kind == wire::WNOTE;
+            let blk = if recv { &self.precv } else { &self.psend };
+            if let Some(b) = blk {
+                match b.q.reserve() {
+                    Ok(()) => {
+                        let ty = if recv { EXS_EVT_RECV } else { EXS_EVT_SEND };
+                        let mut ev = exs_event_t::new(ty, fd, b.ah, 0);
+                        ev.exs_evt_union.exs_evt_xfer = exs_evt_xfer_t {
+                            exs_evt_buf: (b.buf + m.addr as usize) as *mut libc::c_void,
+                            exs_evt_len: m.len as usize,
+                            exs_evt_nbytes: m.len as isize,
+                            exs_evt_flags: EXS_PERSISTENT,
+                        };
+                        b.q.push(ev);
+                    }
+                    Err(libc::EAGAIN) => return,
+                    Err(_) => {}
+                }
+            }
+            self.notes.pop_front();
+            c.owed += 1;
+        }
+    }
+}
+
+impl PBlock {
+    /// Registers exactly the operation's buffer for the peer.
+    fn new(op: &XOp, access: Access, notify: bool) -> Result<PBlock, Errno> {
+        let stag = reg_user(op.buf, op.len, access)?;
+        Ok(PBlock {
+            q: op.q.clone(),
+            ah: op.ah,
+            buf: op.buf,
+            len: op.len,
+            stag,
+            notify,
+        })
+    }
+
+    /// Its advertisement ([`wire::PADV`] or [`wire::PRECV`]).
+    fn msg(&self, kind: u8) -> Msg {
+        Msg {
+            kind,
+            flags: if self.notify { wire::F_NOTIFY } else { 0 },
+            addr: self.buf as u64,
+            len: self.len as u32,
+            stag: self.stag,
+            ..Msg::default()
+        }
+    }
+}
+
+/// A receive served from the peer's persistent block `p` (at its offset,
+/// bounds checked, or from the start): one Read, no acknowledgement.
+fn pull_persistent(mut op: XOp, p: Option<Remote>, stream: bool) -> Rd {
+    let rd = |op: XOp| Rd {
+        op,
+        read: None,
+        posted: false,
+        ready: false,
+        last: None,
+        note: None,
+    };
+    let Some(p) = p else {
+        op.done = Some(libc::EINVAL);
+        let mut r = rd(op);
+        r.ready = true;
+        return r;
+    };
+    let off = op.offset.unwrap_or(0);
+    let take = if op.offset.is_some() {
+        if off.checked_add(op.len as u64).is_none_or(|e| e > p.len) {
+            op.done = Some(libc::EINVAL);
+            let mut r = rd(op);
+            r.ready = true;
+            return r;
+        }
+        op.len
+    } else {
+        op.trunc = !stream && (op.len as u64) < p.len;
+        op.len.min(p.len as usize)
+    };
+    op.nbytes = take;
+    let mut r = rd(op);
+    if take == 0 {
+        r.ready = true;
+        return r;
+    }
+    match r.op.stag(Access::LOCAL_WRITE) {
+        Ok(l) => {
+            r.read = Some((p.addr + off, p.stag, l, take));
+            if p.notify {
+                r.note = Some((off, take as u32));
+            }
+        }
+        Err(e) => {
+            r.op.done = Some(e);
+            r.ready = true;
+        }
+    }
+    r
 }
 
 /// CQ ids whose connection went away (pending removal from the map).
@@ -776,6 +1325,11 @@ impl RState {
         if let Some(s) = self.socks.get_mut(&fd) {
             s.drive(fd);
         }
+        self.forget();
+    }
+
+    /// Drops the CQ ids of connections that went away.
+    fn forget(&mut self) {
         let f: Vec<u64> = std::mem::take(&mut *FORGET.lock().unwrap_or_else(|e| e.into_inner()));
         for id in f {
             self.cqs.remove(&id);
@@ -849,25 +1403,50 @@ fn progress_thread() {
     }
     let Ok(d) = dev() else { return };
     let mut last = Instant::now();
+    let kfd = kick();
     loop {
-        let mut p = libc::pollfd {
-            fd: d.ch.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one pollfd.
-        unsafe { libc::poll(&mut p, 1, TICK.as_millis() as c_int) };
-        let mut ids = Vec::new();
-        while let Some(id) = d.ch.get_event(Some(Duration::ZERO)) {
-            ids.push(id);
-        }
-        let mut s = st();
-        for id in ids {
-            if let Some(&fd) = s.cqs.get(&id) {
-                s.drive(fd);
-            }
+        let waiters = WAITERS.load(Ordering::Acquire) > 0;
+        let recent =
+            now_ns().saturating_sub(LAST_EXIT.load(Ordering::Acquire)) < HANDBACK.as_nanos() as u64;
+        let mut p = [
+            libc::pollfd {
+                fd: kfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: d.ch.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        if waiters || recent {
+            // A waiter has the channel (or one is about to come back).
+            let ms = if waiters {
+                PT_AWAY.store(true, Ordering::SeqCst);
+                if WAITERS.load(Ordering::SeqCst) == 0 {
+                    // It left in between: do not sleep long.
+                    PT_AWAY.store(false, Ordering::Release);
+                    1
+                } else {
+                    TICK.as_millis() as c_int
+                }
+            } else {
+                1
+            };
+            // SAFETY: one pollfd (the kick eventfd).
+            unsafe { libc::poll(p.as_mut_ptr(), 1, ms) };
+            PT_AWAY.store(false, Ordering::Release);
+            let mut v: u64 = 0;
+            // SAFETY: reads 8 octets into a local (non-blocking eventfd).
+            unsafe { libc::read(kfd, (&mut v as *mut u64).cast(), 8) };
+        } else {
+            // SAFETY: two pollfds.
+            unsafe { libc::poll(p.as_mut_ptr(), 2, TICK.as_millis() as c_int) };
+            progress_channel();
         }
         if last.elapsed() >= TICK {
+            let mut s = st();
             last = Instant::now();
             let fds: Vec<c_int> = s.cqs.values().copied().collect();
             for fd in fds {
@@ -1075,11 +1654,16 @@ pub fn listen(fd: c_int, backlog: c_int) -> Result<(), Errno> {
     drop(g);
     let spawned = std::thread::Builder::new()
         .name("exs-listen".into())
-        .spawn(move || accept_loop(fd, id, l, local, closed));
+        .spawn(move || {
+            // The listener is dropped when accept_loop returns, before
+            // this clone of `closed`: exs_close waits for that.
+            accept_loop(fd, id, l, local, &closed);
+            drop(closed);
+        });
     spawned.map(|_| ()).map_err(|_| libc::EAGAIN)
 }
 
-fn accept_loop(fd: c_int, id: u64, l: cm::Listener, local: SocketAddr, closed: Arc<AtomicBool>) {
+fn accept_loop(fd: c_int, id: u64, l: cm::Listener, local: SocketAddr, closed: &AtomicBool) {
     loop {
         let r = l.get_request();
         if closed.load(Ordering::Acquire) {
@@ -1299,6 +1883,8 @@ fn xop(
         done: None,
         nbytes: 0,
         trunc: false,
+        offset: None,
+        persist: None,
     })
 }
 
@@ -1308,7 +1894,11 @@ const SEND_OK: c_int = libc::MSG_EOR | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT |
 /// event's flags whatever the call asked; `MSG_WAITALL` has no effect).
 const RECV_OK: c_int = libc::MSG_TRUNC | libc::MSG_WAITALL | libc::MSG_DONTWAIT;
 
-/// `exs_send` and `exs_recv` on a descriptor of the RDMA model.
+/// The persistent flags.
+const PERSIST: c_int = EXS_PERSISTENT | EXS_PERSISTENT_NOTIFY;
+
+/// `exs_send` and `exs_recv` on a descriptor of the RDMA model, and with
+/// `offset` `exs_send_offset` and `exs_recv_offset`.
 #[allow(clippy::too_many_arguments)]
 pub fn xfer(
     recv: bool,
@@ -1319,12 +1909,14 @@ pub fn xfer(
     q: Arc<Queue>,
     ah: usize,
     mh: c_int,
+    offset: Option<u64>,
 ) -> Result<(), Errno> {
-    if flags & EXS_PERSISTENT != 0 {
-        return Err(libc::EOPNOTSUPP);
-    }
     let ok = if recv { RECV_OK } else { SEND_OK };
-    if flags & !ok != 0 {
+    if flags & !(ok | PERSIST) != 0 {
+        return Err(libc::EINVAL);
+    }
+    let persist = (flags & PERSIST != 0).then_some(flags & EXS_PERSISTENT_NOTIFY != 0);
+    if persist.is_some() && (offset.is_some() || len == 0) {
         return Err(libc::EINVAL);
     }
     let mut g = st();
@@ -1338,13 +1930,42 @@ pub fn xfer(
             return Err(e);
         }
     }
-    let op = xop(buf, len, flags, &q, ah, mh)?;
+    if let Some(off) = offset {
+        // Bounds of the peer's persistent block (known once its
+        // advertisement arrived).
+        let c = s.conn.as_ref().ok_or(libc::EINVAL)?;
+        let p = if recv { c.peer_psend } else { c.peer_precv };
+        let p = p.ok_or(libc::EINVAL)?;
+        if off.checked_add(len as u64).is_none_or(|e| e > p.len) {
+            return Err(libc::EINVAL);
+        }
+    }
+    let psent = s.psend.is_some() || s.sends.iter().any(|o| o.persist.is_some());
+    if persist.is_some() {
+        // One persistent block per direction and descriptor.
+        let taken = if recv {
+            s.precv.is_some() || s.precv_op.is_some()
+        } else {
+            psent
+        };
+        if taken {
+            return Err(libc::EINVAL);
+        }
+    } else if !recv && offset.is_none() && psent {
+        // The persistent side is passive.
+        return Err(libc::EINVAL);
+    }
+    let mut op = xop(buf, len, flags, &q, ah, mh)?;
+    op.offset = offset;
+    op.persist = persist;
     if s.dead.is_some() {
         // The peer closed: end of stream at once.
         op.finish(fd, true, 0);
         return Ok(());
     }
-    if recv {
+    if recv && persist.is_some() {
+        s.precv_op = Some(op);
+    } else if recv {
         s.recvs.push_back(op);
     } else {
         s.sends.push_back(op);
@@ -1398,6 +2019,12 @@ pub fn close(fd: c_int) -> Result<(), Errno> {
             local
         };
         let _ = std::net::TcpStream::connect_timeout(&wake, Duration::from_millis(200));
+        // Stop listening before returning: a connect that follows must
+        // find the port closed (ECONNREFUSED), not a listener about to go.
+        let end = Instant::now() + Duration::from_secs(1);
+        while Arc::strong_count(closed) > 1 && Instant::now() < end {
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
     // SAFETY: our own descriptor.
     unsafe { libc::close(fd) };

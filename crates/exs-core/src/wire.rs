@@ -6,13 +6,17 @@
 //!
 //! | octets | field |
 //! |---|---|
-//! | 0 | kind: [`ADV`], [`ACK`], [`CREDIT`], [`FIN`] |
-//! | 1 | flags: [`F_IMM`] (the data follows the header) |
+//! | 0 | kind: [`ADV`], [`ACK`], [`CREDIT`], [`FIN`], [`PADV`], [`PRECV`], [`RNOTE`], [`WNOTE`] |
+//! | 1 | flags: [`F_IMM`] (the data follows the header), [`F_NOTIFY`] |
 //! | 2..4 | advertisement credits returned |
 //! | 4..8 | sequence number (ADV: its own; ACK: the one acknowledged) |
-//! | 8..16 | ADV: address of the data in the sender's memory |
-//! | 16..20 | ADV: length; ACK: octets the receiver took |
-//! | 20..24 | ADV: STag of the sender's memory region (0 when immediate) |
+//! | 8..16 | ADV, PADV, PRECV: address of the block; notes: offset in it |
+//! | 16..20 | ADV, PADV, PRECV: length; ACK: octets taken; notes: octets |
+//! | 20..24 | ADV, PADV, PRECV: STag of the block (0 when immediate) |
+//!
+//! Every kind but ACK, CREDIT and FIN spends one of the sender's credits.
+//! [`check`] is the pure entry point the fuzz target drives: a message
+//! and a connection's counters in, the verdict out.
 
 /// Header octets.
 pub const HDR: usize = 24;
@@ -32,8 +36,73 @@ pub const CREDIT: u8 = 3;
 /// The sender closed the connection; nothing follows.
 pub const FIN: u8 = 4;
 
+/// A persistent send's block: every later receive of the peer pulls
+/// from it with one RDMA Read, without acknowledgement.
+pub const PADV: u8 = 5;
+/// A persistent receive's block: every later send of the peer is pushed
+/// into it with one RDMA Write.
+pub const PRECV: u8 = 6;
+/// Notification to a [`PADV`] owner that asked for it ([`F_NOTIFY`]): the
+/// peer read `len` octets at offset `addr` of the block.
+pub const RNOTE: u8 = 7;
+/// Notification to a [`PRECV`] owner that asked for it: the peer wrote
+/// `len` octets at offset `addr` of the block (the Write precedes it on
+/// the connection, so it has landed).
+pub const WNOTE: u8 = 8;
+
 /// Flag: the advertisement carries its data.
 pub const F_IMM: u8 = 1;
+/// Flag of [`PADV`] and [`PRECV`]: the owner wants a note per access.
+pub const F_NOTIFY: u8 = 2;
+
+/// Whether a message of `kind` spends one of its sender's credits.
+pub fn spends_credit(kind: u8) -> bool {
+    matches!(kind, ADV | PADV | PRECV | RNOTE | WNOTE)
+}
+
+/// A connection's counters as [`check`] sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Window {
+    /// The negotiated credits.
+    pub credits: u32,
+    /// Credits this end may still spend.
+    pub send_credits: u32,
+    /// Credit-spending messages of the peer held and not yet returned.
+    pub held: u32,
+    /// Length of this end's persistent receive block (0: none).
+    pub precv_len: u64,
+    /// Length of this end's persistent send block (0: none).
+    pub psend_len: u64,
+}
+
+/// Checks a received message against the connection's counters: `Err(())`
+/// means a protocol violation (the connection is reset). On success the
+/// counters are updated as the receiver applies the message.
+#[allow(clippy::result_unit_err)]
+pub fn check(w: &mut Window, m: &Msg) -> Result<(), ()> {
+    let back = w.send_credits.checked_add(u32::from(m.credits)).ok_or(())?;
+    if back > w.credits {
+        return Err(());
+    }
+    w.send_credits = back;
+    if spends_credit(m.kind) {
+        if w.held >= w.credits {
+            return Err(());
+        }
+        w.held += 1;
+    }
+    let within = |len: u64| {
+        m.addr
+            .checked_add(u64::from(m.len))
+            .is_some_and(|end| end <= len)
+    };
+    match m.kind {
+        RNOTE if !within(w.psend_len) => Err(()),
+        WNOTE if !within(w.precv_len) => Err(()),
+        PADV | PRECV if m.len == 0 => Err(()),
+        _ => Ok(()),
+    }
+}
 
 /// One control message.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -93,7 +162,8 @@ impl Msg {
         let ok = match m.kind {
             ADV if m.flags == F_IMM => m.data.len() == m.len as usize,
             ADV => m.flags == 0 && m.data.is_empty(),
-            ACK | CREDIT | FIN => m.flags == 0 && m.data.is_empty(),
+            ACK | CREDIT | FIN | RNOTE | WNOTE => m.flags == 0 && m.data.is_empty(),
+            PADV | PRECV => m.flags & !F_NOTIFY == 0 && m.data.is_empty(),
             _ => false,
         };
         ok.then_some(m)
@@ -186,6 +256,67 @@ mod tests {
         let mut q = p.to_bytes();
         q[8..12].copy_from_slice(&0u32.to_le_bytes());
         assert_eq!(Params::parse(&q), None);
+    }
+
+    #[test]
+    fn persistent_kinds_and_the_window() {
+        let p = Msg {
+            kind: PADV,
+            flags: F_NOTIFY,
+            addr: 0x1000,
+            len: 64,
+            stag: 7,
+            ..Msg::default()
+        };
+        assert_eq!(Msg::decode(&p.encode()), Some(p.clone()));
+        let mut bad = p.encode();
+        bad[1] = F_IMM;
+        assert_eq!(Msg::decode(&bad), None);
+        let mut w = Window {
+            credits: 2,
+            send_credits: 2,
+            psend_len: 100,
+            ..Window::default()
+        };
+        let note = |addr: u64, len: u32| Msg {
+            kind: RNOTE,
+            addr,
+            len,
+            ..Msg::default()
+        };
+        assert_eq!(check(&mut w, &note(90, 10)), Ok(()));
+        assert_eq!(w.held, 1);
+        // Outside the block, past it by wrapping, or into a block we lack.
+        assert_eq!(check(&mut w.clone(), &note(91, 10)), Err(()));
+        assert_eq!(check(&mut w.clone(), &note(u64::MAX, 2)), Err(()));
+        let wn = Msg {
+            kind: WNOTE,
+            len: 1,
+            ..Msg::default()
+        };
+        assert_eq!(check(&mut w.clone(), &wn), Err(()));
+        // A second note fills the window; a third breaks it.
+        assert_eq!(check(&mut w, &note(0, 1)), Ok(()));
+        assert_eq!(check(&mut w, &note(0, 1)), Err(()));
+        // Credits back beyond the window.
+        let mut w2 = Window {
+            credits: 4,
+            send_credits: 3,
+            ..Window::default()
+        };
+        let c = |n: u16| Msg {
+            kind: CREDIT,
+            credits: n,
+            ..Msg::default()
+        };
+        assert_eq!(check(&mut w2, &c(1)), Ok(()));
+        assert_eq!(check(&mut w2, &c(1)), Err(()));
+        // An empty persistent block is refused.
+        let e = Msg {
+            kind: PRECV,
+            ..Msg::default()
+        };
+        assert_eq!(check(&mut w2, &e), Err(()));
     }
 
     proptest! {

@@ -294,32 +294,34 @@ pub extern "C" fn exs_getpeername(fd: c_int, a: *mut sockaddr, l: *mut socklen_t
     unit(|| api::sockname(true, fd, a, l))
 }
 
-/// `exs_send_offset` (persistent blocks: not built yet, EOPNOTSUPP).
+/// `exs_send_offset`: into the peer's persistent receive block at
+/// `offset` (one RDMA Write).
 #[no_mangle]
 pub extern "C" fn exs_send_offset(
     fd: c_int,
-    _buf: *const c_void,
-    _len: size_t,
-    _flags: c_int,
-    _offset: u64,
-    _qh: c_int,
-    _ah: *mut c_void,
-    _mh: c_int,
+    buf: *const c_void,
+    len: size_t,
+    flags: c_int,
+    offset: u64,
+    qh: c_int,
+    ah: *mut c_void,
+    mh: c_int,
 ) -> c_int {
-    unit(|| api::offset_xfer(fd))
+    unit(|| api::offset_xfer(false, fd, buf as usize, len, flags, offset, qh, ah, mh))
 }
 
-/// `exs_recv_offset` (persistent blocks: not built yet, EOPNOTSUPP).
+/// `exs_recv_offset`: from the peer's persistent send block at `offset`
+/// (one RDMA Read).
 #[no_mangle]
 pub extern "C" fn exs_recv_offset(
     fd: c_int,
-    _buf: *mut c_void,
-    _len: size_t,
-    _flags: c_int,
-    _offset: u64,
-    _qh: c_int,
-    _ah: *mut c_void,
-    _mh: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    flags: c_int,
+    offset: u64,
+    qh: c_int,
+    ah: *mut c_void,
+    mh: c_int,
 ) -> c_int {
-    unit(|| api::offset_xfer(fd))
+    unit(|| api::offset_xfer(true, fd, buf as usize, len, flags, offset, qh, ah, mh))
 }

@@ -327,6 +327,7 @@ fn the_c_layout_is_the_librarys() {
         ("EXS_POLLOUT", libc::POLLOUT as i32),
         ("SO_ASYNC_RECV_ORDERED", abi::SO_ASYNC_RECV_ORDERED),
         ("EXS_PERSISTENT", abi::EXS_PERSISTENT),
+        ("EXS_PERSISTENT_NOTIFY", abi::EXS_PERSISTENT_NOTIFY),
     ] {
         rust.push((k.to_string(), v as usize));
     }

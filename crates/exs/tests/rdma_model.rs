@@ -73,7 +73,8 @@ fn build(name: &str) -> (PathBuf, PathBuf) {
             .arg("-L")
             .arg(&dir)
             .arg(format!("-Wl,-rpath,{}", dir.display()))
-            .arg("-lexs"),
+            .arg("-lexs")
+            .arg("-lpthread"),
         Duration::from_secs(60),
         "cc rdma_test.c",
     );
@@ -136,7 +137,7 @@ fn a_peer_killed_mid_transfer_resets_every_outstanding_operation() {
 #[test]
 fn latency_ping_pong_runs() {
     let t = case("latency", &["200"], Duration::from_secs(90));
-    for what in ["normal", "immediate"] {
+    for what in ["normal", "immediate", "persistent"] {
         for size in [1, 10, 100] {
             assert!(
                 t.contains(&format!("latency {what} {size} B:")),
@@ -144,4 +145,30 @@ fn latency_ping_pong_runs() {
             );
         }
     }
+}
+
+/// Persistent send and receive, with and without notes: pulls of the
+/// whole block (again and again), shorter pulls with `MSG_TRUNC`, pulls
+/// and writes at offsets (contents checked), bounds (`EINVAL`), a send
+/// longer than the peer's receive block (`EMSGSIZE`), one note event per
+/// access with the right buffer and length, and the passive side's
+/// refusals.
+#[test]
+fn persistent_blocks_are_pulled_and_pushed_one_sided() {
+    let t = case("persistent", &[], Duration::from_secs(90));
+    assert!(t.contains("server: ok"), "{t}");
+}
+
+/// Two connections with a thread each per side, one sleeping in
+/// `exs_qdequeue` and one busy-polling, on their own queues: whichever
+/// thread drives the connections (the waiters do, the progress thread
+/// stays off the channel meanwhile), every event reaches its queue and
+/// every message arrives intact.
+#[test]
+fn threads_waiting_on_their_own_queues_each_get_their_events() {
+    let t = case("threads", &["2000"], Duration::from_secs(120));
+    assert!(
+        t.contains("server: ok") && t.contains("threads: 2000 ping-pongs"),
+        "{t}"
+    );
 }

@@ -140,7 +140,10 @@ typedef struct exs_pollfd {
 #define EXS_QATTR_EVENTS 3
 /* int: how exs_qdequeue() waits: EXS_WAIT_NOTIFY (sleep, the default),
  * EXS_WAIT_ADAPTIVE (spin about 50 us, then sleep), EXS_WAIT_BUSY_POLL
- * (spin; a signal does not end such a wait with EINTR). */
+ * (spin; a signal does not end such a wait with EINTR). While the RDMA
+ * model is in use a waiting thread completes the connections' work
+ * itself: it first polls them for SOFTRDMA_EXS_SPIN_US microseconds
+ * (environment; default 50, 0 sleeps at once), whatever the mode. */
 #define EXS_QATTR_WAIT 4
 
 #define EXS_SIG_DISABLE 0
@@ -170,9 +173,13 @@ typedef struct exs_signal {
 /* ------------------------------------------------------------------ */
 /* Flags of data transfers                                            */
 
-/* The RDMA model's persistent send/receive (UNH-EXS). Refused with
- * EOPNOTSUPP on kernel sockets. */
+/* The RDMA model's persistent send/receive (UNH-EXS; see the RDMA model
+ * below). Refused with EOPNOTSUPP on kernel sockets.
+ * EXS_PERSISTENT_NOTIFY: persistent, and the block's owner gets an event
+ * each time the peer reads (a send block) or writes (a receive block)
+ * it. */
 #define EXS_PERSISTENT 0x10000000
+#define EXS_PERSISTENT_NOTIFY 0x20000000
 
 /* ------------------------------------------------------------------ */
 /* Scatter/gather                                                     */
@@ -403,14 +410,43 @@ int exs_close(int fd);
  * message takes its first octets, the rest is discarded and the event's
  * exs_evt_flags has MSG_TRUNC. SOCK_STREAM: a receive shorter than the
  * message takes its first octets and the next receive the following
- * ones (byte order kept; one receive never spans two sends).
+ * ones (byte order kept); a receive that begins with immediate data
+ * also takes the immediate messages already arrived behind it, up to its
+ * length (small sends coalesce).
  * Send flags: MSG_EOR, MSG_NOSIGNAL, MSG_DONTWAIT, MSG_MORE (no effect);
  * receive flags: MSG_TRUNC, MSG_WAITALL, MSG_DONTWAIT (no effect); others
- * EINVAL; EXS_PERSISTENT EOPNOTSUPP (not built yet). exs_sendmsg,
+ * EINVAL. exs_sendmsg,
  * exs_recvmsg, exs_sendfile, exs_shutdown: EOPNOTSUPP. The peer's death:
  * every outstanding operation completes with ECONNRESET and later calls
  * fail with it; the peer's exs_close: pending receives end with 0 octets
  * (end of stream), sends with EPIPE.
+ *
+ * Persistent send: exs_send(..., EXS_PERSISTENT) advertises the buffer
+ * (len > 0) once, registered for the peer's reads of exactly that range;
+ * its event comes when the advertisement left. From then on every
+ * exs_recv of the peer (after the normal messages sent before it) is
+ * served from the block by one RDMA Read, without acknowledgement: the
+ * sender's CPU is not involved and the block is never consumed (a
+ * receive shorter than the block takes its first octets, MSG_TRUNC on
+ * SOCK_SEQPACKET). With EXS_PERSISTENT_NOTIFY the sender gets one
+ * EXS_EVT_SEND per read (exs_evt_buf at the octets read, exs_evt_nbytes
+ * their count, exs_evt_flags EXS_PERSISTENT), each needing a free slot of
+ * the send's queue (the peer is slowed down, not the queue overrun). One
+ * persistent send per descriptor; afterwards exs_send fails with EINVAL
+ * (the persistent side is passive). The block must stay mapped until the
+ * descriptor is closed.
+ * Persistent receive: exs_recv(..., EXS_PERSISTENT) advertises the buffer
+ * once for the peer's writes; its event (0 octets, EXS_PERSISTENT) comes
+ * when the advertisement left. Every later exs_send of the peer lands at
+ * the block's start by one RDMA Write (longer than the block: the send
+ * fails with EMSGSIZE) and completes when the Write left. The receiver
+ * learns nothing unless it asked with EXS_PERSISTENT_NOTIFY: then one
+ * EXS_EVT_RECV per write (exs_evt_buf where it landed, exs_evt_nbytes its
+ * length), after the data is in place.
+ * exs_send_offset / exs_recv_offset reach octets [offset, offset + len)
+ * of the peer's persistent receive / send block with one Write / Read;
+ * EINVAL at the call when the peer has no such block (yet) or the range
+ * leaves it; persistent flags are EINVAL there.
  */
 
 /* exs_fcntl commands (the int third argument; before exs_connect or
@@ -437,8 +473,8 @@ int exs_fcntl(int fd, int cmd, ...);
  * address or the unspecified one. */
 int exs_getsockname(int fd, struct sockaddr *addr, socklen_t *addrlen);
 int exs_getpeername(int fd, struct sockaddr *addr, socklen_t *addrlen);
-/* Persistent blocks are not built yet: EOPNOTSUPP on descriptors of the
- * RDMA model, ENOTSOCK / EBADF on others. */
+/* See "Persistent" above; ENOTSOCK / EBADF on descriptors that are not
+ * the RDMA model's. */
 int exs_send_offset(int fd, const void *buf, size_t len, int flags, uint64_t offset,
                     exs_qhandle_t qhandle, exs_ahandle_t ahandle, exs_mhandle_t mhandle);
 int exs_recv_offset(int fd, void *buf, size_t len, int flags, uint64_t offset,
