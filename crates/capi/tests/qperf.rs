@@ -158,7 +158,6 @@ fn qperf_rdma_cm() {
 /// (DDP "no buffer"), and the test fails once the receiver falls behind
 /// (always at small sizes). Run with `--ignored` to see it.
 #[test]
-#[ignore = "needs receiver-not-ready retry (IB RNR) for IB-style RC QPs"]
 fn qperf_streaming_send_and_write_with_immediate() {
     qperf(
         &[

@@ -91,7 +91,7 @@ impl RcQp {
             if self.rnr_point() {
                 match self.rnr_must_wait(data, srq.as_deref()) {
                     Some(true) => return self.rx_hold(data, true),
-                    None if !(self.stashes() && !self.streams_crc(data)) => {
+                    None if !self.stashes() || self.streams_crc(data) => {
                         return self.rx_hold(data, false)
                     }
                     _ => {}
