@@ -799,7 +799,13 @@ impl QpShared {
     /// whose receives come from an SRQ cannot be told of a post: it looks
     /// again every `RNR_RECHECK` (InfiniBand's RNR timer).
     fn rx_interest(&self, link: &mut Link) {
-        let paused = link.rc.rx_paused() && !link.closed;
+        if link.closed {
+            // Closing unregistered both parkings: nothing to watch.
+            link.rx_held = false;
+            self.rnr_timer.store(false, Ordering::Relaxed);
+            return;
+        }
+        let paused = link.rc.rx_paused();
         if paused == link.rx_held || self.self_driven.load(Ordering::Relaxed) {
             return;
         }
