@@ -154,11 +154,11 @@ fn qperf_rdma_cm() {
 /// receiver reposts receives only as it polls. In IB an RC/UC Send (or
 /// Write with immediate) that finds no receive is answered with an RNR
 /// NAK and retried (qperf sets `rnr_retry` 7: for ever), so the sender
-/// just slows down; softrdma's RC follows iWARP, where it is a Terminate
-/// (DDP "no buffer"), and the test fails once the receiver falls behind
-/// (always at small sizes). Run with `--ignored` to see it.
+/// just slows down. IB-style softrdma QPs do the same (where iWARP ends
+/// the connection with a Terminate, DDP "no buffer"): the receiver stops
+/// reading its connection until a receive is posted, and TCP holds the
+/// sender back. Small sizes make the receiver fall behind every time.
 #[test]
-#[ignore = "needs receiver-not-ready retry (IB RNR) for IB-style RC QPs"]
 fn qperf_streaming_send_and_write_with_immediate() {
     qperf(
         &[

@@ -210,6 +210,7 @@ impl IbConn {
     ) -> Result<(), IbConnError> {
         let local_ip = local_addr_toward(peer_ip).unwrap_or(peer_ip);
         qp.set_write_placed();
+        qp.set_rnr_wait();
         let we_connect = (gid_of(local_ip), qpn) < (gid_of(peer_ip), peer_qpn);
         let expect = Expect {
             peer_ip,

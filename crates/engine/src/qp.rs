@@ -119,6 +119,10 @@ struct Link {
     /// sending its MPA Reply; see `Config::rtr_holdoff`).
     hold_until: Option<Instant>,
     closed: bool,
+    /// The receive path is paused for a receive (`RcQp::rx_paused`) and the
+    /// progress thread watches the socket through `QpShared::park_held`
+    /// (never readable).
+    rx_held: bool,
 }
 
 pub(crate) struct QpCore {
@@ -161,12 +165,22 @@ pub struct QpShared {
     bound: OnceLock<(Arc<Srq>, Arc<Cq>)>,
     /// The socket's epoll interest and busy-poll parking.
     park: Parking,
+    /// While the receive path waits for a receive: the socket's interest
+    /// without reading (write interest only), in place of `park`.
+    park_held: Parking,
+    /// This QP, for re-registering its socket with the progress thread.
+    me: std::sync::Weak<QpShared>,
     /// Raises no QP async events ([`Qp::set_internal`]).
     internal: AtomicBool,
     /// Its user drives all its progress ([`Qp::set_self_driven`]).
     self_driven: AtomicBool,
     /// Signaled Writes complete once placed ([`Qp::set_write_placed`]).
     write_placed: AtomicBool,
+    /// A Send without receive waits ([`Qp::set_rnr_wait`]).
+    rnr_wait: AtomicBool,
+    /// The receive path waits for a receive from an SRQ: the timer looks
+    /// again (`QpShared::rx_interest`).
+    rnr_timer: AtomicBool,
     /// The remote rights the QP grants ([`Qp::set_remote_access`]).
     remote_access: AtomicU32,
     core: Mutex<QpCore>,
@@ -278,6 +292,10 @@ fn read_direct(
     Some(Ok(r as usize))
 }
 
+/// How often a receive path waiting for a receive from an SRQ looks
+/// whether one was posted (`QpShared::rx_interest`).
+const RNR_RECHECK: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// How long after the first FPDU a silent non-softrdma responder gets a
 /// probe (see `RcQp::send_probe`).
 const PROBE_AFTER: std::time::Duration = std::time::Duration::from_millis(200);
@@ -304,7 +322,11 @@ impl Qp {
         recv_cq: Arc<Cq>,
         srq: Option<Arc<Srq>>,
     ) -> Qp {
-        let inner = Arc::new(QpShared {
+        let inner = Arc::new_cyclic(|me| QpShared {
+            me: me.clone(),
+            park_held: Parking::default(),
+            rnr_wait: AtomicBool::new(false),
+            rnr_timer: AtomicBool::new(false),
             shared,
             qpn,
             pd,
@@ -418,6 +440,16 @@ impl Qp {
         self.inner.write_placed.store(true, Ordering::Relaxed);
     }
 
+    /// A Send (or Write with immediate) that finds no posted receive waits
+    /// for one, as InfiniBand's RNR NAK and retry make it, instead of
+    /// terminating the connection (iWARP's rule; `RcConfig::rnr_wait`):
+    /// the QP stops reading its socket until a receive is posted, so TCP's
+    /// flow control holds the sender back. Set before the connection is
+    /// attached; IB-style connections ([`crate::ibconn`]) set it.
+    pub fn set_rnr_wait(&self) {
+        self.inner.rnr_wait.store(true, Ordering::Relaxed);
+    }
+
     /// Sets the remote operations the QP accepts (the `IBV_ACCESS_REMOTE_*`
     /// bits of `ibv_modify_qp`'s `qp_access_flags`; other bits are
     /// ignored). A peer's RDMA Write, RDMA Read or atomic needs its right
@@ -516,7 +548,15 @@ impl Qp {
         }
         let mut c = self.inner.lock();
         match c.link.as_mut() {
-            Some(link) => link.rc.post_recv(wr)?,
+            Some(link) => {
+                link.rc.post_recv(wr)?;
+                if link.rc.rx_paused() {
+                    // The Send waiting for it goes on (and what followed it);
+                    // answers to Reads among them go out.
+                    self.inner.rx_resume(link);
+                    self.inner.transmit(&mut c);
+                }
+            }
             None => c.early_rq.post(wr)?,
         }
         self.inner.flush(c);
@@ -546,6 +586,7 @@ impl Qp {
             sq_depth: self.inner.caps.max_send_wr,
             rq_depth: self.inner.caps.max_recv_wr,
             write_placed: cfg.write_placed || self.inner.write_placed.load(Ordering::Relaxed),
+            rnr_wait: cfg.rnr_wait || self.inner.rnr_wait.load(Ordering::Relaxed),
             ..cfg
         });
         let token = u64::from(self.inner.qpn);
@@ -568,6 +609,7 @@ impl Qp {
                 want_write: false,
                 hold_until,
                 closed: false,
+                rx_held: false,
             });
         }
         let fd = self
@@ -676,10 +718,11 @@ impl QpShared {
             if Instant::now() < t {
                 if !link.want_write {
                     link.want_write = true;
+                    let park = self.park_of(link);
                     let _ = self
                         .shared
                         .progress()
-                        .and_then(|p| self.park.watch_write(p, true));
+                        .and_then(|p| park.watch_write(p, true));
                 }
                 return;
             }
@@ -706,10 +749,89 @@ impl QpShared {
         let want = link.rc.wants_transmit();
         if want != link.want_write {
             link.want_write = want;
+            let park = self.park_of(link);
             let _ = self
                 .shared
                 .progress()
-                .and_then(|p| self.park.watch_write(p, want));
+                .and_then(|p| park.watch_write(p, want));
+        }
+    }
+
+    /// The parking that holds the socket's epoll interest now.
+    fn park_of(&self, link: &Link) -> &Parking {
+        if link.rx_held {
+            &self.park_held
+        } else {
+            &self.park
+        }
+    }
+
+    /// Hands the octets held for a receive back to the protocol (after
+    /// receives were posted; `RcQp::rx_resume`), then brings the socket's
+    /// read interest in line with whether it is still paused.
+    fn rx_resume(&self, link: &mut Link) {
+        if link.rc.rx_paused() {
+            let rc = &mut link.rc;
+            match self.srq_ref() {
+                // Lock order: QP core (held), SRQ, registry.
+                Some(srq) => {
+                    let mut q = srq.lock();
+                    if !q.is_empty() {
+                        self.shared
+                            .registry
+                            .with_qp_view(self.pd, self.remote_rights(), |v| {
+                                rc.rx_resume_with_srq(v, &mut q)
+                            });
+                    }
+                }
+                None => self
+                    .shared
+                    .registry
+                    .with_qp_view(self.pd, self.remote_rights(), |v| rc.rx_resume(v)),
+            }
+        }
+        self.rx_interest(link);
+    }
+
+    /// Read interest follows the receive path: none while it waits for a
+    /// receive (the progress thread would be woken for ever by a socket
+    /// nobody reads; write interest stays), back once it goes on. A QP
+    /// whose receives come from an SRQ cannot be told of a post: it looks
+    /// again every `RNR_RECHECK` (InfiniBand's RNR timer).
+    fn rx_interest(&self, link: &mut Link) {
+        if link.closed {
+            // Closing unregistered both parkings: nothing to watch.
+            link.rx_held = false;
+            self.rnr_timer.store(false, Ordering::Relaxed);
+            return;
+        }
+        let paused = link.rc.rx_paused();
+        if paused == link.rx_held || self.self_driven.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(p) = self.shared.progress() else {
+            return;
+        };
+        let (fd, token) = (link.sock.as_raw_fd(), u64::from(self.qpn));
+        if paused {
+            self.park.unregister(p);
+            self.park_held.register_quiet(p, fd, token, self.me.clone());
+            if self.srq_ref().is_some() {
+                p.set_timer(token, Instant::now() + RNR_RECHECK);
+            }
+        } else {
+            self.park_held.unregister(p);
+            if self.park.register(p, fd, token, self.me.clone()).is_err() {
+                // Without the progress thread only inline progress reads.
+                link.rc.handle_llp_closed();
+            }
+        }
+        link.rx_held = paused;
+        self.rnr_timer
+            .store(paused && self.srq_ref().is_some(), Ordering::Relaxed);
+        // The write interest moves along.
+        if link.want_write {
+            let _ = self.park_of(link).watch_write(p, true);
         }
     }
 
@@ -746,8 +868,19 @@ impl QpShared {
         if link.closed {
             return 0;
         }
+        if link.rc.rx_paused() {
+            // Receives may have come (an SRQ's): go on if they did.
+            self.rx_resume(link);
+            if link.rc.rx_paused() {
+                return 0;
+            }
+        }
         let pd = self.pd;
         loop {
+            if link.rc.rx_paused() {
+                // A Send waits for a receive: the rest stays in the socket.
+                break;
+            }
             let offer = link.rc.rx_direct();
             let direct = offer.filter(|d| d.len >= DIRECT_MIN);
             // The direct read that happened, if any.
@@ -894,6 +1027,7 @@ impl QpShared {
                 break;
             }
         }
+        self.rx_interest(link);
         total
     }
 
@@ -979,6 +1113,7 @@ impl QpShared {
                     let _ = link.sock.shutdown(std::net::Shutdown::Both);
                     if let Ok(p) = self.shared.progress() {
                         self.park.unregister(p);
+                        self.park_held.unregister(p);
                     }
                 }
             }
@@ -1081,6 +1216,22 @@ impl QpShared {
         if let Ok(p) = self.shared.progress() {
             self.park.recheck(p);
         }
+        // A receive path waiting on an SRQ looks again.
+        if !self.rnr_timer.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut c = self.lock();
+        let Some(link) = c.link.as_mut().filter(|l| l.rx_held) else {
+            return;
+        };
+        self.rx_resume(link);
+        if link.rx_held {
+            if let Ok(p) = self.shared.progress() {
+                p.set_timer(u64::from(self.qpn), Instant::now() + RNR_RECHECK);
+            }
+        }
+        self.transmit(&mut c);
+        self.flush(c);
     }
 
     /// A CQ this QP completes into was armed.

@@ -1776,3 +1776,228 @@ fn transmit_batches_are_bounded_in_octets_only_with_crc() {
         }
     }
 }
+
+/// As [`Pair::run`], but a receiver paused for want of a receive
+/// (`RcConfig::rnr_wait`) is not fed (as the engine stops reading its
+/// socket): what is in flight to it stays on the wire.
+fn run_holding_back(p: &mut Pair) {
+    for _ in 0..1_000_000 {
+        let mut moved = false;
+        for dir in 0..2 {
+            let (src, dst) = if dir == 0 {
+                (&mut p.a, &mut p.b)
+            } else {
+                (&mut p.b, &mut p.a)
+            };
+            let mut pipe = Pipe {
+                buf: std::mem::take(&mut dst.wire_in),
+                rng: &mut p.rng,
+            };
+            src.qp
+                .poll_transmit(&mut src.mem, &mut pipe)
+                .expect("pipe never fails");
+            dst.wire_in = pipe.buf;
+            if src.qp.wants_transmit() {
+                moved = true;
+            }
+            while !dst.wire_in.is_empty() && !dst.qp.rx_paused() {
+                moved = true;
+                let n = 1 + p.rng.below(dst.wire_in.len().min(3000) as u64) as usize;
+                if let Some(d) = dst.qp.rx_direct().filter(|_| p.direct) {
+                    let n = n.min(d.len);
+                    let chunk: Vec<u8> = dst.wire_in.drain(..n).collect();
+                    place_direct(&mut dst.mem, &d, &chunk);
+                    assert!(dst.qp.rx_direct_placed(n, &[&chunk]));
+                    continue;
+                }
+                if let Some(space) = dst.qp.rx_stash_space() {
+                    let n = n.min(space.len());
+                    space[..n].copy_from_slice(&dst.wire_in[..n]);
+                    dst.wire_in.drain(..n);
+                    assert!(dst.qp.rx_stash_filled(n, &mut dst.mem));
+                    continue;
+                }
+                let chunk: Vec<u8> = dst.wire_in.drain(..n).collect();
+                dst.qp.handle_bytes(&chunk, &mut dst.mem);
+            }
+        }
+        p.a.drain();
+        p.b.drain();
+        if !moved {
+            return;
+        }
+    }
+    panic!("pair did not settle");
+}
+
+/// 100 messages that each take a receive (Sends, Sends with immediate,
+/// Writes with immediate; one FPDU or several) against one posted
+/// receive: with `rnr_wait` the receiver pauses instead of terminating,
+/// and receives posted one at a time take every message, in order, intact.
+#[test]
+fn a_send_without_receive_waits_for_one_with_rnr_wait() {
+    const N: u64 = 100;
+    for (k, held_back) in [(0u64, false), (1, true)] {
+        for make in [Pair::rc as fn(u64) -> Pair, Pair::direct, Pair::direct_crc] {
+            for len in [8usize, 5000] {
+                let mut p = make(900 + k * 10 + len as u64);
+                p.a.qp = RcQp::new(RcConfig {
+                    rnr_wait: true,
+                    ..*p.a.qp.config()
+                });
+                p.b.qp = RcQp::new(RcConfig {
+                    rnr_wait: true,
+                    ..*p.b.qp.config()
+                });
+                let total = N as usize * len;
+                let a = p.a.mem.register(0, 0, total, RW);
+                for i in 0..N as usize {
+                    p.a.mem.bytes_mut(a)[i * len..(i + 1) * len]
+                        .copy_from_slice(&pattern(len, i as u8));
+                }
+                let b = p.b.mem.register(0, 0x100_0000, total, RW);
+                let wr = |i: u64| RecvWr {
+                    wr_id: 1000 + i,
+                    sgl: SgList::single(0x100_0000 + i * len as u64, len as u32, b),
+                };
+                p.b.qp.post_recv(wr(0)).unwrap();
+                for i in 0..N {
+                    let at = i * len as u64;
+                    let op = match i % 3 {
+                        0 => SendOp::Send {
+                            imm: None,
+                            invalidate: None,
+                        },
+                        1 => SendOp::Send {
+                            imm: Some(i as u32),
+                            invalidate: None,
+                        },
+                        _ => SendOp::Write {
+                            remote_addr: 0x100_0000 + at,
+                            rkey: b,
+                            imm: Some(i as u32),
+                        },
+                    };
+                    p.a.qp
+                        .post_send(SendWr {
+                            wr_id: i,
+                            op,
+                            payload: Payload::Sgl(SgList::single(at, len as u32, a)),
+                            flags: signaled(),
+                        })
+                        .unwrap();
+                }
+                let step = |p: &mut Pair| {
+                    if held_back {
+                        run_holding_back(p)
+                    } else {
+                        p.run()
+                    }
+                };
+                step(&mut p);
+                assert!(p.b.qp.rx_paused(), "the second message waits");
+                assert_eq!(p.b.recv_wc.len(), 1);
+                for i in 1..N {
+                    assert!(p.b.qp.rx_paused());
+                    p.b.qp.post_recv(wr(i)).unwrap();
+                    p.b.qp.rx_resume(&mut p.b.mem);
+                    step(&mut p);
+                    assert_eq!(p.b.recv_wc.len() as u64, i + 1, "one message per receive");
+                }
+                assert!(!p.b.qp.rx_paused());
+                assert_eq!(p.b.qp.rx_held(), 0);
+                for (i, wc) in p.b.recv_wc.iter().enumerate() {
+                    let i = i as u64;
+                    let (opcode, imm) = match i % 3 {
+                        0 => (WcOpcode::Recv, None),
+                        1 => (WcOpcode::Recv, Some(i as u32)),
+                        _ => (WcOpcode::RecvRdmaWithImm, Some(i as u32)),
+                    };
+                    assert_eq!(
+                        (wc.wr_id, wc.status, wc.opcode, wc.byte_len, wc.imm),
+                        (1000 + i, WcStatus::Success, opcode, len as u32, imm),
+                        "message {i}"
+                    );
+                }
+                assert_eq!(p.b.mem.bytes(b), p.a.mem.bytes(a), "every octet in place");
+                assert_eq!(p.a.send_wc.len() as u64, N);
+                assert!(p.a.send_wc.iter().all(|w| w.status == WcStatus::Success));
+                assert!(p.a.events.is_empty() && p.b.events.is_empty());
+                assert_eq!(p.a.qp.state(), RcState::Rts);
+                assert_eq!(p.b.qp.state(), RcState::Rts);
+            }
+        }
+    }
+}
+
+/// While paused for a receive, a Read Request that arrived before the
+/// waiting Send is answered, and one behind it waits for the Send.
+#[test]
+fn reads_before_a_waiting_send_are_answered_and_later_ones_wait() {
+    let cfg = RcConfig {
+        rnr_wait: true,
+        ..RcConfig::default()
+    };
+    let mut p = Pair::new(77, cfg, cfg);
+    let a = p.a.mem.register(0, 0, 4096, RW);
+    let b = p.b.mem.register(0, 0x8000, 4096, RW);
+    p.b.mem.bytes_mut(b).copy_from_slice(&pattern(4096, 9));
+    let read = |wr_id: u64, at: u64| SendWr {
+        wr_id,
+        op: SendOp::Read {
+            remote_addr: 0x8000 + at,
+            rkey: b,
+        },
+        payload: Payload::Sgl(SgList::single(at, 100, a)),
+        flags: signaled(),
+    };
+    p.a.qp.post_send(read(1, 0)).unwrap();
+    p.a.qp.post_send(send(2, a, 2048, 16)).unwrap();
+    p.a.qp.post_send(read(3, 1000)).unwrap();
+    run_holding_back(&mut p);
+    assert!(p.b.qp.rx_paused());
+    let ids: Vec<u64> = p.a.send_wc.iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, vec![1, 2], "the Read before the Send completed");
+    assert_eq!(p.a.mem.bytes(a)[..100], pattern(4096, 9)[..100]);
+    p.b.qp
+        .post_recv(RecvWr {
+            wr_id: 50,
+            sgl: SgList::single(0x8000 + 3000, 16, b),
+        })
+        .unwrap();
+    p.b.qp.rx_resume(&mut p.b.mem);
+    run_holding_back(&mut p);
+    assert!(!p.b.qp.rx_paused());
+    let ids: Vec<u64> = p.a.send_wc.iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, vec![1, 2, 3]);
+    assert_eq!(p.b.recv_wc.len(), 1);
+    assert_eq!(p.a.mem.bytes(a)[1000..1100], pattern(4096, 9)[1000..1100]);
+    assert!(p.a.events.is_empty() && p.b.events.is_empty());
+}
+
+/// Without `rnr_wait` the same stream still ends with the Terminate.
+#[test]
+fn without_rnr_wait_a_send_without_receive_still_terminates() {
+    let mut p = Pair::rc(79);
+    assert!(!p.b.qp.config().rnr_wait);
+    let a = p.a.mem.register(0, 0, 64, RW);
+    let b = p.b.mem.register(0, 0x8000, 64, RW);
+    p.b.qp
+        .post_recv(RecvWr {
+            wr_id: 9,
+            sgl: SgList::single(0x8000, 64, b),
+        })
+        .unwrap();
+    for i in 0..10 {
+        p.a.qp.post_send(send(i, a, 0, 8)).unwrap();
+    }
+    run_holding_back(&mut p);
+    assert!(!p.b.qp.rx_paused());
+    assert_eq!(p.b.recv_wc.len(), 1);
+    assert_eq!(p.b.recv_wc[0].status, WcStatus::Success);
+    assert_eq!(p.b.qp.state(), RcState::Error);
+    assert!(p.b.events.contains(&RcEvent::Error {
+        cause: Some(TerminateCause::DdpUntaggedNoBuffer),
+        remote: false
+    }));
+}

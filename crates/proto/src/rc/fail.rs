@@ -41,6 +41,9 @@ impl RcQp {
             return;
         }
         self.state = RcState::Error;
+        // Nothing held is acted on any more (`RcConfig::rnr_wait`).
+        self.rx_held = Vec::new();
+        self.rx_paused = false;
         if let (Some(t), false) = (cause, remote) {
             self.terminate = Some(t);
             self.terminate_queued = true;

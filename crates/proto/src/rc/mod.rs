@@ -53,7 +53,25 @@
 //!   is known to be softrdma (`RcConfig::softrdma_ext`); otherwise they are
 //!   refused locally and, on receive, answered as unexpected opcodes.
 //! * A Send with no posted receive is a Terminate (DDP untagged, code 0x02):
-//!   iWARP has no receiver-not-ready retry.
+//!   iWARP has no receiver-not-ready retry. With `RcConfig::rnr_wait`
+//!   (InfiniBand-style QPs) it waits instead, as below.
+//!
+//! Receiver not ready (`RcConfig::rnr_wait`): InfiniBand answers a Send
+//! that finds no receive with an RNR NAK and the sender retries; over one
+//! TCP stream the same back-pressure comes from not reading. At each FPDU
+//! boundary (in RTS, between messages, without markers) the receive path
+//! peeks at the next FPDU's header: a Send starting a message (QN 0, MO 0,
+//! the expected MSN), or the Immediate Data message of a Write with
+//! immediate, when no receive is posted, is not consumed — no receive
+//! taken, MSN not advanced, nothing placed. The receive path pauses
+//! ([`RcQp::rx_paused`]) holding every octet from that FPDU's first on;
+//! the driver stops reading the transport, and after posting receives
+//! calls [`RcQp::rx_resume`], which hands the held octets to the receive
+//! path again. With CRC the check is made when the FPDU is whole (before
+//! it is verified and acted on); streamed FPDUs are checked when their
+//! header is complete (a shorter start is held until it is). Messages
+//! before the pause point (Read Requests included, which are answered)
+//! were processed; those after it wait, in order. Transmit is unaffected.
 //!
 //! Immediate data between softrdma peers: the verbs immediate (32 bits)
 //! travels in an RFC 7306 Immediate Data message (8 octets): the low 32 bits
@@ -69,7 +87,8 @@
 //! `recv_queue` (the RQ or SRQ), `tx_build` (choosing and framing the
 //! next FPDU), `tx_ring` (the framed FPDUs not yet written), `tx`
 //! (writing them), `rx` (deframing, header rules, placement, message
-//! ends), `rx_stash` (partial FPDUs kept for their CRC), `rx_direct`
+//! ends), `rx_stash` (partial FPDUs kept for their CRC), `rx_wait`
+//! (receiver not ready: the pause before a Send without receive), `rx_direct`
 //! (placement straight from the transport), `fail` (Terminates and the
 //! error state); [`mpa`] negotiates the connection before any of this.
 
@@ -97,6 +116,7 @@ mod recv_queue;
 mod rx;
 mod rx_direct;
 mod rx_stash;
+mod rx_wait;
 mod tx;
 mod tx_build;
 mod tx_ring;
@@ -181,6 +201,14 @@ pub struct RcConfig {
     /// (RFC 5040 ordering), and its response completes the Write. Any
     /// RFC 5040 responder serves it: a zero-length Read touches no memory.
     pub write_placed: bool,
+    /// Receiver not ready waits (InfiniBand's RNR NAK and retry, as the
+    /// transport's back-pressure): a Send, or the Immediate Data message of
+    /// a Write with immediate, that finds no posted receive is not
+    /// consumed and the receive path pauses before it
+    /// ([`RcQp::rx_paused`]) until a receive is posted
+    /// ([`RcQp::rx_resume`]), instead of terminating the stream (iWARP's
+    /// DDP "no buffer"). Not with markers on receive (siw only).
+    pub rnr_wait: bool,
 }
 
 impl Default for RcConfig {
@@ -199,6 +227,7 @@ impl Default for RcConfig {
             read_burst: 4,
             crc_direct_min: 0,
             write_placed: false,
+            rnr_wait: false,
         }
     }
 }
@@ -385,6 +414,12 @@ pub struct RcQp {
     rx_any: bool,
     /// A rule the current segment's header broke, reported at its end.
     rx_deferred: Option<(TerminateCause, bool)>,
+    /// `RcConfig::rnr_wait`: octets not yet handed to the receive path,
+    /// from an FPDU boundary on (the Send waiting for a receive and what
+    /// followed it, or an FPDU start too short to tell).
+    rx_held: Vec<u8>,
+    /// The FPDU at the front of `rx_held` waits for a receive.
+    rx_paused: bool,
     // --- outputs ---
     completions: VecDeque<(CqKind, WorkCompletion)>,
     events: VecDeque<RcEvent>,
@@ -441,6 +476,8 @@ impl RcQp {
             awaiting_rtr,
             rx_any: false,
             rx_deferred: None,
+            rx_held: Vec::new(),
+            rx_paused: false,
             completions: VecDeque::with_capacity(cfg.sq_depth + cfg.rq_depth + 2),
             events: VecDeque::with_capacity(4),
         }

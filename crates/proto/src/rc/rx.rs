@@ -29,6 +29,36 @@ impl RcQp {
 
     pub(super) fn handle_bytes_from<M: Memory>(
         &mut self,
+        data: &[u8],
+        mem: &mut M,
+        srq: Option<&mut RecvQueue>,
+    ) {
+        if self.rx_held.is_empty() {
+            return self.rx_feed(data, mem, srq);
+        }
+        // `RcConfig::rnr_wait`: octets held go first. While the Send at
+        // their front still finds no receive, new ones join them.
+        let no_recv = srq.as_deref().map_or(self.rq.is_empty(), |q| q.is_empty());
+        if self.state == RcState::Error || (self.rx_paused && no_recv) {
+            if self.state != RcState::Error {
+                self.rx_held.extend_from_slice(data);
+            }
+            return;
+        }
+        let mut held = std::mem::take(&mut self.rx_held);
+        self.rx_paused = false;
+        held.extend_from_slice(data);
+        self.rx_feed(&held, mem, srq);
+        if self.rx_held.is_empty() && self.state != RcState::Error {
+            // Its room is kept for the next pause.
+            held.clear();
+            self.rx_held = held;
+        }
+    }
+
+    /// The receive path proper: `data` follows what was fed before.
+    fn rx_feed<M: Memory>(
+        &mut self,
         mut data: &[u8],
         mem: &mut M,
         mut srq: Option<&mut RecvQueue>,
@@ -40,6 +70,12 @@ impl RcQp {
                 // call that consumed its last octet).
                 return;
             }
+            if self.rx_paused {
+                // A stashed Send waits (`rx_stash_complete`): what follows
+                // it waits too.
+                self.rx_hold(data, false);
+                return;
+            }
             // A partial FPDU waits: complete it first.
             if self.rx_stash_len > 0 {
                 let need = self.rx_stash_need();
@@ -48,6 +84,18 @@ impl RcQp {
                 data = &data[take..];
                 self.rx_stash_complete(mem, srq.as_deref_mut());
                 continue;
+            }
+            // Receiver not ready: a Send with no receive waits here, before
+            // anything of it is acted on; a start too short to tell waits
+            // for more, unless the stash keeps it whole anyway.
+            if self.rnr_point() {
+                match self.rnr_must_wait(data, srq.as_deref()) {
+                    Some(true) => return self.rx_hold(data, true),
+                    None if !self.stashes() || self.streams_crc(data) => {
+                        return self.rx_hold(data, false)
+                    }
+                    _ => {}
+                }
             }
             // Fast path: a whole FPDU at the front is verified (CRC) before
             // any of it is acted on, then handled in one go.

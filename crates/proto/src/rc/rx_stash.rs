@@ -66,8 +66,23 @@ impl RcQp {
         if self.rx_stash_len < fpdu::LEN_FIELD || self.rx_stash_need() > 0 {
             return;
         }
+        let len = self.rx_stash_len;
+        // A Send without a receive waits, whole and unverified yet
+        // (`RcConfig::rnr_wait`).
+        if self.cfg.rnr_wait && self.state == RcState::Rts {
+            self.rx_stash_len = 0;
+            let wait = self.rnr_point()
+                && self.rnr_must_wait(&self.rx_stash[..len], srq.as_deref()) == Some(true);
+            if wait {
+                let stash = std::mem::take(&mut self.rx_stash);
+                self.rx_hold(&stash[..len], true);
+                self.rx_stash = stash;
+                return;
+            }
+            self.rx_stash_len = len;
+        }
         let stash = std::mem::take(&mut self.rx_stash);
-        let len = std::mem::take(&mut self.rx_stash_len);
+        self.rx_stash_len = 0;
         let mut srq = srq;
         match self.deframer.decode_whole(&stash[..len]) {
             Ok(Some((n, w))) => {
