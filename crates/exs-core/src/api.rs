@@ -11,6 +11,7 @@ use std::time::Duration;
 use libc::{c_int, c_short, c_void, size_t, sockaddr, socklen_t, timespec};
 
 use crate::abi::*;
+use crate::dgram;
 use crate::engine::{engine, poll_events_ok, Dir, Elem, Kind, RECV_FLAGS, SEND_FLAGS};
 use crate::rdma;
 use crate::sys;
@@ -220,6 +221,11 @@ pub fn send(
     ah: *mut c_void,
     mh: c_int,
 ) -> R<()> {
+    if dgram::owns(fd) {
+        let q = engine()?.queue(qh)?;
+        let iov = [(mh, buf as usize, len)];
+        return dgram::xfer(false, fd, &iov, flags, q, ah as usize, None, None);
+    }
     if rdma::owns(fd) {
         let q = engine()?.queue(qh)?;
         return rdma::xfer(
@@ -251,6 +257,11 @@ pub fn recv(
     ah: *mut c_void,
     mh: c_int,
 ) -> R<()> {
+    if dgram::owns(fd) {
+        let q = engine()?.queue(qh)?;
+        let iov = [(mh, buf as usize, len)];
+        return dgram::xfer(true, fd, &iov, flags, q, ah as usize, None, None);
+    }
     if rdma::owns(fd) {
         let q = engine()?.queue(qh)?;
         return rdma::xfer(true, fd, buf as usize, len, flags, q, ah as usize, mh, None);
@@ -278,7 +289,9 @@ pub unsafe fn msg(
     if rdma::owns(fd) {
         return Err(libc::EOPNOTSUPP);
     }
-    if recv {
+    if dgram::owns(fd) {
+        // The datagram model checks its own flags.
+    } else if recv {
         recv_flags(flags)?;
     } else {
         send_flags(flags)?;
@@ -310,6 +323,23 @@ pub unsafe fn msg(
     }
     buf_ok(m.msg_name as usize, m.msg_namelen as usize)?;
     buf_ok(m.msg_control as usize, m.msg_controllen as usize)?;
+    if dgram::owns(fd) {
+        let q = engine()?.queue(qh)?;
+        if recv && !m.msg_name.is_null() {
+            mapped(m.msg_name as *const u8, m.msg_namelen as usize)?;
+        }
+        let name = (m.msg_name as usize, m.msg_namelen);
+        return dgram::xfer(
+            recv,
+            fd,
+            &ranges,
+            flags,
+            q,
+            ah as usize,
+            Some(msg as usize),
+            Some(name),
+        );
+    }
     let kind = Kind::Msg {
         recv,
         user: msg as usize,
@@ -335,7 +365,7 @@ pub unsafe fn sendfile(
     qh: c_int,
     ah: *mut c_void,
 ) -> R<()> {
-    if rdma::owns(fd) {
+    if rdma::owns(fd) || dgram::owns(fd) {
         return Err(libc::EOPNOTSUPP);
     }
     if flags != 0 || count <= 0 || count > EXS_IOV_MAX {
@@ -402,6 +432,10 @@ pub fn connect(
         let q = engine()?.queue(qh)?;
         return rdma::connect(fd, addr, len, q, ah as usize);
     }
+    if dgram::owns(fd) {
+        let q = engine()?.queue(qh)?;
+        return dgram::connect(fd, addr, len, q, ah as usize);
+    }
     if len == 0 || len as usize > std::mem::size_of::<libc::sockaddr_storage>() {
         return Err(libc::EINVAL);
     }
@@ -430,6 +464,9 @@ pub fn accept(
     if rdma::owns(fd) {
         let q = engine()?.queue(qh)?;
         return rdma::accept(fd, addr, flags, q, ah as usize);
+    }
+    if dgram::owns(fd) {
+        return Err(libc::EOPNOTSUPP);
     }
     let kind = Kind::Accept {
         addr: addr as usize,
@@ -471,7 +508,7 @@ pub unsafe fn poll(
 
 /// `exs_shutdown`.
 pub fn shutdown(fd: c_int, how: c_int, qh: c_int, ah: *mut c_void) -> R<()> {
-    if rdma::owns(fd) {
+    if rdma::owns(fd) || dgram::owns(fd) {
         return Err(libc::EOPNOTSUPP);
     }
     if !(libc::SHUT_RD..=libc::SHUT_RDWR).contains(&how) {
@@ -482,10 +519,13 @@ pub fn shutdown(fd: c_int, how: c_int, qh: c_int, ah: *mut c_void) -> R<()> {
 
 /// `exs_aclose`.
 pub fn aclose(fd: c_int, qh: c_int, ah: *mut c_void) -> R<()> {
-    if rdma::owns(fd) {
+    if rdma::owns(fd) || dgram::owns(fd) {
         let q = engine()?.queue(qh)?;
         q.reserve()?;
-        rdma::close(fd)?;
+        if let Err(e) = close(fd) {
+            q.unreserve();
+            return Err(e);
+        }
         q.push(exs_event_t::new(EXS_EVT_CLOSE, fd, ah as usize, 0));
         return Ok(());
     }
@@ -504,6 +544,9 @@ pub fn close(fd: c_int) -> R<()> {
     }
     if rdma::owns(fd) {
         return rdma::close(fd);
+    }
+    if dgram::owns(fd) {
+        return dgram::close(fd);
     }
     engine()?.close(fd)
 }
@@ -586,7 +629,7 @@ pub unsafe fn getsockopt(
 }
 
 fn rdma_fd(fd: c_int) -> R<()> {
-    if rdma::owns(fd) {
+    if rdma::owns(fd) || dgram::owns(fd) {
         Ok(())
     } else if sys::is_open(fd) {
         Err(libc::ENOTSOCK)
@@ -597,30 +640,53 @@ fn rdma_fd(fd: c_int) -> R<()> {
 
 /// `exs_socket`.
 pub fn socket(domain: c_int, ty: c_int, protocol: c_int) -> R<c_int> {
+    let base = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
+    if base == libc::SOCK_DGRAM
+        && (domain == libc::AF_INET || domain == libc::AF_INET6)
+        && (protocol == 0 || protocol == libc::IPPROTO_UDP)
+    {
+        return dgram::socket(domain, ty);
+    }
     rdma::socket(domain, ty, protocol)
 }
 
 /// `exs_bind`.
 pub fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> R<()> {
     rdma_fd(fd)?;
+    if dgram::owns(fd) {
+        return dgram::bind(fd, addr, len);
+    }
     rdma::bind(fd, addr, len)
 }
 
 /// `exs_listen`.
 pub fn listen(fd: c_int, backlog: c_int) -> R<()> {
     rdma_fd(fd)?;
+    if dgram::owns(fd) {
+        return Err(libc::EOPNOTSUPP);
+    }
     rdma::listen(fd, backlog)
 }
 
 /// `exs_fcntl`.
 pub fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> R<c_int> {
     rdma_fd(fd)?;
+    if dgram::owns(fd) {
+        return dgram::fcntl(fd, cmd, arg);
+    }
     rdma::fcntl(fd, cmd, arg)
 }
 
 /// `exs_getsockname` (`peer` false) and `exs_getpeername`.
 pub fn sockname(peer: bool, fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> R<()> {
     rdma_fd(fd)?;
+    if dgram::owns(fd) {
+        return if peer {
+            dgram::getpeername(fd, addr, len)
+        } else {
+            dgram::getsockname(fd, addr, len)
+        };
+    }
     if peer {
         rdma::getpeername(fd, addr, len)
     } else {
@@ -645,6 +711,9 @@ pub fn offset_xfer(
     mh: c_int,
 ) -> R<()> {
     rdma_fd(fd)?;
+    if dgram::owns(fd) {
+        return Err(libc::EOPNOTSUPP);
+    }
     if flags & (EXS_PERSISTENT | EXS_PERSISTENT_NOTIFY) != 0 {
         return Err(libc::EINVAL);
     }

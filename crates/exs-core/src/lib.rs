@@ -9,10 +9,12 @@
 //! The RDMA model (UNH-EXS: `exs_socket` and friends over softrdma RC
 //! queue pairs) is [`rdma`], with its messages in [`wire`]; it shares the
 //! queues ([`queue`]) and the registrations ([`mem`], where a region
-//! gains an engine STag on first use).
+//! gains an engine STag on first use). Its `SOCK_DGRAM` descriptors, over
+//! UD or RD queue pairs, are [`dgram`].
 
 pub mod abi;
 pub mod api;
+pub mod dgram;
 pub mod engine;
 pub mod mem;
 pub mod queue;

@@ -64,9 +64,9 @@ const TAG_IMM: u64 = 1;
 const TAG_READ: u64 = 2;
 const TAG_WRITE: u64 = 3;
 
-struct Dev {
-    ctx: Context,
-    pd: ProtectionDomain,
+pub(crate) struct Dev {
+    pub(crate) ctx: Context,
+    pub(crate) pd: ProtectionDomain,
     ch: CompletionChannel,
 }
 
@@ -75,7 +75,7 @@ static ST: OnceLock<Mutex<RState>> = OnceLock::new();
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-fn dev() -> Result<&'static Dev, Errno> {
+pub(crate) fn dev() -> Result<&'static Dev, Errno> {
     let d = DEV
         .get_or_init(|| {
             let ctx = Context::open().map_err(|_| libc::ENODEV)?;
@@ -1456,7 +1456,7 @@ fn progress_thread() {
     }
 }
 
-fn to_storage(a: SocketAddr) -> (libc::sockaddr_storage, socklen_t) {
+pub(crate) fn to_storage(a: SocketAddr) -> (libc::sockaddr_storage, socklen_t) {
     // SAFETY: all-zero is a valid sockaddr_storage.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let len = match a {
@@ -1494,7 +1494,7 @@ fn to_storage(a: SocketAddr) -> (libc::sockaddr_storage, socklen_t) {
 }
 
 /// Reads the caller's address of `len` octets (checked mapped).
-fn from_sockaddr(
+pub(crate) fn from_sockaddr(
     addr: *const sockaddr,
     len: socklen_t,
     family: c_int,
@@ -1539,7 +1539,7 @@ fn from_sockaddr(
     }
 }
 
-fn unspecified(family: c_int) -> SocketAddr {
+pub(crate) fn unspecified(family: c_int) -> SocketAddr {
     if family == libc::AF_INET6 {
         SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0)
     } else {
@@ -2031,7 +2031,11 @@ pub fn close(fd: c_int) -> Result<(), Errno> {
     Ok(())
 }
 
-fn write_addr(a: SocketAddr, addr: *mut sockaddr, len: *mut socklen_t) -> Result<(), Errno> {
+pub(crate) fn write_addr(
+    a: SocketAddr,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> Result<(), Errno> {
     if len.is_null() || !sys::mapped(len as usize, std::mem::size_of::<socklen_t>()) {
         return Err(libc::EFAULT);
     }

@@ -394,8 +394,8 @@ int exs_close(int fd);
  * descriptor that never collides with a kernel socket; close it with
  * exs_close). Its peer is another libexs program; the transport is a
  * softrdma RC queue pair connected through softrdma's connection manager.
- * Other types: SOCK_DGRAM EPROTONOSUPPORT (not built yet), others
- * ESOCKTNOSUPPORT; other domains EAFNOSUPPORT; protocol != 0
+ * SOCK_DGRAM (protocol 0 or IPPROTO_UDP): see "Datagram sockets" below.
+ * Other types ESOCKTNOSUPPORT; other domains EAFNOSUPPORT; protocol != 0
  * EPROTONOSUPPORT.
  *
  * exs_bind records the address; exs_listen binds it (port 0 picks one,
@@ -463,6 +463,37 @@ int exs_close(int fd);
 #define EXS_F_GETCREDITS 0x45580102
 #define EXS_F_SETSMALL 0x45580103
 #define EXS_F_GETSMALL 0x45580104
+
+/* Datagram sockets: exs_socket(AF_INET or AF_INET6, SOCK_DGRAM, 0) is
+ * one softrdma UD queue pair (RD with EXS_F_SETDGRAM) whose UDP socket is
+ * bound to the descriptor's address and whose number is port << 8, so
+ * the address (ip, port) names the queue pair: a send to (ip, port)
+ * reaches the libexs datagram socket bound there (only such sockets: the
+ * peer is another libexs program). exs_bind binds at once (port 0 picks
+ * one; exs_getsockname tells it); a descriptor not bound is bound to the
+ * unspecified address and a free port by its first exs_connect or
+ * transfer. exs_sendmsg sends one datagram of the iovecs to msg_name
+ * (exs_send: to the connected peer; neither: EDESTADDRREQ at the call);
+ * at most 65536 octets (EMSGSIZE at the call). The send's event comes
+ * when the datagram left. exs_recv / exs_recvmsg take one datagram each,
+ * in arrival order; exs_recvmsg writes the source address to msg_name
+ * (msg_namelen updated) before its EXS_EVT_RECVMSG event. A receive
+ * shorter than the datagram takes its first octets, the rest is
+ * discarded and the event's flags (and msg_flags) have MSG_TRUNC.
+ * exs_connect fixes the peer (EXS_EVT_CONNECT at once): exs_send goes
+ * there and only its datagrams are received. Loss is UDP's: a datagram
+ * that finds the descriptor's 32 receive buffers full is dropped (RD
+ * retransmits lost packets but still drops what finds no buffer).
+ * exs_listen, exs_accept, exs_shutdown, exs_sendfile, the persistent flags
+ * and the offset calls: EOPNOTSUPP.
+ *   EXS_F_SETDGRAM: EXS_DGRAM_UD (default) or EXS_DGRAM_RD, before the
+ *     descriptor is bound (else EISCONN); both ends must use the same.
+ *     EXS_DGRAM_WR (Write-Record): EOPNOTSUPP. EXS_F_GETDGRAM reads it. */
+#define EXS_F_SETDGRAM 0x45580105
+#define EXS_F_GETDGRAM 0x45580106
+#define EXS_DGRAM_UD 0
+#define EXS_DGRAM_RD 1
+#define EXS_DGRAM_WR 2
 
 int exs_socket(int domain, int type, int protocol);
 int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen);

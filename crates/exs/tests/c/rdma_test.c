@@ -429,7 +429,7 @@ static int errors_client(int port) {
     CHECK(exs_init(EXS_VERSION) == 0, "init");
     q = exs_qcreate(64);
     FAILS(exs_socket(AF_UNIX, SOCK_SEQPACKET, 0), EAFNOSUPPORT);
-    FAILS(exs_socket(AF_INET, SOCK_DGRAM, 0), EPROTONOSUPPORT);
+    FAILS(exs_socket(AF_INET, SOCK_DGRAM, IPPROTO_TCP), EPROTONOSUPPORT);
     FAILS(exs_socket(AF_INET, SOCK_RAW, 0), ESOCKTNOSUPPORT);
     FAILS(exs_socket(AF_INET, SOCK_SEQPACKET, 6), EPROTONOSUPPORT);
     int fd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);

@@ -1,0 +1,292 @@
+/* SOCK_DGRAM sockets of libexs (UD or RD queue pairs) between two
+ * processes: the program forks before its first exs_* call; the child is
+ * the server (bound to 127.0.0.1, port 0; it tells the parent the port
+ * through a pipe), the parent the client.
+ *
+ *   dgram_test ud | rd
+ *
+ * Datagrams of several sizes up to 65536 octets with their contents
+ * checked and echoed to the source address the receive reported;
+ * MSG_TRUNC for short receives (exs_recv and exs_recvmsg); connected
+ * sockets (exs_send/exs_recv, datagrams from others ignored); calls that
+ * cannot start; a receive pending at exs_close ends with ECANCELED.
+ * Every wait is bounded (10 s); the harness bounds the whole run too. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/exs.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHECK(c, ...)                                                     \
+    do {                                                                  \
+        if (!(c)) {                                                       \
+            fprintf(stderr, "[%d] FAIL %s:%d: ", (int)getpid(), __FILE__, \
+                    __LINE__);                                            \
+            fprintf(stderr, __VA_ARGS__);                                 \
+            fprintf(stderr, " (errno %d)\n", errno);                      \
+            exit(1);                                                      \
+        }                                                                 \
+    } while (0)
+#define FAILS(call, err) CHECK((call) == -1 && errno == (err), "%s should fail with %s", #call, #err)
+#define AH(x) ((exs_ahandle_t)(uintptr_t)(x))
+
+static exs_qhandle_t q;
+static int rd;
+static const size_t sizes[] = {1, 17, 100, 1472, 1500, 4096, 9000, 32768, 65535, 65536};
+#define NSIZES (sizeof sizes / sizeof sizes[0])
+#define BIG 65536
+
+static exs_event_t next(int type) {
+    exs_event_t ev;
+    struct timespec t = {10, 0};
+    int n = exs_qdequeue(q, &ev, 1, &t);
+    CHECK(n == 1, "no event in 10 s (waiting for type %d)", type);
+    CHECK(ev.exs_evt_type == type, "event type %d, expected %d (errno %d)", ev.exs_evt_type,
+          type, ev.exs_evt_errno);
+    return ev;
+}
+
+static struct sockaddr_in lo(int port) {
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return a;
+}
+
+static unsigned char pat(size_t i, size_t size) { return (unsigned char)(i * 7 + size * 13 + 1); }
+
+static int dsocket(void) {
+    int fd = exs_socket(AF_INET, SOCK_DGRAM, 0);
+    CHECK(fd >= 0, "socket");
+    CHECK(exs_fcntl(fd, EXS_F_GETDGRAM) == EXS_DGRAM_UD, "default UD");
+    if (rd) {
+        CHECK(exs_fcntl(fd, EXS_F_SETDGRAM, EXS_DGRAM_RD) == 0, "set RD");
+        CHECK(exs_fcntl(fd, EXS_F_GETDGRAM) == EXS_DGRAM_RD, "RD set");
+    }
+    return fd;
+}
+
+static int bind_lo(int fd) {
+    struct sockaddr_in a = lo(0);
+    CHECK(exs_bind(fd, (struct sockaddr *)&a, sizeof a) == 0, "bind");
+    socklen_t l = sizeof a;
+    CHECK(exs_getsockname(fd, (struct sockaddr *)&a, &l) == 0, "getsockname");
+    CHECK(l == sizeof a && a.sin_port != 0 && a.sin_addr.s_addr == htonl(INADDR_LOOPBACK),
+          "bound name");
+    return ntohs(a.sin_port);
+}
+
+/* One datagram through exs_recvmsg; the source written to *from. */
+static ssize_t recv_from(int fd, char *buf, size_t len, struct sockaddr_in *from, int *flags) {
+    exs_iovec_t iov = {buf, len, EXS_MHANDLE_UNREGISTERED};
+    exs_msghdr_t m;
+    memset(&m, 0, sizeof m);
+    memset(from, 0, sizeof *from);
+    m.msg_name = from;
+    m.msg_namelen = sizeof *from;
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_flags = -1;
+    CHECK(exs_recvmsg(fd, &m, 0, q, AH(&m)) == 0, "recvmsg");
+    exs_event_t ev = next(EXS_EVT_RECVMSG);
+    CHECK(ev.exs_evt_errno == 0, "recvmsg errno %d", ev.exs_evt_errno);
+    CHECK(ev.exs_evt_union.exs_evt_xfermsg.exs_evt_msg == &m, "event's msghdr");
+    CHECK(m.msg_namelen == sizeof *from && from->sin_family == AF_INET, "source written");
+    CHECK((ev.exs_evt_union.exs_evt_xfermsg.exs_evt_flags & MSG_TRUNC) ==
+              (m.msg_flags & MSG_TRUNC),
+          "MSG_TRUNC in the event and msg_flags agree");
+    *flags = m.msg_flags;
+    return ev.exs_evt_union.exs_evt_xfermsg.exs_evt_nbytes;
+}
+
+/* Two iovecs (the datagram is their concatenation) to `to`. */
+static void send_to(int fd, const char *buf, size_t len, const struct sockaddr_in *to) {
+    size_t half = len / 3;
+    exs_iovec_t iov[2] = {{(void *)buf, half, EXS_MHANDLE_UNREGISTERED},
+                          {(void *)(buf + half), len - half, EXS_MHANDLE_UNREGISTERED}};
+    exs_msghdr_t m;
+    memset(&m, 0, sizeof m);
+    m.msg_name = (void *)to;
+    m.msg_namelen = sizeof *to;
+    m.msg_iov = iov;
+    m.msg_iovlen = 2;
+    CHECK(exs_sendmsg(fd, &m, 0, q, AH(&m)) == 0, "sendmsg %zu", len);
+    exs_event_t ev = next(EXS_EVT_SENDMSG);
+    CHECK(ev.exs_evt_errno == 0, "sendmsg errno %d", ev.exs_evt_errno);
+    CHECK(ev.exs_evt_union.exs_evt_xfermsg.exs_evt_nbytes == (ssize_t)len, "sent %zd of %zu",
+          ev.exs_evt_union.exs_evt_xfermsg.exs_evt_nbytes, len);
+}
+
+static void send1(int fd, const char *s) {
+    CHECK(exs_send(fd, s, strlen(s), 0, q, AH(1), EXS_MHANDLE_UNREGISTERED) == 0, "send");
+    exs_event_t ev = next(EXS_EVT_SEND);
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes == (ssize_t)strlen(s),
+          "send event of \"%s\": errno %d, %zd octets", s, ev.exs_evt_errno,
+          ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes);
+}
+
+static void recv1(int fd, const char *want) {
+    char b[64];
+    memset(b, 0, sizeof b);
+    CHECK(exs_recv(fd, b, sizeof b - 1, 0, q, AH(2), EXS_MHANDLE_UNREGISTERED) == 0, "recv");
+    exs_event_t ev = next(EXS_EVT_RECV);
+    CHECK(ev.exs_evt_errno == 0, "recv errno %d", ev.exs_evt_errno);
+    CHECK(ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes == (ssize_t)strlen(want) &&
+              memcmp(b, want, strlen(want)) == 0,
+          "got \"%s\", want \"%s\"", b, want);
+}
+
+static int server(int wfd) {
+    CHECK(exs_init(EXS_VERSION) == 0, "init");
+    q = exs_qcreate(16);
+    int fd = dsocket();
+    int port = bind_lo(fd);
+    CHECK(write(wfd, &port, sizeof port) == sizeof port, "pipe");
+    char *buf = malloc(BIG);
+    struct sockaddr_in from;
+    int flags;
+    for (size_t k = 0; k < NSIZES; k++) {
+        size_t size = sizes[k];
+        ssize_t n = recv_from(fd, buf, BIG, &from, &flags);
+        CHECK(n == (ssize_t)size, "size %zu: got %zd", size, n);
+        CHECK(!(flags & MSG_TRUNC), "no truncation");
+        for (size_t i = 0; i < size; i++)
+            CHECK((unsigned char)buf[i] == pat(i, size), "size %zu octet %zu", size, i);
+        CHECK(from.sin_addr.s_addr == htonl(INADDR_LOOPBACK) && from.sin_port != 0, "source");
+        send_to(fd, buf, size, &from); /* the echo reaches the client only if the source is right */
+    }
+    /* Truncation: exs_recv with 100 octets of a 1000-octet datagram. */
+    memset(buf, 0, BIG);
+    CHECK(exs_recv(fd, buf, 100, 0, q, AH(3), EXS_MHANDLE_UNREGISTERED) == 0, "recv short");
+    exs_event_t ev = next(EXS_EVT_RECV);
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes == 100,
+          "short recv nbytes %zd", ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes);
+    CHECK(ev.exs_evt_union.exs_evt_xfer.exs_evt_flags & MSG_TRUNC, "MSG_TRUNC in the event");
+    for (size_t i = 0; i < 100; i++) CHECK((unsigned char)buf[i] == pat(i, 1000), "trunc octet");
+    CHECK(buf[100] == 0, "nothing past the receive's length");
+    /* And with exs_recvmsg: 50 octets of the next one. */
+    ssize_t n = recv_from(fd, buf, 50, &from, &flags);
+    CHECK(n == 50 && (flags & MSG_TRUNC), "recvmsg short: %zd, flags %x", n, flags);
+    /* Connected: the server fixes the client as its peer. */
+    CHECK(exs_connect(fd, (struct sockaddr *)&from, sizeof from, q, AH(4)) == 0, "connect");
+    ev = next(EXS_EVT_CONNECT);
+    CHECK(ev.exs_evt_errno == 0, "connect event");
+    struct sockaddr_in p;
+    socklen_t pl = sizeof p;
+    CHECK(exs_getpeername(fd, (struct sockaddr *)&p, &pl) == 0 && p.sin_port == from.sin_port,
+          "peer name");
+    send1(fd, "connected");
+    recv1(fd, "reply");
+    send1(fd, "after");
+    recv1(fd, "bye");
+    CHECK(exs_close(fd) == 0, "close");
+    fprintf(stderr, "server: ok\n");
+    return 0;
+}
+
+static int client(int port) {
+    CHECK(exs_init(EXS_VERSION) == 0, "init");
+    q = exs_qcreate(16);
+    /* Calls that cannot start. */
+    int e = exs_socket(AF_INET, SOCK_DGRAM, 0);
+    CHECK(e >= 0, "socket");
+    FAILS(exs_fcntl(e, EXS_F_SETDGRAM, EXS_DGRAM_WR), EOPNOTSUPP);
+    FAILS(exs_fcntl(e, EXS_F_SETDGRAM, 7), EINVAL);
+    char x[16] = "x";
+    FAILS(exs_send(e, x, 1, 0, q, AH(0), EXS_MHANDLE_UNREGISTERED), EDESTADDRREQ);
+    FAILS(exs_listen(e, 1), EOPNOTSUPP);
+    FAILS(exs_send(e, x, 1, EXS_PERSISTENT, q, AH(0), EXS_MHANDLE_UNREGISTERED), EOPNOTSUPP);
+    struct sockaddr_in pa;
+    socklen_t pl = sizeof pa;
+    FAILS(exs_getpeername(e, (struct sockaddr *)&pa, &pl), ENOTCONN);
+    bind_lo(e);
+    FAILS(exs_fcntl(e, EXS_F_SETDGRAM, EXS_DGRAM_RD), EISCONN);
+    char *huge = calloc(1, BIG + 1);
+    struct sockaddr_in srv = lo(port);
+    exs_iovec_t hv = {huge, BIG + 1, EXS_MHANDLE_UNREGISTERED};
+    exs_msghdr_t hm;
+    memset(&hm, 0, sizeof hm);
+    hm.msg_name = &srv;
+    hm.msg_namelen = sizeof srv;
+    hm.msg_iov = &hv;
+    hm.msg_iovlen = 1;
+    FAILS(exs_sendmsg(e, &hm, 0, q, AH(0)), EMSGSIZE);
+    /* A receive pending at close ends with ECANCELED. */
+    CHECK(exs_recv(e, x, sizeof x, 0, q, AH(9), EXS_MHANDLE_UNREGISTERED) == 0, "recv");
+    CHECK(exs_close(e) == 0, "close");
+    exs_event_t ev = next(EXS_EVT_RECV);
+    CHECK(ev.exs_evt_errno == ECANCELED && ev.exs_evt_ahandle == AH(9), "ECANCELED at close");
+
+    int fd = dsocket();
+    int me = bind_lo(fd);
+    char *buf = malloc(BIG), *back = malloc(BIG);
+    struct sockaddr_in from;
+    int flags;
+    for (size_t k = 0; k < NSIZES; k++) {
+        size_t size = sizes[k];
+        for (size_t i = 0; i < size; i++) buf[i] = (char)pat(i, size);
+        send_to(fd, buf, size, &srv);
+        memset(back, 0, size);
+        ssize_t n = recv_from(fd, back, BIG, &from, &flags);
+        CHECK(n == (ssize_t)size && memcmp(back, buf, size) == 0, "echo of %zu: %zd", size, n);
+        CHECK(from.sin_port == htons((uint16_t)port) &&
+                  from.sin_addr.s_addr == htonl(INADDR_LOOPBACK),
+              "echo's source is the server");
+    }
+    fprintf(stderr, "sizes: %zu datagrams up to %d octets\n", NSIZES, BIG);
+    for (size_t i = 0; i < 1000; i++) buf[i] = (char)pat(i, 1000);
+    send_to(fd, buf, 1000, &srv);
+    send_to(fd, buf, 1000, &srv);
+    /* Connected. */
+    CHECK(exs_connect(fd, (struct sockaddr *)&srv, sizeof srv, q, AH(4)) == 0, "connect");
+    ev = next(EXS_EVT_CONNECT);
+    CHECK(ev.exs_evt_errno == 0, "connect event");
+    recv1(fd, "connected");
+    /* A datagram from another socket is not the connected peer's. */
+    int o = dsocket();
+    struct sockaddr_in mine = lo(me);
+    send_to(o, "stray", 5, &mine);
+    struct timespec pause = {0, 50 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    send1(fd, "reply");
+    recv1(fd, "after");
+    send1(fd, "bye");
+    CHECK(exs_close(o) == 0 && exs_close(fd) == 0, "close");
+    fprintf(stderr, "client: ok\n");
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || (strcmp(argv[1], "ud") && strcmp(argv[1], "rd"))) {
+        fprintf(stderr, "usage: dgram_test ud|rd\n");
+        return 2;
+    }
+    rd = !strcmp(argv[1], "rd");
+    int p[2];
+    CHECK(pipe(p) == 0, "pipe");
+    pid_t pid = fork();
+    CHECK(pid >= 0, "fork");
+    if (pid == 0) {
+        close(p[0]);
+        alarm(60);
+        _exit(server(p[1]));
+    }
+    close(p[1]);
+    int port = 0;
+    CHECK(read(p[0], &port, sizeof port) == sizeof port, "server port");
+    int rc = client(port);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "server status %d", st);
+    return rc;
+}
