@@ -422,7 +422,7 @@ impl Ctx {
             });
         let reference_path = old.as_ref().map(|o| {
             let keep: Vec<PathBuf> = std::env::split_paths(o)
-                .filter(|p| link.as_ref().map_or(true, |l| p != l))
+                .filter(|p| link.as_ref().ok() != Some(p))
                 .collect();
             std::env::join_paths(keep).unwrap_or_default()
         });
