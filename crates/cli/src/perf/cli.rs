@@ -20,7 +20,7 @@ use clap::{ArgMatches, Args, Command, FromArgMatches, Subcommand};
 
 use super::cell::{self, test_by_name, transport_by_name, Kind, Op, TestDef, WaitMode};
 use super::cell::{BASELINES, TESTS, TRANSPORTS};
-use super::{exs, loss, scale, sockets, suite, tcp_cc, Opts, DEFAULT_PORT};
+use super::{exs, loss, middleware, scale, sockets, suite, tcp_cc, Opts, DEFAULT_PORT};
 
 /// `softrdma perf`.
 #[derive(Debug, Args)]
@@ -36,7 +36,8 @@ use super::{exs, loss, scale, sockets, suite, tcp_cc, Opts, DEFAULT_PORT};
         goodput under packet loss between two network namespaces (root); \
         `softrdma perf scale` what one server pays per peer; `softrdma perf sockets` \
         unmodified socket programs under the sockets interposer and rsockets; \
-        `softrdma perf exs` the Extended Sockets API (libexs.so) against plain sockets.\n\n\
+        `softrdma perf exs` the Extended Sockets API (libexs.so) against plain sockets; \
+        `softrdma perf middleware` qperf, fi_pingpong and MPI over softrdma against their references.\n\n\
         Every TCP connection of a run, raw and softrdma's, uses one congestion control \
         algorithm (--tcp-cc), given to every process the run starts.",
     after_long_help = "Exit status: 0 when every cell worked, 1 when a cell failed (the table \
@@ -88,6 +89,10 @@ pub enum PerfCommand {
     /// against raw TCP, the Open Group model against plain send.
     #[command(long_about = exs::ABOUT)]
     Exs(exs::ExsArgs),
+    /// qperf, fi_pingpong and MPI over softrdma next to perftest,
+    /// libfabric's tcp provider and Open MPI over TCP.
+    #[command(long_about = middleware::ABOUT)]
+    Middleware(middleware::MiddlewareArgs),
     /// One raw-socket baseline alone, without its reference.
     #[command(
         long_about = BASELINE_ABOUT,

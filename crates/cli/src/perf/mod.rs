@@ -2,7 +2,7 @@
 //! to a raw-socket baseline measured in the same run.
 //!
 //! Sub-commands: `TEST` (send_lat, write_bw, …), `baseline`, `suite`,
-//! `loss`, `scale`, `sockets`, `exs`; their command line is [`cli`]. Each returns an
+//! `loss`, `scale`, `sockets`, `exs`, `middleware`; their command line is [`cli`]. Each returns an
 //! [`ExitCode`]: 0 when every cell worked, 1 when a cell failed (the table
 //! says which and why), 2 for bad arguments. Errors are printed on stderr
 //! with the reason.
@@ -22,6 +22,7 @@ pub(crate) mod dc;
 pub(crate) mod exs;
 pub(crate) mod hist;
 pub mod loss;
+pub(crate) mod middleware;
 pub(crate) mod mpa_bw;
 pub(crate) mod peers;
 pub mod plot;
@@ -65,6 +66,7 @@ pub fn main(a: PerfArgs) -> ExitCode {
         PerfCommand::Scale(s) => scale::main(s),
         PerfCommand::Sockets(s) => sockets::main(s, a.tcp_cc.first().cloned()),
         PerfCommand::Exs(e) => exs::main(e),
+        PerfCommand::Middleware(m) => middleware::main(m),
         PerfCommand::Server(s) => serve_port(s.port, s.announce),
         PerfCommand::Baseline(b) => {
             let test = cell::test_by_name(&b.name).expect("a possible value");
