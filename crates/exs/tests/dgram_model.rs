@@ -3,17 +3,11 @@
 //! against `include/sys/exs.h` and the library cargo just built). Every
 //! run is bounded by a deadline.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps")
-        .to_path_buf()
-}
+mod common;
 
 fn manifest() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -57,8 +51,7 @@ fn case(mode: &str) -> String {
         std::env::temp_dir().join(format!("softrdma-exs-dgram-{mode}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let lib = target_dir().join("libexs.so");
-    assert!(lib.is_file(), "{} is missing", lib.display());
+    let lib = common::library();
     std::fs::copy(&lib, dir.join("libexs.so.1")).expect("library");
     std::os::unix::fs::symlink("libexs.so.1", dir.join("libexs.so")).expect("link");
     let exe = dir.join("dgram_test");

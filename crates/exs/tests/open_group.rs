@@ -13,24 +13,8 @@ use std::time::{Duration, Instant};
 
 use softrdma_exs_core::abi;
 
-/// `target/<profile>`, from this test's own path (`target/<profile>/deps/…`).
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps")
-        .to_path_buf()
-}
-
-fn library() -> PathBuf {
-    let p = target_dir().join("libexs.so");
-    assert!(
-        p.is_file(),
-        "{} is missing (cargo builds it with the tests)",
-        p.display()
-    );
-    p
-}
+mod common;
+use common::library;
 
 fn manifest() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
