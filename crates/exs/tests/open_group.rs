@@ -7,105 +7,27 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use softrdma_exs_core::abi;
 
 mod common;
-use common::library;
+use common::{compile, install_library, manifest, run, text, Tmp};
 
-fn manifest() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-struct Tmp(PathBuf);
-
-impl Tmp {
-    fn new(name: &str) -> Tmp {
-        let p = std::env::temp_dir().join(format!("softrdma-exs-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).expect("temp dir");
-        Tmp(p)
-    }
-}
-
-impl Drop for Tmp {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Runs `cmd` to completion within `limit`; fails past it.
-fn run(cmd: &mut Command, limit: Duration, what: &str) -> Output {
-    let child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{what} does not start: {e}"));
-    finish(child, limit, what)
-}
-
-/// Waits for `child` at most `limit`; kills it and fails past it.
-fn finish(mut child: Child, limit: Duration, what: &str) -> Output {
-    let end = Instant::now() + limit;
-    loop {
-        if child.try_wait().expect("wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if Instant::now() >= end {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "{what} did not finish in {limit:?}\nstdout: {}\nstderr: {}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// `tmp/lib` as an install lays it out: `libexs.so.1` (the SONAME, what
-/// programs load) and the `libexs.so` link (what `-lexs` finds).
+/// `tmp/lib` as an install lays it out (see [`install_library`]).
 fn lib_dir(tmp: &Path) -> PathBuf {
     let dir = tmp.join("lib");
     std::fs::create_dir_all(&dir).expect("lib dir");
-    std::fs::copy(library(), dir.join("libexs.so.1")).expect("library");
-    let _ = std::fs::remove_file(dir.join("libexs.so"));
-    std::os::unix::fs::symlink("libexs.so.1", dir.join("libexs.so")).expect("link");
+    install_library(&dir);
     dir
 }
 
 /// Compiles `tests/c/exs_test.c` against the header and libexs.so.
 fn build_test(tmp: &Path) -> PathBuf {
     let out = tmp.join("exs_test");
-    let dir = lib_dir(tmp);
-    let dir = dir.as_path();
-    let o = run(
-        Command::new("cc")
-            .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
-            .arg(&out)
-            .arg(manifest().join("tests/c/exs_test.c"))
-            .arg("-I")
-            .arg(manifest().join("include"))
-            .arg("-L")
-            .arg(dir)
-            .arg(format!("-Wl,-rpath,{}", dir.display()))
-            .arg("-lexs"),
-        Duration::from_secs(60),
-        "cc exs_test.c",
-    );
-    assert!(o.status.success(), "compiling exs_test.c: {}", text(&o));
+    compile("exs_test.c", &out, &lib_dir(tmp), &[]);
     out
 }
 

@@ -3,83 +3,28 @@
 //! library cargo just built): the program forks, the child serves on
 //! 127.0.0.1 and the parent connects. Every run is bounded by a deadline.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
 
 mod common;
-
-fn manifest() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// Runs `cmd` within `limit`; kills it and fails past it.
-fn run(cmd: &mut Command, limit: Duration, what: &str) -> Output {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{what} does not start: {e}"));
-    let end = Instant::now() + limit;
-    loop {
-        if child.try_wait().expect("wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if Instant::now() >= end {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "{what} did not finish in {limit:?}\nstdout: {}\nstderr: {}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use common::{compile, install_library, run, text, Tmp};
 
 /// Builds `rdma_test` once per test in its own directory, next to a
 /// `libexs.so.1` copy of the library (the SONAME the program loads).
-fn build(name: &str) -> (PathBuf, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("softrdma-exs-rdma-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let lib = common::library();
-    std::fs::copy(&lib, dir.join("libexs.so.1")).expect("library");
-    std::os::unix::fs::symlink("libexs.so.1", dir.join("libexs.so")).expect("link");
-    let exe = dir.join("rdma_test");
-    let o = run(
-        Command::new("cc")
-            .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
-            .arg(&exe)
-            .arg(manifest().join("tests/c/rdma_test.c"))
-            .arg("-I")
-            .arg(manifest().join("include"))
-            .arg("-L")
-            .arg(&dir)
-            .arg(format!("-Wl,-rpath,{}", dir.display()))
-            .arg("-lexs")
-            .arg("-lpthread"),
-        Duration::from_secs(60),
-        "cc rdma_test.c",
-    );
-    assert!(o.status.success(), "compiling rdma_test.c: {}", text(&o));
-    (dir, exe)
+fn build(name: &str) -> (Tmp, PathBuf) {
+    let tmp = Tmp::new(&format!("rdma-{name}"));
+    install_library(&tmp.0);
+    let exe = tmp.0.join("rdma_test");
+    compile("rdma_test.c", &exe, &tmp.0, &["-lpthread"]);
+    (tmp, exe)
 }
 
 fn case(mode: &str, args: &[&str], limit: Duration) -> String {
-    let (dir, exe) = build(mode);
+    let (tmp, exe) = build(mode);
     let o = run(Command::new(&exe).arg(mode).args(args), limit, mode);
     let t = text(&o);
-    let _ = std::fs::remove_dir_all(dir);
+    drop(tmp);
     assert!(o.status.success(), "rdma_test {mode} failed:\n{t}");
     assert!(t.contains("client: ok"), "no client verdict:\n{t}");
     t

@@ -5,191 +5,84 @@
 //! without the interposer the option is refused with `ENOPROTOOPT`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-/// `target/<profile>`, from this test's own path (`target/<profile>/deps/…`).
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps")
-        .to_path_buf()
-}
-
-fn interposer() -> PathBuf {
-    let p = target_dir().join("libsoftrdma_sockets.so");
-    assert!(
-        p.is_file(),
-        "{} is missing (cargo builds it with the tests)",
-        p.display()
-    );
-    p
-}
-
-fn build_c(tmp: &Path) -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = tmp.join("ddpmode");
-    let st = Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&out)
-        .arg(dir.join("tests/c/ddpmode.c"))
-        .arg("-I")
-        .arg(dir.join("include"))
-        .status()
-        .expect("cc runs");
-    assert!(st.success(), "compiling tests/c/ddpmode.c failed");
-    out
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
+mod common;
+use common::{build_c, finish, free_tcp_port, text, Scratch};
 
 struct Run {
-    tmp: PathBuf,
-    report: PathBuf,
+    scratch: Scratch,
 }
 
 impl Run {
     fn new(name: &str) -> Run {
-        let tmp =
-            std::env::temp_dir().join(format!("softrdma-ddpmode-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(tmp.join("registry")).expect("temp dir");
-        let report = tmp.join("report.txt");
-        Run { tmp, report }
+        Run {
+            scratch: Scratch::new(&format!("ddpmode-{name}")),
+        }
+    }
+
+    fn build(&self) -> PathBuf {
+        build_c(&self.scratch.dir, "ddpmode", &[])
     }
 
     fn cmd(&self, exe: &Path, args: &[&str], interposed: bool) -> Command {
-        let mut c = Command::new(exe);
-        c.args(args)
-            .env("SOFTRDMA_SOCKETS", "ddpmode")
-            .env("SOFTRDMA_SOCKETS_DIR", self.tmp.join("registry"))
-            .env("SOFTRDMA_SOCKETS_REPORT", &self.report)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if interposed {
-            c.env("LD_PRELOAD", interposer());
-        }
+        let mut c = self.scratch.command(exe, interposed);
+        c.args(args).env("SOFTRDMA_SOCKETS", "ddpmode");
         c
     }
 
     fn rc_conns(&self) -> u64 {
-        std::fs::read_to_string(&self.report)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| {
-                l.split_whitespace()
-                    .find_map(|f| f.strip_prefix("rc_conns="))
-            })
-            .map(|v| v.parse::<u64>().expect("a count"))
-            .sum()
+        self.scratch.report_sum("rc_conns")
     }
-}
 
-impl Drop for Run {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.tmp);
+    /// Runs an interposed server and an interposed client started as
+    /// `client`; their outputs, both successful.
+    fn pair(&self, client: &str) -> (String, String) {
+        let exe = self.build();
+        let port = free_tcp_port().to_string();
+        // The server accepts one connection: no probe, a pause instead.
+        let server = self
+            .cmd(&exe, &["server", &port], true)
+            .spawn()
+            .expect("server starts");
+        std::thread::sleep(Duration::from_millis(300));
+        let client = self
+            .cmd(&exe, &[client, &port], true)
+            .spawn()
+            .expect("client starts");
+        let c = finish(client, Duration::from_secs(30), "client");
+        let s = finish(server, Duration::from_secs(30), "server");
+        assert!(c.status.success(), "client: {}", text(&c));
+        assert!(s.status.success(), "server: {}", text(&s));
+        (text(&s), text(&c))
     }
-}
-
-/// Waits for `child` at most `limit`; kills it and fails past it.
-fn finish(mut child: Child, limit: Duration, what: &str) -> Output {
-    let end = Instant::now() + limit;
-    loop {
-        if child.try_wait().expect("wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if Instant::now() >= end {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "{what} did not finish in {limit:?}\nstdout: {}\nstderr: {}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 #[test]
 fn both_ends_switch_and_the_data_goes_over_rc() {
     let run = Run::new("both");
-    let exe = build_c(&run.tmp);
-    let port = free_port();
-    // The server accepts one connection: no probe, a pause instead.
-    let server = run
-        .cmd(&exe, &["server", &port.to_string()], true)
-        .spawn()
-        .expect("server starts");
-    std::thread::sleep(Duration::from_millis(300));
-    let client = run
-        .cmd(&exe, &["client", &port.to_string()], true)
-        .spawn()
-        .expect("client starts");
-    let c = finish(client, Duration::from_secs(30), "client");
-    let s = finish(server, Duration::from_secs(30), "server");
-    assert!(c.status.success(), "client: {}", text(&c));
-    assert!(s.status.success(), "server: {}", text(&s));
-    assert!(
-        text(&s).contains("switch: ok, DDPMODE reads 1"),
-        "{}",
-        text(&s)
-    );
-    assert!(text(&s).contains("octets intact"), "{}", text(&s));
-    assert!(
-        text(&c).contains("switch: ok, DDPMODE reads 1"),
-        "{}",
-        text(&c)
-    );
+    let (s, c) = run.pair("client");
+    assert!(s.contains("switch: ok, DDPMODE reads 1"), "{s}");
+    assert!(s.contains("octets intact"), "{s}");
+    assert!(c.contains("switch: ok, DDPMODE reads 1"), "{c}");
     assert_eq!(run.rc_conns(), 2, "both ends count one RC connection");
 }
 
 #[test]
 fn a_peer_that_does_not_switch_leaves_the_socket_plain() {
     let run = Run::new("noswitch");
-    let exe = build_c(&run.tmp);
-    let port = free_port();
-    let server = run
-        .cmd(&exe, &["server", &port.to_string()], true)
-        .spawn()
-        .expect("server starts");
-    std::thread::sleep(Duration::from_millis(300));
-    let client = run
-        .cmd(&exe, &["noswitch-client", &port.to_string()], true)
-        .spawn()
-        .expect("client starts");
-    let c = finish(client, Duration::from_secs(30), "client");
-    let s = finish(server, Duration::from_secs(30), "server");
-    assert!(c.status.success(), "client: {}", text(&c));
-    assert!(s.status.success(), "server: {}", text(&s));
-    assert!(
-        text(&s).contains("peer did not switch; plain data intact"),
-        "{}",
-        text(&s)
-    );
+    let (s, _) = run.pair("noswitch-client");
+    assert!(s.contains("peer did not switch; plain data intact"), "{s}");
     assert_eq!(run.rc_conns(), 0, "nothing went over RC");
 }
 
 #[test]
 fn without_the_interposer_the_option_is_refused() {
     let run = Run::new("none");
-    let exe = build_c(&run.tmp);
+    let exe = run.build();
     // A client alone: its switch fails with ENOPROTOOPT from the kernel.
-    let port = free_port();
+    let port = free_tcp_port();
     let l = std::net::TcpListener::bind(("127.0.0.1", port)).expect("listener");
     let client = run
         .cmd(&exe, &["client", &port.to_string()], false)

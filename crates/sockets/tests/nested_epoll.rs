@@ -8,133 +8,43 @@
 //! semantics.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Duration;
 
-/// `target/<profile>`, from this test's own path (`target/<profile>/deps/…`).
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps")
-        .to_path_buf()
-}
-
-fn interposer() -> PathBuf {
-    let p = target_dir().join("libsoftrdma_sockets.so");
-    assert!(
-        p.is_file(),
-        "{} is missing (cargo builds it with the tests)",
-        p.display()
-    );
-    p
-}
-
-fn build_c(tmp: &Path) -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = tmp.join("nested_epoll");
-    let st = Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-pthread", "-o"])
-        .arg(&out)
-        .arg(dir.join("tests/c/nested_epoll.c"))
-        .arg("-I")
-        .arg(dir.join("include"))
-        .status()
-        .expect("cc runs");
-    assert!(st.success(), "compiling tests/c/nested_epoll.c failed");
-    out
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
+mod common;
+use common::{build_c, finish, free_tcp_port, text, Scratch};
 
 struct Run {
-    tmp: PathBuf,
-    report: PathBuf,
+    scratch: Scratch,
 }
 
 impl Run {
     fn new(name: &str) -> Run {
-        let tmp = std::env::temp_dir().join(format!(
-            "softrdma-nested-epoll-{name}-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(tmp.join("registry")).expect("temp dir");
-        let report = tmp.join("report.txt");
-        Run { tmp, report }
+        Run {
+            scratch: Scratch::new(&format!("nested-epoll-{name}")),
+        }
+    }
+
+    fn build(&self) -> PathBuf {
+        build_c(&self.scratch.dir, "nested_epoll", &["-pthread"])
     }
 
     fn cmd(&self, exe: &Path, args: &[&str], interposed: bool) -> Command {
-        let mut c = Command::new(exe);
-        c.args(args)
-            .env("SOFTRDMA_SOCKETS_DIR", self.tmp.join("registry"))
-            .env("SOFTRDMA_SOCKETS_REPORT", &self.report)
-            .env_remove("SOFTRDMA_SOCKETS")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if interposed {
-            c.env("LD_PRELOAD", interposer());
-        }
+        let mut c = self.scratch.command(exe, interposed);
+        c.args(args).env_remove("SOFTRDMA_SOCKETS");
         c
     }
 
     /// The `rc_conns=` totals of the processes' exit reports.
     fn rc_conns(&self) -> u64 {
-        std::fs::read_to_string(&self.report)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| {
-                l.split_whitespace()
-                    .find_map(|f| f.strip_prefix("rc_conns="))
-            })
-            .map(|v| v.parse::<u64>().expect("a count"))
-            .sum()
+        self.scratch.report_sum("rc_conns")
     }
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.tmp);
-    }
-}
-
-/// Waits for `child` at most `limit`; kills it and fails past it.
-fn finish(mut child: Child, limit: Duration, what: &str) -> Output {
-    let end = Instant::now() + limit;
-    loop {
-        if child.try_wait().expect("wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if Instant::now() >= end {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "{what} did not finish in {limit:?}\nstdout: {}\nstderr: {}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Runs server and client; returns their outputs.
 fn pair(run: &Run, interposed: bool) -> (Output, Output) {
-    let exe = build_c(&run.tmp);
-    let port = free_port().to_string();
+    let exe = run.build();
+    let port = free_tcp_port().to_string();
     let mut server = run
         .cmd(&exe, &["server", &port], interposed)
         .spawn()

@@ -5,23 +5,11 @@
 //! interposed server untouched.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps")
-        .to_path_buf()
-}
-
-fn interposer() -> PathBuf {
-    let p = target_dir().join("libsoftrdma_sockets.so");
-    assert!(p.is_file(), "{} is missing", p.display());
-    p
-}
+mod common;
+use common::{free_tcp_port, wait_for, Scratch};
 
 fn have_socat() -> bool {
     Command::new("socat")
@@ -47,42 +35,13 @@ fn need_socat() -> bool {
     false
 }
 
-struct Tmp(PathBuf);
-
-impl Tmp {
-    fn new(name: &str) -> Tmp {
-        let p = std::env::temp_dir().join(format!("softrdma-peer-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(p.join("registry")).expect("temp dir");
-        Tmp(p)
-    }
-}
-
-impl Drop for Tmp {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
-fn socat(tmp: &Tmp, interposed: bool, args: &[&str]) -> Child {
-    let mut c = Command::new("socat");
-    c.args(args)
-        .env("SOFTRDMA_SOCKETS_DIR", tmp.0.join("registry"))
-        .env("SOFTRDMA_SOCKETS_REPORT", tmp.0.join("report"))
+fn socat(tmp: &Scratch, interposed: bool, args: &[&str]) -> Child {
+    tmp.command("socat", interposed)
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    if interposed {
-        c.env("LD_PRELOAD", interposer());
-    }
-    c.spawn().expect("socat starts")
+        .spawn()
+        .expect("socat starts")
 }
 
 fn wait_listening(port: u16) {
@@ -101,37 +60,29 @@ fn wait_listening(port: u16) {
     }
 }
 
-/// Waits for `child` at most `limit`; `None` (and killed) past it.
-fn wait_for(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
-    let end = Instant::now() + limit;
-    loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            return Some(s);
-        }
-        if Instant::now() >= end {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn stderr_of(child: Child) -> String {
     let out = child.wait_with_output().expect("output");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-fn rc_conns(tmp: &Tmp) -> u64 {
-    std::fs::read_to_string(tmp.0.join("report"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            l.split_whitespace()
-                .find_map(|f| f.strip_prefix("rc_conns="))
-        })
-        .map(|v| v.parse::<u64>().expect("a count"))
-        .sum()
+/// An interposed socat reading a connection into `/dev/null` and another
+/// writing `/dev/zero` into it, left streaming for 0.7 s: (reader, writer).
+fn streaming_pair(tmp: &Scratch) -> (Child, Child) {
+    let port = free_tcp_port();
+    let listen = format!("TCP-LISTEN:{port},reuseaddr");
+    let server = socat(tmp, true, &["-u", &listen, "OPEN:/dev/null"]);
+    wait_listening(port);
+    let client = socat(
+        tmp,
+        true,
+        &["-u", "OPEN:/dev/zero", &format!("TCP:127.0.0.1:{port}")],
+    );
+    std::thread::sleep(Duration::from_millis(700));
+    (server, client)
+}
+
+fn rc_conns(tmp: &Scratch) -> u64 {
+    tmp.report_sum("rc_conns")
 }
 
 #[test]
@@ -139,17 +90,8 @@ fn a_killed_writer_ends_the_reader_with_end_of_file() {
     if !need_socat() {
         return;
     }
-    let tmp = Tmp::new("writer");
-    let port = free_port();
-    let listen = format!("TCP-LISTEN:{port},reuseaddr");
-    let mut server = socat(&tmp, true, &["-u", &listen, "OPEN:/dev/null"]);
-    wait_listening(port);
-    let mut client = socat(
-        &tmp,
-        true,
-        &["-u", "OPEN:/dev/zero", &format!("TCP:127.0.0.1:{port}")],
-    );
-    std::thread::sleep(Duration::from_millis(700));
+    let tmp = Scratch::new("peer-writer");
+    let (mut server, mut client) = streaming_pair(&tmp);
     client.kill().expect("kill the writer");
     let _ = client.wait();
     let st = wait_for(&mut server, Duration::from_secs(10));
@@ -166,17 +108,8 @@ fn a_killed_reader_fails_the_writer_with_epipe() {
     if !need_socat() {
         return;
     }
-    let tmp = Tmp::new("reader");
-    let port = free_port();
-    let listen = format!("TCP-LISTEN:{port},reuseaddr");
-    let mut server = socat(&tmp, true, &["-u", &listen, "OPEN:/dev/null"]);
-    wait_listening(port);
-    let mut client = socat(
-        &tmp,
-        true,
-        &["-u", "OPEN:/dev/zero", &format!("TCP:127.0.0.1:{port}")],
-    );
-    std::thread::sleep(Duration::from_millis(700));
+    let tmp = Scratch::new("peer-reader");
+    let (mut server, mut client) = streaming_pair(&tmp);
     server.kill().expect("kill the reader");
     let _ = server.wait();
     let st = wait_for(&mut client, Duration::from_secs(10));
@@ -193,9 +126,9 @@ fn a_plain_clients_bytes_reach_an_interposed_server_untouched() {
     if !need_socat() {
         return;
     }
-    let tmp = Tmp::new("junk");
-    let port = free_port();
-    let out = tmp.0.join("got");
+    let tmp = Scratch::new("peer-junk");
+    let port = free_tcp_port();
+    let out = tmp.dir.join("got");
     let listen = format!("TCP-LISTEN:{port},reuseaddr");
     let mut server = socat(
         &tmp,

@@ -3,59 +3,30 @@
 //! UD multicast, each delivered once; without it they stay the kernel's,
 //! also delivered once.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
 
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps")
-        .to_path_buf()
-}
-
-fn interposer() -> PathBuf {
-    let p = target_dir().join("libsoftrdma_sockets.so");
-    assert!(p.is_file(), "{} is missing", p.display());
-    p
-}
+mod common;
+use common::{build_c, finish, text, Scratch};
 
 struct Run {
-    tmp: PathBuf,
-    report: PathBuf,
+    scratch: Scratch,
     exe: PathBuf,
 }
 
 impl Run {
     fn new(name: &str) -> Run {
-        let tmp =
-            std::env::temp_dir().join(format!("softrdma-udp-mcast-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(tmp.join("registry")).expect("temp dir");
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let exe = tmp.join("udp_mcast");
-        let st = Command::new("cc")
-            .args(["-O1", "-Wall", "-Werror", "-o"])
-            .arg(&exe)
-            .arg(dir.join("tests/c/udp_mcast.c"))
-            .status()
-            .expect("cc runs");
-        assert!(st.success(), "compiling tests/c/udp_mcast.c failed");
-        let report = tmp.join("report.txt");
-        Run { tmp, report, exe }
+        let scratch = Scratch::new(&format!("udp-mcast-{name}"));
+        let exe = build_c(&scratch.dir, "udp_mcast", &[]);
+        Run { scratch, exe }
     }
 
     fn cmd(&self, args: &[&str], mcast: bool) -> Command {
-        let mut c = Command::new(&self.exe);
+        let mut c = self.scratch.command(&self.exe, true);
         c.args(args)
-            .env("LD_PRELOAD", interposer())
-            .env("SOFTRDMA_SOCKETS_DIR", self.tmp.join("registry"))
-            .env("SOFTRDMA_SOCKETS_REPORT", &self.report)
             .env_remove("SOFTRDMA_SOCKETS")
-            .env_remove("SOFTRDMA_SOCKETS_UDP")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .env_remove("SOFTRDMA_SOCKETS_UDP");
         if mcast {
             c.env("SOFTRDMA_SOCKETS_MCAST", "ud");
         } else {
@@ -65,15 +36,7 @@ impl Run {
     }
 
     fn ud_tx_bytes(&self) -> u64 {
-        std::fs::read_to_string(&self.report)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| {
-                l.split_whitespace()
-                    .find_map(|f| f.strip_prefix("ud_tx_bytes="))
-            })
-            .map(|v| v.parse::<u64>().expect("a count"))
-            .sum()
+        self.scratch.report_sum("ud_tx_bytes")
     }
 
     /// One receiver and one sender on a group of their own; the
@@ -101,35 +64,6 @@ impl Run {
         assert!(r.status.success(), "receiver: {}", text(&r));
         text(&r)
     }
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.tmp);
-    }
-}
-
-fn finish(mut child: Child, limit: Duration, what: &str) -> Output {
-    let end = Instant::now() + limit;
-    loop {
-        if child.try_wait().expect("wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if Instant::now() >= end {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!("{what} did not finish in {limit:?}: {}", text(&out));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 fn each_once(r: &str) {

@@ -9,100 +9,42 @@
 //! lost inside a message, which loopback does not lose and the engine
 //! has no switch to inject, so it is not exercised here.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
 
-/// `target/<profile>`, from this test's own path (`target/<profile>/deps/…`).
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps")
-        .to_path_buf()
-}
-
-fn interposer() -> PathBuf {
-    let p = target_dir().join("libsoftrdma_sockets.so");
-    assert!(
-        p.is_file(),
-        "{} is missing (cargo builds it with the tests)",
-        p.display()
-    );
-    p
-}
-
-fn build_c(tmp: &Path) -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = tmp.join("udp_wr");
-    let st = Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&out)
-        .arg(dir.join("tests/c/udp_wr.c"))
-        .arg("-I")
-        .arg(dir.join("include"))
-        .status()
-        .expect("cc runs");
-    assert!(st.success(), "compiling tests/c/udp_wr.c failed");
-    out
-}
-
-fn free_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .expect("a free port")
-        .port()
-}
+mod common;
+use common::{build_c, finish, free_udp_port, text, Scratch};
 
 struct Run {
-    tmp: PathBuf,
-    report: PathBuf,
+    scratch: Scratch,
     exe: PathBuf,
 }
 
 impl Run {
     fn new(name: &str) -> Run {
-        let tmp =
-            std::env::temp_dir().join(format!("softrdma-udp-wr-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(tmp.join("registry")).expect("temp dir");
-        let report = tmp.join("report.txt");
-        let exe = build_c(&tmp);
-        Run { tmp, report, exe }
+        let scratch = Scratch::new(&format!("udp-wr-{name}"));
+        let exe = build_c(&scratch.dir, "udp_wr", &[]);
+        Run { scratch, exe }
     }
 
     fn cmd(&self, args: &[&str], interposed: bool) -> Command {
-        let mut c = Command::new(&self.exe);
+        let mut c = self.scratch.command(&self.exe, interposed);
         c.args(args)
-            .env("SOFTRDMA_SOCKETS_DIR", self.tmp.join("registry"))
-            .env("SOFTRDMA_SOCKETS_REPORT", &self.report)
             .env_remove("SOFTRDMA_SOCKETS")
-            .env_remove("SOFTRDMA_SOCKETS_UDP")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if interposed {
-            c.env("LD_PRELOAD", interposer());
-        }
+            .env_remove("SOFTRDMA_SOCKETS_UDP");
         c
     }
 
     /// UD octets sent, summed over the processes' exit reports.
     fn ud_tx_bytes(&self) -> u64 {
-        std::fs::read_to_string(&self.report)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| {
-                l.split_whitespace()
-                    .find_map(|f| f.strip_prefix("ud_tx_bytes="))
-            })
-            .map(|v| v.parse::<u64>().expect("a count"))
-            .sum()
+        self.scratch.report_sum("ud_tx_bytes")
     }
 
     /// Runs a server choosing `st` and a client choosing `ct` (`env`: the
     /// client's `SOFTRDMA_SOCKETS_UDP`); their outputs, both successful.
     fn pair(&self, st: &str, ct: &str, env: Option<&str>) -> (String, String) {
-        let port = free_port().to_string();
+        let port = free_udp_port().to_string();
         let server = self
             .cmd(&["server", &port, st], true)
             .spawn()
@@ -122,40 +64,6 @@ impl Run {
         assert!(so.contains("server: echoed 360 datagrams"), "{so}");
         (so, co)
     }
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.tmp);
-    }
-}
-
-/// Waits for `child` at most `limit`; kills it and fails past it.
-fn finish(mut child: Child, limit: Duration, what: &str) -> Output {
-    let end = Instant::now() + limit;
-    loop {
-        if child.try_wait().expect("wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if Instant::now() >= end {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "{what} did not finish in {limit:?}\nstdout: {}\nstderr: {}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// The counts a `records` line of `who` shows: sent, received, partial.
@@ -197,7 +105,7 @@ fn both_ends_choose_write_record() {
 #[test]
 fn an_outrun_receiver_loses_but_never_corrupts() {
     let run = Run::new("wr-blast");
-    let port = free_port().to_string();
+    let port = free_udp_port().to_string();
     let server = run
         .cmd(&["sink", &port, "wr"], true)
         .spawn()
