@@ -9,9 +9,10 @@
 //! * **latency**: RDMA-model ping-pong (`SOCK_SEQPACKET`) at 1, 10 and
 //!   100 B, one-way µs, for normal transfers (small-packet size 0:
 //!   advertisement, RDMA Read, ACK), immediate data (the default
-//!   small-packet size) and persistent transfers (`EXS_PERSISTENT` on
-//!   every send and receive; a library that answers `EOPNOTSUPP` makes the
-//!   cell "not built", which is not a failure);
+//!   small-packet size) and persistent transfers (the server sends one
+//!   block with `EXS_PERSISTENT` and stays passive; each of the client's
+//!   receives is one RDMA Read of it, round trip halved; a library that
+//!   answers `EOPNOTSUPP` makes the cell "not built", not a failure);
 //! * **blast**: the same bytes at each message size over the RDMA model
 //!   (a window of sends in flight) and over a raw TCP stream (blocking
 //!   `send(2)` into a `recv(2)` sink), with each side's CPU (`getrusage`

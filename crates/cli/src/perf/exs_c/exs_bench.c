@@ -189,6 +189,37 @@ static void pingpong(int fd, int client, long n, unsigned char *b, exs_mhandle_t
     }
 }
 
+/* Persistent: the server sends one 100-octet block with EXS_PERSISTENT
+ * and stays passive until the client closes; each of the client's
+ * receives is then one RDMA Read of that block, whose round trip, halved,
+ * is the one-way figure (the server's CPU takes no part). */
+static void persistent_lat(int fd, int client, long n, unsigned char *b, exs_mhandle_t mh) {
+    if (!client) {
+        memset(b, 5, 100);
+        if (exs_send(fd, b, 100, EXS_PERSISTENT, q, AH(3), mh) != 0) {
+            if (errno == EOPNOTSUPP) not_built("persistent");
+            CHECK(0, "persistent exs_send");
+        }
+        next(EXS_EVT_SEND);
+        CHECK(exs_recv(fd, b + 4096, 1, 0, q, AH(4), mh) == 0, "exs_recv (the close)");
+        exs_event_t ev = next(EXS_EVT_RECV);
+        CHECK(ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes == 0, "end of stream");
+        return;
+    }
+    for (unsigned s = 0; s < sizeof lat_sizes / sizeof lat_sizes[0]; s++) {
+        size_t len = lat_sizes[s];
+        double t0 = 0;
+        for (long i = -100; i < n; i++) {
+            if (i == 0) t0 = now_s();
+            CHECK(exs_recv(fd, b + 4096, len, 0, q, AH(1), mh) == 0, "exs_recv (pull)");
+            exs_event_t ev = next(EXS_EVT_RECV);
+            CHECK(ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes == (long)len, "pulled %zu", len);
+        }
+        CHECK(b[4096] == 5 && b[4096 + len - 1] == 5, "pulled data");
+        printf("lat persistent %zu %.3f\n", len, (now_s() - t0) * 1e6 / (double)n / 2);
+    }
+}
+
 static int lat(int server, int port_fd, const char *kind, long n) {
     int flags = 0, small = -1;
     if (!strcmp(kind, "normal")) small = 0;
@@ -206,7 +237,10 @@ static int lat(int server, int port_fd, const char *kind, long n) {
     }
     exs_mhandle_t mh = exs_mregister(b, sizeof b, 0);
     CHECK(mh != EXS_MHANDLE_INVALID, "exs_mregister");
-    pingpong(fd, !server, n, b, mh, kind, flags);
+    if (flags & EXS_PERSISTENT)
+        persistent_lat(fd, !server, n, b, mh);
+    else
+        pingpong(fd, !server, n, b, mh, kind, flags);
     exs_close(fd);
     return 0;
 }
