@@ -145,19 +145,33 @@ fn taken() -> &'static Mutex<Vec<u16>> {
     &TAKEN
 }
 
-/// A port the kernel picked (bound on port 0, then released) that no
-/// other test of this binary got.
-fn free_port(udp: bool) -> u16 {
+/// A port free for both TCP and UDP on 127.0.0.1 that no other test of
+/// this binary got, taken below the kernel's ephemeral range
+/// (`ip_local_port_range`): a port the kernel handed out for port 0 is
+/// handed out again — to another test's client, to a datagram QP's own
+/// socket — before the program under test binds it ("Address already in
+/// use"), while ports below the range go only to those who name them.
+/// `_udp` is kept for the callers: every port is free for both.
+fn free_port(_udp: bool) -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (first, last) = (10_000u16, low.saturating_sub(1).max(10_001));
+    let span = u64::from(last - first);
+    let mut x = u64::from(std::process::id()) << 16 | 0x9e37;
     loop {
-        let port = if udp {
-            UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr())
-        } else {
-            TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr())
-        }
-        .expect("bind port 0")
-        .port();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let port = first + (x % span) as u16;
         let mut t = taken().lock().unwrap_or_else(|e| e.into_inner());
-        if !t.contains(&port) {
+        if t.contains(&port) {
+            continue;
+        }
+        let tcp = TcpListener::bind(("127.0.0.1", port)).is_ok();
+        let udp = UdpSocket::bind(("127.0.0.1", port)).is_ok();
+        if tcp && udp {
             t.push(port);
             return port;
         }
