@@ -650,12 +650,10 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         let Ok(e) = engine() else {
             return fail(IBV_REREG_MR_ERR_CMD, libc::ENODEV);
         };
-        // SAFETY: an MR of ours (Box::into_raw in reg_mr_internal), not freed
-        // while the application still calls with it.
+        // SAFETY: an MR of ours (Box::into_raw in reg_mr_internal), live while the app calls.
         let m = unsafe { &mut *(mr as *mut MrObj) };
         let range = translation.then_some((addr as *mut u8, len, addr as u64));
-        // SAFETY: per the verbs contract the new range stays valid until
-        // ibv_dereg_mr, which deregisters it first.
+        // SAFETY: per the verbs contract the new range stays valid until ibv_dereg_mr.
         let r = unsafe { e.registry().reregister(m.stag, range, new_access, new_pd) };
         match r {
             Ok(()) => {
@@ -815,8 +813,7 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
         }
         match c.engine.resize(cqe as usize) {
             Ok(()) => {
-                // SAFETY: the CQ's own field, which the application reads
-                // only between its own calls.
+                // SAFETY: the CQ's own field, read by the application only between its calls.
                 unsafe { (*c.cq.get()).cqe = cqe };
                 0
             }

@@ -44,8 +44,9 @@ impl Pages {
         if len == 0 {
             return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
         }
-        // SAFETY: a new anonymous mapping chosen by the kernel; no existing
-        // memory is affected; the result is checked.
+        // A new anonymous mapping chosen by the kernel: no existing memory
+        // is affected, and the result is checked.
+        // SAFETY: no pointer of ours is passed; the kernel picks the address.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -82,8 +83,8 @@ impl Pages {
 
 impl Drop for Pages {
     fn drop(&mut self) {
-        // SAFETY: the mapping made in `zeroed`, unmapped once; whoever
-        // registered it deregistered it first (the owner's contract).
+        // Whoever registered the mapping deregistered it first (the owner's contract).
+        // SAFETY: the mapping made in `zeroed`, unmapped once, here.
         unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len) };
     }
 }

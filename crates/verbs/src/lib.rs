@@ -162,7 +162,6 @@ impl ProtectionDomain {
         match stag {
             Ok(stag) => Ok(MemoryRegion {
                 ctx: self.ctx.clone(),
-                ptr: mem.as_ptr(),
                 mem,
                 stag,
             }),
@@ -350,18 +349,10 @@ impl SharedReceiveQueue {
 #[derive(Debug)]
 pub struct MemoryRegion {
     ctx: engine::Context,
-    ptr: *mut u8,
     /// The memory; dropped after `Drop::drop` deregistered it.
     mem: engine::Pages,
     stag: u32,
 }
-
-// SAFETY: the region is plain memory reached only through raw-pointer copies
-// (never through references), so sharing the handle between threads is no
-// more than sharing the address; the registry synchronises its own state.
-unsafe impl Send for MemoryRegion {}
-// SAFETY: as above.
-unsafe impl Sync for MemoryRegion {}
 
 /// An access outside a memory region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -370,7 +361,7 @@ pub struct OutOfBounds;
 impl MemoryRegion {
     /// The start address (what work requests and peers use).
     pub fn addr(&self) -> u64 {
-        self.ptr as u64
+        self.mem.as_ptr() as u64
     }
 
     /// Length in octets.
@@ -413,7 +404,7 @@ impl MemoryRegion {
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<(), OutOfBounds> {
         self.check(offset, data.len())?;
         // SAFETY: the range is inside our live allocation; no reference to the region exists, so a concurrent peer write only races contents.
-        unsafe { std::ptr::copy(data.as_ptr(), self.ptr.add(offset), data.len()) };
+        unsafe { std::ptr::copy(data.as_ptr(), self.mem.as_ptr().add(offset), data.len()) };
         Ok(())
     }
 
@@ -421,7 +412,7 @@ impl MemoryRegion {
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<(), OutOfBounds> {
         self.check(offset, out.len())?;
         // SAFETY: as in `write_at`.
-        unsafe { std::ptr::copy(self.ptr.add(offset), out.as_mut_ptr(), out.len()) };
+        unsafe { std::ptr::copy(self.mem.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
         Ok(())
     }
 
@@ -430,7 +421,7 @@ impl MemoryRegion {
     pub fn read_volatile(&self, offset: usize) -> Result<u8, OutOfBounds> {
         self.check(offset, 1)?;
         // SAFETY: in bounds of our live allocation.
-        Ok(unsafe { std::ptr::read_volatile(self.ptr.add(offset)) })
+        Ok(unsafe { std::ptr::read_volatile(self.mem.as_ptr().add(offset)) })
     }
 }
 
