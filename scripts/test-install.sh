@@ -151,6 +151,23 @@ EOF
 }
 check "libexs and its header installed, a program via pkg-config" exs_library
 
+# The credit blast at its full size, 10^6 small messages with 256 queued per
+# side, against the installed (release) library: a lost message or a Send
+# that finds no posted receive (iWARP has no receiver-not-ready retry) ends
+# the run. The cargo tests run it with 50 000 against their debug build.
+exs_blast() {
+    # shellcheck disable=SC2046
+    cc -O1 -Wall -Werror -o "$work/rdma_test" crates/exs/tests/c/rdma_test.c \
+        $(pkg-config --cflags --libs exs) -lpthread || return 1
+    local out
+    out=$(timeout -k 5 240 env LD_LIBRARY_PATH="$prefix/lib" "$work/rdma_test" credits 1000000 2>&1) ||
+        { printf '%s\n' "$out"; echo "rdma_test credits 1000000 failed"; return 1; }
+    printf '%s\n' "$out"
+    grep -q 'blast: 1000000 messages' <<<"$out" && grep -q 'server: ok' <<<"$out" &&
+        grep -q 'client: ok' <<<"$out"
+}
+check "libexs credit blast, 10^6 messages, no receiver overrun" exs_blast
+
 help_text() {
     out_has 'Usage' "$prefix/bin/softrdma" --help &&
         out_has 'Usage' "$prefix/bin/softrdma" run --help &&
