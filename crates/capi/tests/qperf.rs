@@ -2,7 +2,7 @@
 //! `softrdma run`: a server and a client process on loopback, every RDMA
 //! test qperf has (XRC aside: Debian's build has none), at message sizes
 //! from 1 octet to 1 MiB, in qperf's default connection mode, and the RC
-//! tests that do not stream also over rdma_cm (`-cm1`).
+//! tests also over rdma_cm (`-cm1`).
 //!
 //! That mode is IB-style: each side sends its LID, QPN, PSN, rkey and
 //! address over qperf's own TCP socket and moves its QP with
@@ -136,6 +136,7 @@ fn qperf_rc_atomics() {
 /// instead of IB-style. The server binds its rdma_cm id to port 0 and
 /// sends the client the port `rdma_get_src_port` reports before it
 /// listens, so the bind must choose the port, as the kernel's does.
+/// (qperf connects UC and UD QPs IB-style whatever `-cm` says.)
 #[test]
 fn qperf_rdma_cm() {
     qperf_with(
@@ -143,11 +144,30 @@ fn qperf_rdma_cm() {
         &[
             "rc_lat",
             "rc_rdma_write_lat",
+            "rc_rdma_write_poll_lat",
             "rc_rdma_read_lat",
             "rc_rdma_read_bw",
         ],
-        &["1", "64K"],
+        SIZES,
     );
+    qperf_with(&["-cm1"], &["rc_compare_swap_mr", "rc_fetch_add_mr"], &[]);
+    qperf_with(
+        &["-cm1"],
+        &["ver_rc_compare_swap", "ver_rc_fetch_add"],
+        &["8", "64K"],
+    );
+}
+
+/// The streaming tests over rdma_cm. qperf asks for receiver-not-ready
+/// retries (`rnr_retry_count` 7), so its QPs wait for receives as
+/// InfiniBand's do (below); its client ends each test with
+/// `rdma_disconnect` while the server's receive path may be waiting for
+/// a receive it will never post, and the server waits for the
+/// disconnect: the waiting end must see its peer go although it does
+/// not read the socket.
+#[test]
+fn qperf_rdma_cm_streaming() {
+    qperf_with(&["-cm1"], &["rc_bw", "rc_bi_bw", "rc_rdma_write_bw"], SIZES);
 }
 
 /// Streaming tests: the sender posts up to 1024 messages ahead, and the

@@ -32,6 +32,7 @@ pub mod mr;
 mod progress;
 pub mod qp;
 pub mod rawudp;
+mod reaper;
 pub mod srq;
 mod sys;
 pub use sys::sockaddr_of;

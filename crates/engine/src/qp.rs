@@ -123,6 +123,8 @@ struct Link {
     /// progress thread watches the socket through `QpShared::park_held`
     /// (never readable).
     rx_held: bool,
+    /// While held: when the peer's close was first seen (`HELD_EOF_GRACE`).
+    held_eof: Option<Instant>,
 }
 
 pub(crate) struct QpCore {
@@ -178,8 +180,8 @@ pub struct QpShared {
     write_placed: AtomicBool,
     /// A Send without receive waits ([`Qp::set_rnr_wait`]).
     rnr_wait: AtomicBool,
-    /// The receive path waits for a receive from an SRQ: the timer looks
-    /// again (`QpShared::rx_interest`).
+    /// The receive path waits for a receive: the timer looks again for
+    /// one (SRQ) and for a reset (`QpShared::rx_interest`).
     rnr_timer: AtomicBool,
     /// The remote rights the QP grants ([`Qp::set_remote_access`]).
     remote_access: AtomicU32,
@@ -295,6 +297,48 @@ fn read_direct(
 /// How often a receive path waiting for a receive from an SRQ looks
 /// whether one was posted (`QpShared::rx_interest`).
 const RNR_RECHECK: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// How often a receive path waiting for a receive looks whether the
+/// connection was reset under it (`QpShared::recheck_parked`): the socket
+/// is not read while it waits, so nothing else would see it.
+const HELD_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// How long a receive path that waits for a receive goes on waiting once
+/// the peer has closed its end (the rest of the stream is in the socket):
+/// an application that posts receives in that time gets the peer's last
+/// messages; one that does not (it waits for the disconnect) sees the
+/// connection end, as an InfiniBand disconnect would end it.
+const HELD_EOF_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What a zero-timeout `poll` (no read) says of a socket nobody reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Open.
+    Open,
+    /// The peer closed its end (FIN behind the unread octets).
+    PeerClosed,
+    /// Failed or hung up both ways (a reset).
+    Reset,
+}
+
+fn held_state(fd: std::os::fd::RawFd) -> Held {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd; a zero timeout never blocks.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    if n <= 0 {
+        Held::Open
+    } else if p.revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+        Held::Reset
+    } else if p.revents & libc::POLLRDHUP != 0 {
+        Held::PeerClosed
+    } else {
+        Held::Open
+    }
+}
 
 /// How long after the first FPDU a silent non-softrdma responder gets a
 /// probe (see `RcQp::send_probe`).
@@ -610,6 +654,7 @@ impl Qp {
                 hold_until,
                 closed: false,
                 rx_held: false,
+                held_eof: None,
             });
         }
         let fd = self
@@ -690,6 +735,15 @@ impl QpShared {
     /// The remote rights the QP grants ([`Qp::set_remote_access`]).
     fn remote_rights(&self) -> Access {
         Access(self.remote_access.load(Ordering::Relaxed))
+    }
+
+    /// The period of the timer of a receive path that waits for a receive.
+    fn held_check(&self) -> std::time::Duration {
+        if self.srq_ref().is_some() {
+            RNR_RECHECK
+        } else {
+            HELD_CHECK
+        }
     }
 
     /// The SRQ receives come from: the one of creation, or the one bound
@@ -797,7 +851,8 @@ impl QpShared {
     /// receive (the progress thread would be woken for ever by a socket
     /// nobody reads; write interest stays), back once it goes on. A QP
     /// whose receives come from an SRQ cannot be told of a post: it looks
-    /// again every `RNR_RECHECK` (InfiniBand's RNR timer).
+    /// again every `RNR_RECHECK` (InfiniBand's RNR timer); any other looks
+    /// every `HELD_CHECK` whether the peer reset the connection.
     fn rx_interest(&self, link: &mut Link) {
         if link.closed {
             // Closing unregistered both parkings: nothing to watch.
@@ -816,9 +871,7 @@ impl QpShared {
         if paused {
             self.park.unregister(p);
             self.park_held.register_quiet(p, fd, token, self.me.clone());
-            if self.srq_ref().is_some() {
-                p.set_timer(token, Instant::now() + RNR_RECHECK);
-            }
+            p.set_timer(token, Instant::now() + self.held_check());
         } else {
             self.park_held.unregister(p);
             if self.park.register(p, fd, token, self.me.clone()).is_err() {
@@ -827,8 +880,7 @@ impl QpShared {
             }
         }
         link.rx_held = paused;
-        self.rnr_timer
-            .store(paused && self.srq_ref().is_some(), Ordering::Relaxed);
+        self.rnr_timer.store(paused, Ordering::Relaxed);
         // The write interest moves along.
         if link.want_write {
             let _ = self.park_of(link).watch_write(p, true);
@@ -1111,6 +1163,9 @@ impl QpShared {
                 if close && !link.closed {
                     link.closed = true;
                     let _ = link.sock.shutdown(std::net::Shutdown::Both);
+                    if link.rc.config().rnr_wait {
+                        crate::reaper::watch(&link.sock);
+                    }
                     if let Ok(p) = self.shared.progress() {
                         self.park.unregister(p);
                         self.park_held.unregister(p);
@@ -1226,8 +1281,24 @@ impl QpShared {
         };
         self.rx_resume(link);
         if link.rx_held {
+            let over = match held_state(link.sock.as_raw_fd()) {
+                Held::Open => false,
+                // The peer gave up on what it could not send (an IB-style
+                // disconnect: `reaper`).
+                Held::Reset => true,
+                Held::PeerClosed => {
+                    let now = Instant::now();
+                    now.duration_since(*link.held_eof.get_or_insert(now)) >= HELD_EOF_GRACE
+                }
+            };
+            if over {
+                link.rc.handle_llp_closed();
+                self.rx_interest(link);
+            }
+        }
+        if link.rx_held {
             if let Ok(p) = self.shared.progress() {
-                p.set_timer(u64::from(self.qpn), Instant::now() + RNR_RECHECK);
+                p.set_timer(u64::from(self.qpn), Instant::now() + self.held_check());
             }
         }
         self.transmit(&mut c);

@@ -1105,6 +1105,15 @@ fn conn_params(p: Option<&rdma_conn_param>) -> ConnParams {
     }
 }
 
+/// An application that asks for receiver-not-ready retries
+/// (`rnr_retry_count` > 0) gets InfiniBand's behaviour on its QP: a Send
+/// that finds no posted receive waits for one ([`softrdma_engine::Qp::set_rnr_wait`]).
+fn rnr_wait_if_asked(qp: &softrdma_engine::Qp, p: Option<&rdma_conn_param>) {
+    if p.is_some_and(|p| p.rnr_retry_count > 0) {
+        qp.set_rnr_wait();
+    }
+}
+
 /// The RC QP to connect: the id's, else the one numbered in the
 /// parameters (the application made its own QP).
 fn rc_qp(obj: &IdObj, p: Option<&rdma_conn_param>) -> Res<softrdma_engine::Qp> {
@@ -1180,6 +1189,7 @@ pub fn connect(obj: &mut IdObj, p: Option<&rdma_conn_param>) -> Res<()> {
     } else {
         let ctx = engine()?;
         let qp = rc_qp(obj, p)?;
+        rnr_wait_if_asked(&qp, p);
         let id = obj.chan().engine.create_id(&ctx);
         engine_map(id.number(), obj as *mut IdObj as usize);
         if let Err(e) = id.connect(&qp, dst, &conn_params(p)) {
@@ -1219,6 +1229,7 @@ pub fn accept(obj: &mut IdObj, p: Option<&rdma_conn_param>) -> Res<()> {
     }
     let id = lock(&obj.st).engine.clone().ok_or(libc::EINVAL)?;
     let qp = rc_qp(obj, p)?;
+    rnr_wait_if_asked(&qp, p);
     id.accept(&qp, &conn_params(p)).map_err(|e| match e {
         softrdma_engine::cm::CmError::Busy => libc::EISCONN,
         softrdma_engine::cm::CmError::Io(io) => io.raw_os_error().unwrap_or(libc::ECONNABORTED),

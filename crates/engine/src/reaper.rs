@@ -1,0 +1,114 @@
+//! Connections closed with octets the peer will not take.
+//!
+//! An IB-style QP (`RcConfig::rnr_wait`) that disconnects flushes its work
+//! as InfiniBand does, but the octets already written to its socket stay
+//! there, and a peer whose receive path waits for a receive does not read
+//! them: the TCP window stays shut, the FIN queued behind them never
+//! leaves, and the peer never learns of the disconnect. InfiniBand's
+//! disconnect travels outside the QP's traffic and discards it. Here a
+//! closed connection whose unsent octets have not moved for [`STALL`] is
+//! reset (`connect(AF_UNSPEC)` aborts a TCP connection with an RST, which
+//! the waiting peer sees: `QpShared::recheck_parked`); one that drains is
+//! simply let go. One thread, started on first use, looks every [`EVERY`].
+
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long unsent octets may sit unmoved before the connection is reset.
+const STALL: Duration = Duration::from_secs(2);
+/// How often the thread looks.
+const EVERY: Duration = Duration::from_millis(100);
+
+struct Watched {
+    sock: OwnedFd,
+    unsent: i32,
+    since: Instant,
+}
+
+static WATCHED: Mutex<Vec<Watched>> = Mutex::new(Vec::new());
+static STARTED: Mutex<u32> = Mutex::new(0);
+
+/// Octets written to `fd` and not yet sent or acknowledged (`SIOCOUTQ`);
+/// 0 when unknown.
+fn unsent(fd: RawFd) -> i32 {
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one int to the pointer given.
+    let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+    if r < 0 {
+        0
+    } else {
+        n
+    }
+}
+
+/// Aborts the connection of `fd` with an RST.
+fn reset(fd: RawFd) {
+    let sa = libc::sockaddr {
+        sa_family: libc::AF_UNSPEC as libc::sa_family_t,
+        sa_data: [0; 14],
+    };
+    // SAFETY: a live sockaddr of the length given; connect(AF_UNSPEC) on a
+    // TCP socket disconnects it.
+    let _ = unsafe {
+        libc::connect(
+            fd,
+            &sa,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+}
+
+/// Watches a connection that was just shut down: it is reset if its
+/// unsent octets stall, let go once they are gone.
+pub(crate) fn watch(sock: &TcpStream) {
+    let fd = sock.as_raw_fd();
+    let left = unsent(fd);
+    if left <= 0 {
+        return;
+    }
+    let Ok(dup) = sock.try_clone() else { return };
+    WATCHED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Watched {
+            sock: dup.into(),
+            unsent: left,
+            since: Instant::now(),
+        });
+    let pid = std::process::id();
+    let mut started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
+    if *started != pid {
+        // Once per process (a forked child has no thread of its parent's).
+        *started = pid;
+        let _ = std::thread::Builder::new()
+            .name("softrdma-reaper".into())
+            .spawn(run);
+    }
+}
+
+fn run() {
+    loop {
+        std::thread::sleep(EVERY);
+        let now = Instant::now();
+        let mut w = WATCHED.lock().unwrap_or_else(|e| e.into_inner());
+        w.retain_mut(|x| {
+            let fd = x.sock.as_raw_fd();
+            let left = unsent(fd);
+            if left <= 0 {
+                return false;
+            }
+            if left < x.unsent {
+                x.unsent = left;
+                x.since = now;
+                return true;
+            }
+            if now.duration_since(x.since) >= STALL {
+                reset(fd);
+                return false;
+            }
+            true
+        });
+    }
+}
