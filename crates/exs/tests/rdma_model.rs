@@ -22,7 +22,14 @@ fn build(name: &str) -> (Tmp, PathBuf) {
 
 fn case(mode: &str, args: &[&str], limit: Duration) -> String {
     let (tmp, exe) = build(mode);
-    let o = run(Command::new(&exe).arg(mode).args(args), limit, mode);
+    let o = run(
+        Command::new(&exe)
+            .arg(mode)
+            .args(args)
+            .env("TMPDIR", &tmp.0),
+        limit,
+        mode,
+    );
     let t = text(&o);
     drop(tmp);
     assert!(o.status.success(), "rdma_test {mode} failed:\n{t}");
@@ -109,4 +116,30 @@ fn threads_waiting_on_their_own_queues_each_get_their_events() {
         t.contains("server: ok") && t.contains("threads: 2000 ping-pongs"),
         "{t}"
     );
+}
+
+/// `exs_sendmsg` / `exs_recvmsg` (gather and scatter over registered and
+/// unregistered iovecs, message boundaries, truncation with `MSG_TRUNC`
+/// in the event and `msg_flags`), `exs_sendfile` (memory and a file range
+/// of a file under `$TMPDIR`; a range past the end of the file: `EIO`),
+/// `exs_poll` (an RDMA descriptor with a pipe, readable only once the
+/// peer sent, writable only with credits, `POLLHUP` when both directions
+/// are shut), `exs_cancel` (receives not matched and sends waiting for
+/// credits: counts and `ECANCELED` events; sends on the wire go on),
+/// `exs_shutdown` (end of stream after the last message, `EPIPE` for
+/// later sends, the other direction still working, `SHUT_RD` ending
+/// receives at once), `exs_aclose`, and their bad arguments, on a
+/// SOCK_SEQPACKET connection.
+#[test]
+fn seqpacket_sendmsg_sendfile_poll_cancel_shutdown() {
+    let t = case("calls", &["seqpacket"], Duration::from_secs(90));
+    assert!(t.contains("server: ok"), "{t}");
+}
+
+/// The same calls on a SOCK_STREAM connection: the bytes of every
+/// message arrive in order through receives shorter than the messages.
+#[test]
+fn stream_sendmsg_sendfile_poll_cancel_shutdown() {
+    let t = case("calls", &["stream"], Duration::from_secs(90));
+    assert!(t.contains("server: ok"), "{t}");
 }
