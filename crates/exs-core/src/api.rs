@@ -530,7 +530,11 @@ pub fn shutdown(fd: c_int, how: c_int, qh: c_int, ah: *mut c_void) -> R<()> {
 
 /// `exs_aclose`.
 pub fn aclose(fd: c_int, qh: c_int, ah: *mut c_void) -> R<()> {
-    if rdma::owns(fd) || dgram::owns(fd) {
+    if rdma::owns(fd) {
+        let q = engine()?.queue(qh)?;
+        return rdma::aclose(fd, q, ah as usize);
+    }
+    if dgram::owns(fd) {
         let q = engine()?.queue(qh)?;
         q.reserve()?;
         if let Err(e) = close(fd) {

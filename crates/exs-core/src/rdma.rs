@@ -667,6 +667,15 @@ impl Sock {
             let e = op.done.unwrap_or(0);
             op.finish(fd, false, e);
         }
+        if self
+            .sends
+            .front()
+            .is_some_and(|s| matches!(s.kind, XKind::Close))
+        {
+            // exs_aclose: every earlier send is done.
+            let op = self.sends.pop_front().expect("front");
+            op.finish(fd, false, 0);
+        }
         if let Some(c) = self.conn.as_mut() {
             if c.owed > 0 && c.owed >= (c.credits / 2).max(1) {
                 c.send_msg(
@@ -1026,6 +1035,10 @@ impl Sock {
                 continue;
             }
             if c.broken {
+                return;
+            }
+            if matches!(op.kind, XKind::Close) {
+                // Nothing queued after an exs_aclose reaches the wire.
                 return;
             }
             if let XKind::Shutdown { fin } = op.kind {
@@ -2209,6 +2222,8 @@ enum XKind {
     },
     /// `exs_shutdown`; `fin`: it sends the FIN (SHUT_WR, first time).
     Shutdown { fin: bool },
+    /// `exs_aclose`, waiting for the earlier sends.
+    Close,
 }
 
 impl XOp {
@@ -2286,6 +2301,23 @@ impl XOp {
                 };
                 ev
             }
+            XKind::Close if errno != libc::ECANCELED => {
+                // Due (or the connection died): the descriptor is closed
+                // away from the model's lock, then the event is queued.
+                let (q, ah) = (self.q.clone(), self.ah);
+                let spawned =
+                    std::thread::Builder::new()
+                        .name("exs-aclose".into())
+                        .spawn(move || {
+                            let e = close(fd).err().unwrap_or(0);
+                            q.push(exs_event_t::new(EXS_EVT_CLOSE, fd, ah, e));
+                        });
+                if spawned.is_ok() {
+                    return;
+                }
+                exs_event_t::new(EXS_EVT_CLOSE, fd, self.ah, libc::EAGAIN)
+            }
+            XKind::Close => exs_event_t::new(EXS_EVT_CLOSE, fd, self.ah, errno),
             XKind::Shutdown { .. } | XKind::Plain => {
                 exs_event_t::new(EXS_EVT_SHUTDOWN, fd, self.ah, errno)
             }
@@ -2727,4 +2759,29 @@ pub fn cancel(fd: Option<c_int>, ah: Option<usize>) -> Result<c_int, Errno> {
         g.drive(f);
     }
     Ok(n)
+}
+
+/// `exs_aclose` on a descriptor of the RDMA model: with sends pending on
+/// a connection, queued behind them (nothing queued later reaches the
+/// wire); when they are done the descriptor is closed as by `exs_close`
+/// (pending receives end with `ECANCELED`) and `EXS_EVT_CLOSE` is queued.
+/// Otherwise closed at once, the event queued before the call returns.
+pub fn aclose(fd: c_int, q: Arc<Queue>, ah: usize) -> Result<(), Errno> {
+    let mut g = st();
+    let s = g.socks.get_mut(&fd).ok_or(libc::EBADF)?;
+    if s.sends.is_empty() || s.conn.is_none() {
+        drop(g);
+        q.reserve()?;
+        if let Err(e) = close(fd) {
+            q.unreserve();
+            return Err(e);
+        }
+        q.push(exs_event_t::new(EXS_EVT_CLOSE, fd, ah, 0));
+        return Ok(());
+    }
+    let mut op = xop(0, 0, 0, &q, ah, EXS_MHANDLE_UNREGISTERED)?;
+    op.kind = XKind::Close;
+    s.sends.push_back(op);
+    g.drive(fd);
+    Ok(())
 }

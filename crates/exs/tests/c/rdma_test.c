@@ -1338,22 +1338,27 @@ static int calls_server(int wfd, int type) {
     CHECK(ev.exs_evt_errno == 0, "send after the peer's SHUT_WR: %d", ev.exs_evt_errno);
     /* the client shut its reading side: what we send now is taken unread */
     sync_read(down_r, 'd');
+    /* two sends (the second pulled, so pending), SHUT_RDWR and
+     * exs_aclose queued behind them: their events in call order */
     CHECK(exs_send(fd, b, 4, 0, q, AH(61), mh) == 0, "send");
     CHECK(exs_send(fd, b, 5000, 0, q, AH(62), mh) == 0, "send");
+    CHECK(exs_shutdown(fd, SHUT_RDWR, q, AH(63)) == 0, "shutdown");
+    FAILS(exs_send(fd, b, 4, 0, q, AH(0), mh), EPIPE);
+    CHECK(exs_aclose(fd, q, AH(64)) == 0, "aclose");
     for (int i = 0; i < 2; i++) {
         ev = next(EXS_EVT_SEND);
         CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_ahandle == AH(61 + i),
               "send into a SHUT_RD peer: errno %d", ev.exs_evt_errno);
     }
-    CHECK(exs_shutdown(fd, SHUT_RDWR, q, AH(62)) == 0, "shutdown");
     ev = next(EXS_EVT_SHUTDOWN);
-    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_ahandle == AH(62) && ev.exs_evt_fd == fd,
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_ahandle == AH(63) && ev.exs_evt_fd == fd,
           "shutdown event");
-    FAILS(exs_send(fd, b, 4, 0, q, AH(63), mh), EPIPE);
-    expect_eof(fd, 18);
+    ev = next(EXS_EVT_CLOSE);
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_ahandle == AH(64) && ev.exs_evt_fd == fd,
+          "close event after the sends'");
+    FAILS(exs_send(fd, b, 4, 0, q, AH(0), mh), EBADF);
     sync_write(wfd, 'e');
     sync_read(down_r, 'f');
-    CHECK(exs_close(fd) == 0, "close");
     printf("server: ok\n");
     return 0;
 }
