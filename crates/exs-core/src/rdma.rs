@@ -1803,6 +1803,9 @@ pub fn accept(
         flags,
     });
     g.match_accepts(fd);
+    if let Some(s) = g.socks.get(&fd) {
+        s.publish(fd);
+    }
     Ok(())
 }
 
