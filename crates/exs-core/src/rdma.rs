@@ -2220,6 +2220,7 @@ enum XKind {
     File {
         user: usize,
         count: c_int,
+        /// The advertised buffer, held until the event.
         #[allow(dead_code)]
         stage: Vec<u8>,
     },

@@ -74,6 +74,8 @@ fn calls_that_cannot_start_fail_and_late_failures_are_events() {
     assert!(t.contains("server: ok"), "{t}");
 }
 
+/// Every outstanding operation ends with `ECONNRESET`, later calls fail
+/// with it, and `exs_poll` reports `POLLHUP | POLLERR`.
 #[test]
 fn a_peer_killed_mid_transfer_resets_every_outstanding_operation() {
     case("kill", &[], Duration::from_secs(90));

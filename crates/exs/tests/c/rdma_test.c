@@ -11,7 +11,8 @@
  *                              fails the run), then 2000 pulled ones
  *   rdma_test errors           calls that cannot start, late failures
  *   rdma_test kill             the server is killed mid-transfer: every
- *                              outstanding operation ends with ECONNRESET
+ *                              outstanding operation ends with ECONNRESET;
+ *                              exs_poll says POLLHUP | POLLERR
  *   rdma_test threads N        two connections, a sleeping and a busy-polling
  *                              thread per side, N checked ping-pongs each
  *   rdma_test persistent       persistent send and receive, with and without
@@ -621,6 +622,13 @@ static int kill_client(int port, int rfd, pid_t server) {
         if (ev.exs_evt_type == EXS_EVT_RECV) recvs++;
     }
     CHECK(sends == 7 && recvs == 4, "every operation: %d sends %d receives", sends, recvs);
+    /* exs_poll: the broken connection is hung up, with an error */
+    exs_pollfd_t po = {fd, EXS_POLLOUT, 0};
+    CHECK(exs_poll(&po, 1, q, AH(50)) == 0, "poll");
+    ev = next(EXS_EVT_POLL);
+    CHECK(ev.exs_evt_union.exs_evt_poll.exs_evt_nready == 1 &&
+              po.revents == (EXS_POLLHUP | EXS_POLLERR),
+          "poll after the reset: revents %x", po.revents);
     FAILS(exs_send(fd, b, 10, 0, q, AH(0), mh), ECONNRESET);
     CHECK(exs_close(fd) == 0, "close");
     printf("client: ok\n");
