@@ -21,7 +21,15 @@ fn build(name: &str) -> (Tmp, PathBuf) {
 }
 
 fn case(mode: &str, args: &[&str], limit: Duration) -> String {
-    let (tmp, exe) = build(mode);
+    // One directory per mode and arguments: tests of one mode run at once.
+    let (tmp, exe) = build(
+        &[mode]
+            .iter()
+            .chain(args)
+            .copied()
+            .collect::<Vec<_>>()
+            .join("-"),
+    );
     let o = run(
         Command::new(&exe)
             .arg(mode)
