@@ -2044,7 +2044,7 @@ fn xfer_kind(
     op.persist = persist;
     op.kind = kind;
     if s.dead.is_some() || (recv && s.shut_rd && persist.is_none() && offset.is_none()) {
-        // The peer closed: end of stream at once.
+        // The peer closed (or SHUT_RD): end of stream at once.
         op.finish(fd, true, 0);
         return Ok(());
     }
