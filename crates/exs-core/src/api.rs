@@ -286,11 +286,9 @@ pub unsafe fn msg(
     qh: c_int,
     ah: *mut c_void,
 ) -> R<()> {
-    if rdma::owns(fd) {
-        return Err(libc::EOPNOTSUPP);
-    }
-    if dgram::owns(fd) {
-        // The datagram model checks its own flags.
+    let rd = rdma::owns(fd);
+    if dgram::owns(fd) || rd {
+        // The datagram and RDMA models check their own flags.
     } else if recv {
         recv_flags(flags)?;
     } else {
@@ -323,6 +321,11 @@ pub unsafe fn msg(
     }
     buf_ok(m.msg_name as usize, m.msg_namelen as usize)?;
     buf_ok(m.msg_control as usize, m.msg_controllen as usize)?;
+    if rd {
+        // A connection: msg_name and msg_control are not used.
+        let q = engine()?.queue(qh)?;
+        return rdma::xfer_msg(recv, fd, &ranges, msg as usize, flags, q, ah as usize);
+    }
     if dgram::owns(fd) {
         let q = engine()?.queue(qh)?;
         if recv && !m.msg_name.is_null() {
@@ -365,7 +368,7 @@ pub unsafe fn sendfile(
     qh: c_int,
     ah: *mut c_void,
 ) -> R<()> {
-    if rdma::owns(fd) || dgram::owns(fd) {
+    if dgram::owns(fd) {
         return Err(libc::EOPNOTSUPP);
     }
     if flags != 0 || count <= 0 || count > EXS_IOV_MAX {
@@ -407,6 +410,10 @@ pub unsafe fn sendfile(
             }
             _ => return Err(libc::EINVAL),
         }
+    }
+    if rdma::owns(fd) {
+        let q = engine()?.queue(qh)?;
+        return rdma::sendfile(fd, &elems, &ranges, vec as usize, count, q, ah as usize);
     }
     let kind = Kind::SendFile {
         user: vec as usize,
@@ -508,18 +515,26 @@ pub unsafe fn poll(
 
 /// `exs_shutdown`.
 pub fn shutdown(fd: c_int, how: c_int, qh: c_int, ah: *mut c_void) -> R<()> {
-    if rdma::owns(fd) || dgram::owns(fd) {
+    if dgram::owns(fd) {
         return Err(libc::EOPNOTSUPP);
     }
     if !(libc::SHUT_RD..=libc::SHUT_RDWR).contains(&how) {
         return Err(libc::EINVAL);
+    }
+    if rdma::owns(fd) {
+        let q = engine()?.queue(qh)?;
+        return rdma::shutdown(fd, how, q, ah as usize);
     }
     engine()?.submit(fd, qh, ah as usize, &[], Dir::Send, Kind::Shutdown { how })
 }
 
 /// `exs_aclose`.
 pub fn aclose(fd: c_int, qh: c_int, ah: *mut c_void) -> R<()> {
-    if rdma::owns(fd) || dgram::owns(fd) {
+    if rdma::owns(fd) {
+        let q = engine()?.queue(qh)?;
+        return rdma::aclose(fd, q, ah as usize);
+    }
+    if dgram::owns(fd) {
         let q = engine()?.queue(qh)?;
         q.reserve()?;
         if let Err(e) = close(fd) {
@@ -534,7 +549,17 @@ pub fn aclose(fd: c_int, qh: c_int, ah: *mut c_void) -> R<()> {
 
 /// `exs_cancel`.
 pub fn cancel(fd: c_int, ah: *mut c_void, flags: c_int) -> R<c_int> {
-    engine()?.cancel(fd, ah as usize, flags)
+    let by_fd = flags & EXS_CAF_FILDES != 0;
+    let by_ah = flags & EXS_CAF_AHANDLE != 0;
+    let valid = flags != 0 && flags & !(EXS_CAF_FILDES | EXS_CAF_AHANDLE) == 0;
+    if valid && by_fd && rdma::owns(fd) {
+        return rdma::cancel(Some(fd), by_ah.then_some(ah as usize));
+    }
+    let n = engine()?.cancel(fd, ah as usize, flags)?;
+    if !by_fd && rdma::active() {
+        return Ok(n + rdma::cancel(None, Some(ah as usize))?);
+    }
+    Ok(n)
 }
 
 /// `exs_close`.

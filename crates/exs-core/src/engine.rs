@@ -616,8 +616,7 @@ impl State {
         let mut i = 0;
         while i < self.polls.len() {
             let p = &mut self.polls[i];
-            // SAFETY: our own copy of the caller's array.
-            let r = unsafe { libc::poll(p.fds.as_mut_ptr(), p.fds.len() as libc::nfds_t, 0) };
+            let r = poll_now(&mut p.fds);
             if r > 0 {
                 let p = self.polls.swap_remove(i);
                 touched.extend(p.fds.iter().map(|x| x.fd));
@@ -646,9 +645,14 @@ impl State {
                 }
             }
         }
+        // A descriptor of the RDMA model is an eventfd made readable when
+        // its readiness changes: whatever the poll asks, epoll waits for that.
+        let rdma = crate::rdma::is_fd(fd);
         for p in &self.polls {
             for x in &p.fds {
-                if x.fd == fd {
+                if x.fd == fd && rdma {
+                    want |= libc::EPOLLIN as u32;
+                } else if x.fd == fd {
                     if x.events & libc::POLLIN != 0 {
                         want |= libc::EPOLLIN as u32;
                     }
@@ -1059,8 +1063,7 @@ impl Engine {
         let mut st = self.lock();
         let q = st.queues.get(&qh).cloned().ok_or(libc::EINVAL)?;
         q.reserve()?;
-        // SAFETY: our own array.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+        let r = poll_now(&mut fds);
         let p = PollOp { q, ah, user, fds };
         if r > 0 {
             complete_poll(p, r);
@@ -1074,6 +1077,24 @@ impl Engine {
         // A descriptor epoll refused (a regular file) is ready for poll(2).
         st.progress_polls(epfd);
         Ok(())
+    }
+
+    /// Takes `fd` out of the epoll set (a descriptor of the RDMA model
+    /// about to be closed).
+    pub fn forget_fd(&self, fd: c_int) {
+        let epfd = self.epfd();
+        let mut st = self.lock();
+        epoll_del(epfd, &mut st.registered, fd);
+    }
+
+    /// Looks at the pending polls again (a descriptor of the RDMA model
+    /// was closed: poll(2) reports `POLLNVAL` for it).
+    pub fn repoll(&self) {
+        let epfd = self.epfd();
+        let mut st = self.lock();
+        if !st.polls.is_empty() {
+            st.progress_polls(epfd);
+        }
     }
 
     /// `exs_cancel`.
@@ -1187,6 +1208,27 @@ fn start_connect(fd: c_int, addr: usize, len: usize) -> Result<bool, Errno> {
         libc::EINPROGRESS => Ok(false),
         e => Err(e),
     }
+}
+
+/// poll(2) with a zero timeout over `fds`, the RDMA model answering for
+/// its own descriptors; returns how many entries are ready.
+fn poll_now(fds: &mut [libc::pollfd]) -> c_int {
+    // SAFETY: the caller's (our own) array of fds.len() entries.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+    if !crate::rdma::active() || r < 0 {
+        return r;
+    }
+    let mut mine = false;
+    for x in fds.iter_mut() {
+        if let Some(m) = crate::rdma::poll_state(x.fd) {
+            x.revents = m & (x.events | libc::POLLHUP | libc::POLLERR);
+            mine = true;
+        }
+    }
+    if !mine {
+        return r;
+    }
+    fds.iter().filter(|x| x.revents != 0).count() as c_int
 }
 
 /// Checks the poll bits a caller may request.

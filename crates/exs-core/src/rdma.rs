@@ -152,6 +152,7 @@ pub fn poll_inline(arm: bool) -> bool {
     for (fd, s) in g.socks.iter_mut() {
         if s.conn.is_some() {
             s.drive_opt(*fd, arm);
+            s.publish(*fd);
         }
     }
     g.forget();
@@ -297,6 +298,8 @@ struct XOp {
     offset: Option<u64>,
     /// A persistent send (its PADV) or receive (its PRECV); the note flag.
     persist: Option<bool>,
+    /// Which call it is (its event's type and what completion does).
+    kind: XKind,
 }
 
 /// One of this end's persistent blocks: registered exactly (so the peer
@@ -327,6 +330,10 @@ struct Remote {
 
 impl XOp {
     fn finish(self, fd: c_int, recv: bool, errno: Errno) {
+        if !matches!(self.kind, XKind::Plain) {
+            self.finish_kind(fd, errno);
+            return;
+        }
         if self.mh != EXS_MHANDLE_UNREGISTERED {
             if let Ok(e) = engine() {
                 e.mem_release(self.mh);
@@ -554,6 +561,13 @@ struct Sock {
     /// queue slot (their credits are held until then: the peer slows
     /// down instead of the queue overflowing).
     notes: VecDeque<Msg>,
+    /// `exs_shutdown` SHUT_WR (or SHUT_RDWR) was called: sends fail.
+    shut_wr: bool,
+    /// `exs_shutdown` SHUT_RD (or SHUT_RDWR) was called: receives end
+    /// with 0 octets, arriving messages are discarded.
+    shut_rd: bool,
+    /// The FIN of a SHUT_WR went out (a close sends no second one).
+    fin_sent: bool,
 }
 
 impl Sock {
@@ -583,6 +597,9 @@ impl Sock {
             precv: None,
             precv_op: None,
             notes: VecDeque::new(),
+            shut_wr: false,
+            shut_rd: false,
+            fin_sent: false,
         }
     }
 
@@ -632,6 +649,9 @@ impl Sock {
                 return;
             }
         }
+        if self.shut_rd {
+            self.discard_reads(fd);
+        }
         self.match_recvs();
         self.post_reads();
         self.complete_recvs(fd);
@@ -646,6 +666,15 @@ impl Sock {
             let op = self.sends.pop_front().expect("front");
             let e = op.done.unwrap_or(0);
             op.finish(fd, false, e);
+        }
+        if self
+            .sends
+            .front()
+            .is_some_and(|s| matches!(s.kind, XKind::Close))
+        {
+            // exs_aclose: every earlier send is done.
+            let op = self.sends.pop_front().expect("front");
+            op.finish(fd, false, 0);
         }
         if let Some(c) = self.conn.as_mut() {
             if c.owed > 0 && c.owed >= (c.credits / 2).max(1) {
@@ -978,6 +1007,7 @@ impl Sock {
             psend,
             precv,
             precv_op,
+            fin_sent,
             ..
         } = self;
         let Some(c) = conn.as_mut() else { return };
@@ -1006,6 +1036,25 @@ impl Sock {
             }
             if c.broken {
                 return;
+            }
+            if matches!(op.kind, XKind::Close) {
+                // Nothing queued after an exs_aclose reaches the wire.
+                return;
+            }
+            if let XKind::Shutdown { fin } = op.kind {
+                // Every earlier send is on the wire: the FIN follows them.
+                if fin {
+                    *fin_sent = true;
+                    c.send_msg(
+                        TAG_CTRL,
+                        Msg {
+                            kind: wire::FIN,
+                            ..Msg::default()
+                        },
+                    );
+                }
+                op.done = Some(0);
+                continue;
             }
             if let Some(notify) = op.persist {
                 if c.send_credits == 0 {
@@ -1324,6 +1373,7 @@ impl RState {
     fn drive(&mut self, fd: c_int) {
         if let Some(s) = self.socks.get_mut(&fd) {
             s.drive(fd);
+            s.publish(fd);
         }
         self.forget();
     }
@@ -1369,6 +1419,7 @@ impl RState {
             self.cqs.insert(conn.cq.id(), nfd);
             s.conn = Some(conn);
             self.socks.insert(nfd, s);
+            watch_new(nfd);
             push_accept(lfd, a, nfd, Some(peer), 0);
             self.drive(nfd);
         }
@@ -1606,6 +1657,7 @@ pub fn socket(domain: c_int, ty: c_int, protocol: c_int) -> Result<c_int, Errno>
     }
     let mut s = st();
     s.socks.insert(fd, Sock::new(domain, base));
+    watch_new(fd);
     ACTIVE.store(true, Ordering::Release);
     Ok(fd)
 }
@@ -1724,6 +1776,9 @@ fn accept_loop(fd: c_int, id: u64, l: cm::Listener, local: SocketAddr, closed: &
             }
         }
         g.match_accepts(fd);
+        if let Some(s) = g.socks.get(&fd) {
+            s.publish(fd);
+        }
     }
 }
 
@@ -1748,6 +1803,9 @@ pub fn accept(
         flags,
     });
     g.match_accepts(fd);
+    if let Some(s) = g.socks.get(&fd) {
+        s.publish(fd);
+    }
     Ok(())
 }
 
@@ -1841,6 +1899,7 @@ fn connect_thread(fd: c_int, id: u64, to: SocketAddr, ours: Params) {
         Err(e) => {
             s.role = Role::Fresh;
             s.cancel_all(fd, e);
+            s.publish(fd);
         }
     }
 }
@@ -1885,6 +1944,7 @@ fn xop(
         trunc: false,
         offset: None,
         persist: None,
+        kind: XKind::Plain,
     })
 }
 
@@ -1911,11 +1971,32 @@ pub fn xfer(
     mh: c_int,
     offset: Option<u64>,
 ) -> Result<(), Errno> {
+    xfer_kind(recv, fd, buf, len, flags, q, ah, mh, offset, XKind::Plain)
+}
+
+/// [`xfer`] for an operation of `kind` (`exs_sendmsg`, `exs_recvmsg`,
+/// `exs_sendfile` use it too).
+#[allow(clippy::too_many_arguments)]
+fn xfer_kind(
+    recv: bool,
+    fd: c_int,
+    buf: usize,
+    len: usize,
+    flags: c_int,
+    q: Arc<Queue>,
+    ah: usize,
+    mh: c_int,
+    offset: Option<u64>,
+    kind: XKind,
+) -> Result<(), Errno> {
     let ok = if recv { RECV_OK } else { SEND_OK };
     if flags & !(ok | PERSIST) != 0 {
         return Err(libc::EINVAL);
     }
     let persist = (flags & PERSIST != 0).then_some(flags & EXS_PERSISTENT_NOTIFY != 0);
+    if persist.is_some() && !matches!(kind, XKind::Plain) {
+        return Err(libc::EOPNOTSUPP);
+    }
     if persist.is_some() && (offset.is_some() || len == 0) {
         return Err(libc::EINVAL);
     }
@@ -1955,11 +2036,15 @@ pub fn xfer(
         // The persistent side is passive.
         return Err(libc::EINVAL);
     }
+    if !recv && s.shut_wr {
+        return Err(libc::EPIPE);
+    }
     let mut op = xop(buf, len, flags, &q, ah, mh)?;
     op.offset = offset;
     op.persist = persist;
-    if s.dead.is_some() {
-        // The peer closed: end of stream at once.
+    op.kind = kind;
+    if s.dead.is_some() || (recv && s.shut_rd && persist.is_none() && offset.is_none()) {
+        // The peer closed (or SHUT_RD): end of stream at once.
         op.finish(fd, true, 0);
         return Ok(());
     }
@@ -1985,7 +2070,7 @@ pub fn close(fd: c_int) -> Result<(), Errno> {
     drop(g);
     let mut conns: Vec<Conn> = s.backlog.drain(..).map(|b| b.0).collect();
     if let Some(mut c) = s.conn.take() {
-        if !c.broken {
+        if !c.broken && !s.fin_sent {
             c.send_msg(
                 TAG_CTRL,
                 Msg {
@@ -2026,8 +2111,13 @@ pub fn close(fd: c_int) -> Result<(), Errno> {
             std::thread::sleep(Duration::from_micros(200));
         }
     }
+    unwatch(fd);
     // SAFETY: our own descriptor.
     unsafe { libc::close(fd) };
+    // A pending exs_poll naming the descriptor now sees it closed.
+    if let Ok(e) = engine() {
+        e.repoll();
+    }
     Ok(())
 }
 
@@ -2111,4 +2201,591 @@ pub fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> Result<c_int, Errno> 
             _ => Err(libc::EINVAL),
         }
     })
+}
+
+/// Which call an [`XOp`] serves.
+enum XKind {
+    /// `exs_send`, `exs_recv` and the offset calls.
+    Plain,
+    /// `exs_sendmsg` / `exs_recvmsg` with the caller's msghdr. With more
+    /// than one iovec the message goes through `stage` (gathered at the
+    /// call for a send; scattered into `scatter` at the end of a receive).
+    Msg {
+        recv: bool,
+        user: usize,
+        scatter: Vec<(usize, usize)>,
+        stage: Option<Vec<u8>>,
+    },
+    /// `exs_sendfile`: the caller's vector and count; the bytes, staged.
+    File {
+        user: usize,
+        count: c_int,
+        /// The advertised buffer, held until the event.
+        #[allow(dead_code)]
+        stage: Vec<u8>,
+    },
+    /// `exs_shutdown`; `fin`: it sends the FIN (SHUT_WR, first time).
+    Shutdown { fin: bool },
+    /// `exs_aclose`, waiting for the earlier sends.
+    Close,
+}
+
+impl XOp {
+    /// [`XOp::finish`] for the calls that are not `exs_send` / `exs_recv`.
+    fn finish_kind(mut self, fd: c_int, errno: Errno) {
+        if self.mh != EXS_MHANDLE_UNREGISTERED {
+            if let Ok(e) = engine() {
+                e.mem_release(self.mh);
+            }
+        }
+        if let Some(s) = self.tmp.take() {
+            deregister(s);
+        }
+        let nbytes = if errno == 0 { self.nbytes as isize } else { 0 };
+        let mut flags = self.flags;
+        if self.trunc {
+            flags |= libc::MSG_TRUNC;
+        }
+        let ev = match std::mem::replace(&mut self.kind, XKind::Plain) {
+            XKind::Msg {
+                recv,
+                user,
+                scatter,
+                stage,
+            } => {
+                if recv && errno == 0 {
+                    if let Some(st) = &stage {
+                        let mut at = 0;
+                        for &(b, l) in &scatter {
+                            let k = l.min(self.nbytes - at);
+                            if k > 0 {
+                                // SAFETY: the caller's iovec, inside its
+                                // registration or checked mapped at the
+                                // call; valid until this event (sys/exs.h).
+                                unsafe {
+                                    std::ptr::copy_nonoverlapping(
+                                        st[at..].as_ptr(),
+                                        b as *mut u8,
+                                        k,
+                                    )
+                                };
+                            }
+                            at += k;
+                        }
+                    }
+                    let m = user as *mut exs_msghdr_t;
+                    let mflags = if self.trunc { libc::MSG_TRUNC } else { 0 };
+                    // SAFETY: the caller's msghdr, checked mapped at the
+                    // call and valid until the event (sys/exs.h).
+                    unsafe {
+                        std::ptr::addr_of_mut!((*m).msg_namelen).write_unaligned(0);
+                        std::ptr::addr_of_mut!((*m).msg_controllen).write_unaligned(0);
+                        std::ptr::addr_of_mut!((*m).msg_flags).write_unaligned(mflags);
+                    }
+                }
+                let ty = if recv {
+                    EXS_EVT_RECVMSG
+                } else {
+                    EXS_EVT_SENDMSG
+                };
+                let mut ev = exs_event_t::new(ty, fd, self.ah, errno);
+                ev.exs_evt_union.exs_evt_xfermsg = exs_evt_xfermsg_t {
+                    exs_evt_msg: user as *mut exs_msghdr_t,
+                    exs_evt_nbytes: nbytes,
+                    exs_evt_flags: flags,
+                };
+                ev
+            }
+            XKind::File { user, count, .. } => {
+                let mut ev = exs_event_t::new(EXS_EVT_SENDFILE, fd, self.ah, errno);
+                ev.exs_evt_union.exs_evt_xferfile = exs_evt_xferfile_t {
+                    exs_evt_vec: user as *const exs_xferfile_t,
+                    exs_evt_count: count,
+                    exs_evt_nbytes: nbytes,
+                };
+                ev
+            }
+            XKind::Close if errno != libc::ECANCELED => {
+                // Due (or the connection died): the descriptor is closed
+                // away from the model's lock, then the event is queued.
+                let (q, ah) = (self.q.clone(), self.ah);
+                let spawned =
+                    std::thread::Builder::new()
+                        .name("exs-aclose".into())
+                        .spawn(move || {
+                            let e = close(fd).err().unwrap_or(0);
+                            q.push(exs_event_t::new(EXS_EVT_CLOSE, fd, ah, e));
+                        });
+                if spawned.is_ok() {
+                    return;
+                }
+                exs_event_t::new(EXS_EVT_CLOSE, fd, self.ah, libc::EAGAIN)
+            }
+            XKind::Close => exs_event_t::new(EXS_EVT_CLOSE, fd, self.ah, errno),
+            XKind::Shutdown { .. } | XKind::Plain => {
+                exs_event_t::new(EXS_EVT_SHUTDOWN, fd, self.ah, errno)
+            }
+        };
+        self.q.push(ev);
+    }
+}
+
+/// Readiness of a descriptor for `exs_poll`, and whether a poll ever
+/// looked at it (only then does a change wake the engine's epoll).
+struct Watch {
+    mask: libc::c_short,
+    polled: bool,
+}
+
+/// The readiness of every descriptor of the model: a lock of its own,
+/// taken last (the engine reads it under its lock).
+static READY: Mutex<Option<HashMap<c_int, Watch>>> = Mutex::new(None);
+
+fn ready<T>(f: impl FnOnce(&mut HashMap<c_int, Watch>) -> T) -> T {
+    let mut g = READY.lock().unwrap_or_else(|e| e.into_inner());
+    f(g.get_or_insert_with(HashMap::new))
+}
+
+fn watch_new(fd: c_int) {
+    ready(|r| {
+        r.insert(
+            fd,
+            Watch {
+                mask: libc::POLLHUP,
+                polled: false,
+            },
+        )
+    });
+}
+
+fn unwatch(fd: c_int) {
+    ready(|r| r.remove(&fd));
+    if let Ok(e) = engine() {
+        e.forget_fd(fd);
+    }
+}
+
+/// Whether `fd` is a descriptor of the RDMA model (without the model's
+/// lock: the engine asks under its own).
+pub fn is_fd(fd: c_int) -> bool {
+    active() && ready(|r| r.contains_key(&fd))
+}
+
+/// `exs_poll` on a descriptor of the model: its readiness (`POLLIN`,
+/// `POLLOUT`, `POLLHUP`, `POLLERR`), or `None` when `fd` is not one. The
+/// descriptor (an eventfd) is made readable whenever its readiness
+/// changes from then on, so the engine's epoll wakes; this call empties it.
+pub fn poll_state(fd: c_int) -> Option<libc::c_short> {
+    if !active() {
+        return None;
+    }
+    ready(|r| {
+        let w = r.get_mut(&fd)?;
+        w.polled = true;
+        if sys::poll0(fd, libc::POLLIN) & libc::POLLIN != 0 {
+            let mut v: u64 = 0;
+            // SAFETY: reads 8 octets into a local; the eventfd is readable
+            // and only this function reads it.
+            unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+        }
+        Some(w.mask)
+    })
+}
+
+impl Sock {
+    /// What `exs_poll` reports for the descriptor.
+    fn readiness(&self) -> libc::c_short {
+        let (i, o, h, e) = (libc::POLLIN, libc::POLLOUT, libc::POLLHUP, libc::POLLERR);
+        match self.role {
+            Role::Listening => {
+                if self.backlog.is_empty() {
+                    0
+                } else {
+                    i
+                }
+            }
+            Role::Connecting => 0,
+            Role::Fresh => h,
+            Role::Connected => {
+                if let Some(d) = self.dead {
+                    return if self.fin && d == libc::EPIPE {
+                        i | h
+                    } else {
+                        i | h | e
+                    };
+                }
+                let Some(c) = &self.conn else { return 0 };
+                let mut m = 0;
+                if !c.advs.is_empty() || self.fin || self.shut_rd || c.peer_psend.is_some() {
+                    m |= i;
+                }
+                if !self.shut_wr && (c.send_credits > 0 || c.peer_precv.is_some()) {
+                    m |= o;
+                }
+                if self.fin && self.shut_wr {
+                    m |= h;
+                }
+                m
+            }
+        }
+    }
+
+    /// Records the readiness; wakes a poll watching the descriptor when
+    /// it changed.
+    fn publish(&self, fd: c_int) {
+        let m = self.readiness();
+        ready(|r| {
+            if let Some(w) = r.get_mut(&fd) {
+                if w.mask != m {
+                    w.mask = m;
+                    if w.polled {
+                        let one: u64 = 1;
+                        // SAFETY: writes 8 octets from a local to our eventfd.
+                        unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+                    }
+                }
+            }
+        });
+    }
+
+    /// After SHUT_RD: receives end with 0 octets; advertisements that
+    /// arrive are acknowledged unread (the peer's sends complete, their
+    /// data is discarded).
+    fn discard_reads(&mut self, fd: c_int) {
+        for mut op in self.recvs.drain(..) {
+            op.nbytes = 0;
+            op.finish(fd, true, 0);
+        }
+        if !self.reading.is_empty() {
+            // A Read of the front advertisement may be in flight.
+            return;
+        }
+        let Some(c) = self.conn.as_mut() else { return };
+        while let Some(a) = c.advs.pop_front() {
+            c.owed += 1;
+            if a.imm.is_none() {
+                c.send_msg(
+                    TAG_CTRL,
+                    Msg {
+                        kind: wire::ACK,
+                        seq: a.seq,
+                        len: a.off as u32,
+                        ..Msg::default()
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// Checks the memory of an iovec copied by the library (gathered or
+/// scattered through a staging buffer): inside its registration, or
+/// mapped when unregistered.
+fn iov_ok(mh: c_int, b: usize, l: usize) -> Result<(), Errno> {
+    if l == 0 {
+        return Ok(());
+    }
+    if b == 0 {
+        return Err(libc::EFAULT);
+    }
+    if mh == EXS_MHANDLE_UNREGISTERED {
+        if !sys::mapped(b, l) {
+            return Err(libc::EFAULT);
+        }
+        return Ok(());
+    }
+    let e = engine()?;
+    e.mem_hold(mh, b, l)?;
+    e.mem_release(mh);
+    Ok(())
+}
+
+/// `exs_sendmsg` (`recv` false) / `exs_recvmsg` on a descriptor of the
+/// RDMA model: `iov` holds (handle, address, length) per iovec, `user`
+/// is the caller's msghdr. One iovec is an `exs_send` / `exs_recv` of it
+/// (zero copy when large); several go through a staging buffer of their
+/// total length: gathered at the call for a send (one message), scattered
+/// into the iovecs when a receive completes.
+pub fn xfer_msg(
+    recv: bool,
+    fd: c_int,
+    iov: &[(c_int, usize, usize)],
+    user: usize,
+    flags: c_int,
+    q: Arc<Queue>,
+    ah: usize,
+) -> Result<(), Errno> {
+    if flags & PERSIST != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    if let [(mh, b, l)] = *iov {
+        let kind = XKind::Msg {
+            recv,
+            user,
+            scatter: Vec::new(),
+            stage: None,
+        };
+        return xfer_kind(recv, fd, b, l, flags, q, ah, mh, None, kind);
+    }
+    let mut total: usize = 0;
+    for &(mh, b, l) in iov {
+        iov_ok(mh, b, l)?;
+        total = total.checked_add(l).ok_or(libc::EMSGSIZE)?;
+    }
+    if total > u32::MAX as usize {
+        return Err(libc::EMSGSIZE);
+    }
+    with(fd, |s| match s.role {
+        Role::Connected | Role::Connecting => Ok(()),
+        _ => Err(libc::ENOTCONN),
+    })?;
+    let mut stage = vec![0u8; total];
+    if !recv {
+        let mut at = 0;
+        for &(_, b, l) in iov {
+            if l > 0 {
+                // SAFETY: checked above: inside its registration or mapped.
+                let src = unsafe { std::slice::from_raw_parts(b as *const u8, l) };
+                stage[at..at + l].copy_from_slice(src);
+            }
+            at += l;
+        }
+    }
+    let buf = if total == 0 {
+        0
+    } else {
+        stage.as_ptr() as usize
+    };
+    let kind = XKind::Msg {
+        recv,
+        user,
+        scatter: iov.iter().map(|&(_, b, l)| (b, l)).collect(),
+        stage: Some(stage),
+    };
+    xfer_kind(
+        recv,
+        fd,
+        buf,
+        total,
+        flags,
+        q,
+        ah,
+        EXS_MHANDLE_UNREGISTERED,
+        None,
+        kind,
+    )
+}
+
+/// Octets `pread` asks for at a time when `exs_sendfile` stages a file.
+const FILE_CHUNK: usize = 1 << 20;
+
+/// `exs_sendfile` on a descriptor of the RDMA model: the elements
+/// (memory, `iov` with their handles, and file ranges) are read in order
+/// into one staging buffer at the call, which is sent as one message
+/// (SEQPACKET) or its bytes (STREAM). A file that cannot be read fails
+/// the call with its error; one that ends before its range with `EIO`.
+pub fn sendfile(
+    fd: c_int,
+    elems: &[crate::engine::Elem],
+    iov: &[(c_int, usize, usize)],
+    user: usize,
+    count: c_int,
+    q: Arc<Queue>,
+    ah: usize,
+) -> Result<(), Errno> {
+    use crate::engine::Elem;
+    for &(mh, b, l) in iov {
+        iov_ok(mh, b, l)?;
+    }
+    let mut total: usize = 0;
+    for e in elems {
+        let l = match *e {
+            Elem::Mem(_, l) => l,
+            Elem::File { len, .. } => len,
+        };
+        total = total.checked_add(l).ok_or(libc::EMSGSIZE)?;
+    }
+    if total > u32::MAX as usize {
+        return Err(libc::EMSGSIZE);
+    }
+    with(fd, |s| {
+        if s.shut_wr {
+            return Err(libc::EPIPE);
+        }
+        match s.role {
+            Role::Connected | Role::Connecting => Ok(()),
+            _ => Err(libc::ENOTCONN),
+        }
+    })?;
+    let mut stage: Vec<u8> = Vec::with_capacity(total);
+    for e in elems {
+        match *e {
+            Elem::Mem(b, l) => {
+                if l > 0 {
+                    // SAFETY: checked above: inside its registration or mapped.
+                    stage.extend_from_slice(unsafe {
+                        std::slice::from_raw_parts(b as *const u8, l)
+                    });
+                }
+            }
+            Elem::File { fd: ffd, off, len } => {
+                let mut done = 0;
+                while done < len {
+                    let n = FILE_CHUNK.min(len - done);
+                    let at = stage.len();
+                    stage.resize(at + n, 0);
+                    // SAFETY: reads at most n octets into the n just added.
+                    let r = unsafe {
+                        libc::pread(ffd, stage[at..].as_mut_ptr().cast(), n, off + done as i64)
+                    };
+                    if r < 0 && sys::errno() == libc::EINTR {
+                        stage.truncate(at);
+                        continue;
+                    }
+                    if r <= 0 {
+                        return Err(if r == 0 { libc::EIO } else { sys::errno() });
+                    }
+                    stage.truncate(at + r as usize);
+                    done += r as usize;
+                }
+            }
+        }
+    }
+    let buf = if total == 0 {
+        0
+    } else {
+        stage.as_ptr() as usize
+    };
+    let kind = XKind::File { user, count, stage };
+    xfer_kind(
+        false,
+        fd,
+        buf,
+        total,
+        0,
+        q,
+        ah,
+        EXS_MHANDLE_UNREGISTERED,
+        None,
+        kind,
+    )
+}
+
+/// `exs_shutdown` on a descriptor of the RDMA model. SHUT_RD: receives
+/// (pending and later) end with 0 octets and what the peer sends from now
+/// on is acknowledged unread. SHUT_WR: later sends fail with `EPIPE`; a
+/// FIN follows the earlier sends on the wire, after which the peer's
+/// receives end with 0 octets once it has taken every earlier message.
+/// The `EXS_EVT_SHUTDOWN` event comes after the earlier sends' events.
+pub fn shutdown(fd: c_int, how: c_int, q: Arc<Queue>, ah: usize) -> Result<(), Errno> {
+    let mut g = st();
+    let s = g.socks.get_mut(&fd).ok_or(libc::EBADF)?;
+    if !matches!(s.role, Role::Connected) || s.dead.is_some() {
+        return Err(libc::ENOTCONN);
+    }
+    let rd = how != libc::SHUT_WR;
+    let wr = how != libc::SHUT_RD;
+    let mut op = xop(0, 0, 0, &q, ah, EXS_MHANDLE_UNREGISTERED)?;
+    op.kind = XKind::Shutdown {
+        fin: wr && !s.shut_wr,
+    };
+    s.shut_rd |= rd;
+    s.shut_wr |= wr;
+    s.sends.push_back(op);
+    g.drive(fd);
+    Ok(())
+}
+
+/// `exs_cancel` on the RDMA model: on `fd` (or every descriptor), the
+/// operations with handle `ah` (or all) that have not reached the wire
+/// complete with `ECANCELED`: receives not yet matched with an
+/// advertisement, sends not yet advertised (waiting for a credit), a
+/// persistent receive not yet advertised, pending accepts. Returns how
+/// many. Operations already on the wire, a shutdown and a connect go on.
+pub fn cancel(fd: Option<c_int>, ah: Option<usize>) -> Result<c_int, Errno> {
+    if !active() {
+        return match fd {
+            Some(_) => Err(libc::EBADF),
+            None => Ok(0),
+        };
+    }
+    let mut g = st();
+    let fds: Vec<c_int> = match fd {
+        Some(f) if g.socks.contains_key(&f) => vec![f],
+        Some(_) => return Err(libc::EBADF),
+        None => g.socks.keys().copied().collect(),
+    };
+    let hit = |a: usize| ah.is_none_or(|x| x == a);
+    let mut n = 0;
+    for f in fds {
+        let Some(s) = g.socks.get_mut(&f) else {
+            continue;
+        };
+        let mut keep = VecDeque::new();
+        for op in s.recvs.drain(..) {
+            if hit(op.ah) {
+                op.finish(f, true, libc::ECANCELED);
+                n += 1;
+            } else {
+                keep.push_back(op);
+            }
+        }
+        s.recvs = keep;
+        let mut keep = VecDeque::new();
+        for op in s.sends.drain(..) {
+            let queued = !op.adv && op.done.is_none() && !matches!(op.kind, XKind::Shutdown { .. });
+            if queued && hit(op.ah) {
+                op.finish(f, false, libc::ECANCELED);
+                n += 1;
+            } else {
+                keep.push_back(op);
+            }
+        }
+        s.sends = keep;
+        if s.precv_op
+            .as_ref()
+            .is_some_and(|o| o.done.is_none() && hit(o.ah))
+        {
+            let op = s.precv_op.take().expect("checked");
+            op.finish(f, true, libc::ECANCELED);
+            n += 1;
+        }
+        let mut keep = VecDeque::new();
+        for a in s.accepts.drain(..) {
+            if hit(a.ah) {
+                push_accept(f, a, -1, None, libc::ECANCELED);
+                n += 1;
+            } else {
+                keep.push_back(a);
+            }
+        }
+        s.accepts = keep;
+        g.drive(f);
+    }
+    Ok(n)
+}
+
+/// `exs_aclose` on a descriptor of the RDMA model: with sends pending on
+/// a connection, queued behind them (nothing queued later reaches the
+/// wire); when they are done the descriptor is closed as by `exs_close`
+/// (pending receives end with `ECANCELED`) and `EXS_EVT_CLOSE` is queued.
+/// Otherwise closed at once, the event queued before the call returns.
+pub fn aclose(fd: c_int, q: Arc<Queue>, ah: usize) -> Result<(), Errno> {
+    let mut g = st();
+    let s = g.socks.get_mut(&fd).ok_or(libc::EBADF)?;
+    if s.sends.is_empty() || s.conn.is_none() {
+        drop(g);
+        q.reserve()?;
+        if let Err(e) = close(fd) {
+            q.unreserve();
+            return Err(e);
+        }
+        q.push(exs_event_t::new(EXS_EVT_CLOSE, fd, ah, 0));
+        return Ok(());
+    }
+    let mut op = xop(0, 0, 0, &q, ah, EXS_MHANDLE_UNREGISTERED)?;
+    op.kind = XKind::Close;
+    s.sends.push_back(op);
+    g.drive(fd);
+    Ok(())
 }

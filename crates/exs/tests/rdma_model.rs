@@ -21,8 +21,23 @@ fn build(name: &str) -> (Tmp, PathBuf) {
 }
 
 fn case(mode: &str, args: &[&str], limit: Duration) -> String {
-    let (tmp, exe) = build(mode);
-    let o = run(Command::new(&exe).arg(mode).args(args), limit, mode);
+    // One directory per mode and arguments: tests of one mode run at once.
+    let (tmp, exe) = build(
+        &[mode]
+            .iter()
+            .chain(args)
+            .copied()
+            .collect::<Vec<_>>()
+            .join("-"),
+    );
+    let o = run(
+        Command::new(&exe)
+            .arg(mode)
+            .args(args)
+            .env("TMPDIR", &tmp.0),
+        limit,
+        mode,
+    );
     let t = text(&o);
     drop(tmp);
     assert!(o.status.success(), "rdma_test {mode} failed:\n{t}");
@@ -67,6 +82,8 @@ fn calls_that_cannot_start_fail_and_late_failures_are_events() {
     assert!(t.contains("server: ok"), "{t}");
 }
 
+/// Every outstanding operation ends with `ECONNRESET`, later calls fail
+/// with it, and `exs_poll` reports `POLLHUP | POLLERR`.
 #[test]
 fn a_peer_killed_mid_transfer_resets_every_outstanding_operation() {
     case("kill", &[], Duration::from_secs(90));
@@ -109,4 +126,30 @@ fn threads_waiting_on_their_own_queues_each_get_their_events() {
         t.contains("server: ok") && t.contains("threads: 2000 ping-pongs"),
         "{t}"
     );
+}
+
+/// `exs_sendmsg` / `exs_recvmsg` (gather and scatter over registered and
+/// unregistered iovecs, message boundaries, truncation with `MSG_TRUNC`
+/// in the event and `msg_flags`), `exs_sendfile` (memory and a file range
+/// of a file under `$TMPDIR`; a range past the end of the file: `EIO`),
+/// `exs_poll` (an RDMA descriptor with a pipe, readable only once the
+/// peer sent, writable only with credits, `POLLHUP` when both directions
+/// are shut), `exs_cancel` (receives not matched and sends waiting for
+/// credits: counts and `ECANCELED` events; sends on the wire go on),
+/// `exs_shutdown` (end of stream after the last message, `EPIPE` for
+/// later sends, the other direction still working, `SHUT_RD` ending
+/// receives at once), `exs_aclose`, and their bad arguments, on a
+/// SOCK_SEQPACKET connection.
+#[test]
+fn seqpacket_sendmsg_sendfile_poll_cancel_shutdown() {
+    let t = case("calls", &["seqpacket"], Duration::from_secs(90));
+    assert!(t.contains("server: ok"), "{t}");
+}
+
+/// The same calls on a SOCK_STREAM connection: the bytes of every
+/// message arrive in order through receives shorter than the messages.
+#[test]
+fn stream_sendmsg_sendfile_poll_cancel_shutdown() {
+    let t = case("calls", &["stream"], Duration::from_secs(90));
+    assert!(t.contains("server: ok"), "{t}");
 }

@@ -415,8 +415,20 @@ int exs_close(int fd);
  * length (small sends coalesce).
  * Send flags: MSG_EOR, MSG_NOSIGNAL, MSG_DONTWAIT, MSG_MORE (no effect);
  * receive flags: MSG_TRUNC, MSG_WAITALL, MSG_DONTWAIT (no effect); others
- * EINVAL. exs_sendmsg,
- * exs_recvmsg, exs_sendfile, exs_shutdown: EOPNOTSUPP. The peer's death:
+ * EINVAL. exs_sendmsg/exs_recvmsg: one message per call; one iovec is
+ * an exs_send/exs_recv of it, several go through a staging buffer (a
+ * send gathers them at the call; a receive scatters before its event;
+ * msg_flags gets MSG_TRUNC, msg_namelen and msg_controllen 0).
+ * exs_sendfile: the elements are read (pread) into one buffer at the
+ * call and sent as one message; an unreadable file fails the call, a
+ * short one with EIO. exs_shutdown: SHUT_WR sends a FIN behind the
+ * earlier sends (later sends EPIPE; the peer's receives then end with
+ * 0 octets); SHUT_RD ends receives with 0 octets and takes what the
+ * peer sends unread. exs_poll: POLLIN (a message waiting, end of
+ * stream), POLLOUT (a credit free), POLLHUP/POLLERR (gone, broken).
+ * exs_cancel: only operations not yet on the wire (receives not matched,
+ * sends waiting for a credit). exs_aclose waits for the sends. The
+ * peer's death:
  * every outstanding operation completes with ECONNRESET and later calls
  * fail with it; the peer's exs_close: pending receives end with 0 octets
  * (end of stream), sends with EPIPE.

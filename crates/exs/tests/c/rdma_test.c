@@ -11,7 +11,8 @@
  *                              fails the run), then 2000 pulled ones
  *   rdma_test errors           calls that cannot start, late failures
  *   rdma_test kill             the server is killed mid-transfer: every
- *                              outstanding operation ends with ECONNRESET
+ *                              outstanding operation ends with ECONNRESET;
+ *                              exs_poll says POLLHUP | POLLERR
  *   rdma_test threads N        two connections, a sleeping and a busy-polling
  *                              thread per side, N checked ping-pongs each
  *   rdma_test persistent       persistent send and receive, with and without
@@ -19,6 +20,10 @@
  *   rdma_test latency N        ping-pong, one-way microseconds at 1/10/100 B
  *                              for normal (small 0) and immediate sends;
  *                              then receives pulling a persistent block
+ *   rdma_test calls TYPE       exs_sendmsg/exs_recvmsg, exs_sendfile (a file
+ *                              under $TMPDIR), exs_poll (with a pipe),
+ *                              exs_cancel, exs_shutdown, exs_aclose on a
+ *                              TYPE (seqpacket or stream) connection
  *
  * Every wait is bounded (10 s); the harness bounds the whole run too. */
 #define _GNU_SOURCE
@@ -425,6 +430,67 @@ static int errors_server(int wfd) {
     return 0;
 }
 
+/* Bad arguments of exs_sendmsg/exs_recvmsg, exs_sendfile, exs_shutdown,
+ * exs_poll and exs_cancel on a connected RDMA-model descriptor. b has
+ * 1024 registered octets (mh). */
+static void bad_arguments(int fd, char *b, exs_mhandle_t mh) {
+    exs_msghdr_t m;
+    exs_iovec_t iv[2] = {{b, 10, mh}, {NULL, 10, EXS_MHANDLE_UNREGISTERED}};
+    memset(&m, 0, sizeof m);
+    FAILS(exs_sendmsg(fd, NULL, 0, q, AH(0)), EFAULT);
+    FAILS(exs_recvmsg(fd, NULL, 0, q, AH(0)), EFAULT);
+    m.msg_iovlen = -1;
+    FAILS(exs_sendmsg(fd, &m, 0, q, AH(0)), EINVAL);
+    m.msg_iovlen = 2;
+    FAILS(exs_sendmsg(fd, &m, 0, q, AH(0)), EFAULT); /* msg_iov NULL */
+    m.msg_iov = iv;
+    FAILS(exs_sendmsg(fd, &m, 0, q, AH(0)), EFAULT); /* iovec 1 NULL */
+    FAILS(exs_recvmsg(fd, &m, 0, q, AH(0)), EFAULT);
+    iv[1].iov_base = b + 2000; /* outside the registration */
+    iv[1].iov_mhandle = mh;
+    FAILS(exs_sendmsg(fd, &m, 0, q, AH(0)), EINVAL);
+    iv[1].iov_mhandle = 12345;
+    FAILS(exs_sendmsg(fd, &m, 0, q, AH(0)), EINVAL);
+    m.msg_iovlen = 1;
+    iv[0].iov_mhandle = 12345;
+    FAILS(exs_sendmsg(fd, &m, 0, q, AH(0)), EINVAL);
+    iv[0].iov_mhandle = mh;
+    FAILS(exs_sendmsg(fd, &m, MSG_OOB, q, AH(0)), EINVAL);
+    FAILS(exs_sendmsg(fd, &m, EXS_PERSISTENT, q, AH(0)), EOPNOTSUPP);
+    FAILS(exs_recvmsg(fd, &m, MSG_PEEK, q, AH(0)), EINVAL);
+    FAILS(exs_sendmsg(fd, &m, 0, 9999, AH(0)), EINVAL);
+    FAILS(exs_shutdown(fd, 7, q, AH(0)), EINVAL);
+    FAILS(exs_shutdown(fd, SHUT_WR, 9999, AH(0)), EINVAL);
+    exs_xferfile_t xf[2];
+    memset(xf, 0, sizeof xf);
+    xf[0].xf_type = EXS_IOVEC;
+    xf[0].xf_u.xf_iov.iov_base = b;
+    xf[0].xf_u.xf_iov.iov_len = 10;
+    xf[0].xf_u.xf_iov.iov_mhandle = mh;
+    FAILS(exs_sendfile(fd, NULL, 1, 0, q, AH(0)), EFAULT);
+    FAILS(exs_sendfile(fd, xf, 0, 0, q, AH(0)), EINVAL);
+    FAILS(exs_sendfile(fd, xf, 1, 1, q, AH(0)), EINVAL);
+    xf[1].xf_type = 99;
+    FAILS(exs_sendfile(fd, xf, 2, 0, q, AH(0)), EINVAL);
+    xf[1].xf_type = EXS_FDVEC;
+    xf[1].xf_u.xf_fdv.fdv_fd = -1;
+    xf[1].xf_u.xf_fdv.fdv_len = 10;
+    FAILS(exs_sendfile(fd, xf, 2, 0, q, AH(0)), EBADF);
+    xf[1].xf_u.xf_fdv.fdv_fd = fd; /* open; the offset is checked first */
+    xf[1].xf_u.xf_fdv.fdv_offset = -1;
+    FAILS(exs_sendfile(fd, xf, 2, 0, q, AH(0)), EINVAL);
+    xf[0].xf_u.xf_iov.iov_mhandle = 12345;
+    FAILS(exs_sendfile(fd, xf, 1, 0, q, AH(0)), EINVAL);
+    exs_pollfd_t pf = {fd, EXS_POLLIN, 0};
+    FAILS(exs_poll(NULL, 1, q, AH(0)), EFAULT);
+    FAILS(exs_poll(&pf, 0, q, AH(0)), EINVAL);
+    FAILS(exs_poll(&pf, 1, 9999, AH(0)), EINVAL);
+    pf.events = EXS_POLLHUP;
+    FAILS(exs_poll(&pf, 1, q, AH(0)), EINVAL);
+    FAILS(exs_cancel(fd, AH(0), 0), EINVAL);
+    FAILS(exs_cancel(fd, AH(0), 4), EINVAL);
+}
+
 static int errors_client(int port) {
     CHECK(exs_init(EXS_VERSION) == 0, "init");
     q = exs_qcreate(64);
@@ -493,10 +559,7 @@ static int errors_client(int port) {
     FAILS(exs_send_offset(fd, b, 10, 0, 0, q, AH(0), mh), EINVAL);
     FAILS(exs_recv_offset(fd, b, 10, 0, 0, q, AH(0), mh), EINVAL);
     FAILS(exs_recv_offset(fd, b, 10, EXS_PERSISTENT, 0, q, AH(0), mh), EINVAL);
-    exs_msghdr_t m;
-    memset(&m, 0, sizeof m);
-    FAILS(exs_sendmsg(fd, &m, 0, q, AH(0)), EOPNOTSUPP);
-    FAILS(exs_shutdown(fd, SHUT_WR, q, AH(0)), EOPNOTSUPP);
+    bad_arguments(fd, b, mh);
     /* a full queue: EAGAIN */
     exs_qhandle_t small = exs_qcreate(1);
     CHECK(exs_recv(fd, b, 10, 0, small, AH(0), mh) == 0, "recv");
@@ -507,6 +570,20 @@ static int errors_client(int port) {
     CHECK(exs_qdequeue(small, &ev, 1, &t) == 1 && ev.exs_evt_errno == ECANCELED, "cancelled");
     FAILS(exs_close(fd), EBADF);
     FAILS(exs_send(fd, b, 10, 0, q, AH(0), mh), EBADF);
+    /* calls on a descriptor that is not connected */
+    fd = exs_socket(AF_INET, SOCK_SEQPACKET, 0);
+    exs_msghdr_t m;
+    exs_iovec_t iv[2] = {{b, 10, mh}, {b + 10, 10, mh}};
+    memset(&m, 0, sizeof m);
+    m.msg_iov = iv;
+    m.msg_iovlen = 2;
+    FAILS(exs_sendmsg(fd, &m, 0, q, AH(0)), ENOTCONN);
+    FAILS(exs_recvmsg(fd, &m, 0, q, AH(0)), ENOTCONN);
+    FAILS(exs_shutdown(fd, SHUT_WR, q, AH(0)), ENOTCONN);
+    CHECK(exs_cancel(fd, AH(0), EXS_CAF_FILDES) == 0, "nothing to cancel");
+    CHECK(exs_close(fd) == 0, "close");
+    FAILS(exs_shutdown(fd, SHUT_WR, q, AH(0)), EBADF);
+    FAILS(exs_cancel(fd, AH(0), EXS_CAF_FILDES), EBADF);
     CHECK(exs_mderegister(mh) == 0, "mderegister");
     printf("client: ok\n");
     return 0;
@@ -545,6 +622,13 @@ static int kill_client(int port, int rfd, pid_t server) {
         if (ev.exs_evt_type == EXS_EVT_RECV) recvs++;
     }
     CHECK(sends == 7 && recvs == 4, "every operation: %d sends %d receives", sends, recvs);
+    /* exs_poll: the broken connection is hung up, with an error */
+    exs_pollfd_t po = {fd, EXS_POLLOUT, 0};
+    CHECK(exs_poll(&po, 1, q, AH(50)) == 0, "poll");
+    ev = next(EXS_EVT_POLL);
+    CHECK(ev.exs_evt_union.exs_evt_poll.exs_evt_nready == 1 &&
+              po.revents == (EXS_POLLHUP | EXS_POLLERR),
+          "poll after the reset: revents %x", po.revents);
     FAILS(exs_send(fd, b, 10, 0, q, AH(0), mh), ECONNRESET);
     CHECK(exs_close(fd) == 0, "close");
     printf("client: ok\n");
@@ -966,18 +1050,496 @@ static int latency_client(int rfd, long n) {
 
 /* ---------------------------------------------------------------- */
 
+/* ---------------------------------------------------------------- */
+/* exs_sendmsg/exs_recvmsg, exs_sendfile, exs_poll, exs_cancel,
+ * exs_shutdown, exs_aclose. Credits 2, so that sends wait for credits. */
+
+static int down_r = -1, down_w = -1; /* client -> server */
+static unsigned char *reg_area;      /* BIG registered octets */
+static exs_mhandle_t reg_mh;
+static size_t reg_used;
+
+static void *area(size_t n) {
+    if (reg_used + n > BIG) reg_used = 0;
+    void *p = reg_area + reg_used;
+    reg_used += (n + 63) & ~(size_t)63;
+    return p;
+}
+
+static void area_init(void) {
+    reg_area = calloc(1, BIG);
+    CHECK(reg_area != NULL, "calloc");
+    reg_mh = exs_mregister(reg_area, BIG, 0);
+    CHECK(reg_mh != EXS_MHANDLE_INVALID, "mregister");
+}
+
+static void sync_read(int fd, char want) {
+    char c = 0;
+    CHECK(read(fd, &c, 1) == 1 && c == want, "sync '%c' (got '%c')", want, c);
+}
+
+static void sync_write(int fd, char c) { CHECK(write(fd, &c, 1) == 1, "sync '%c'", c); }
+
+static size_t sum(const size_t *sz, int n) {
+    size_t t = 0;
+    for (int i = 0; i < n; i++) t += sz[i];
+    return t;
+}
+
+/* One exs_sendmsg of fill(total, seed) split into iovecs of sz[]:
+ * even ones unregistered, odd ones registered; waits for its event. */
+static void sendmsg_parts(int fd, unsigned seed, const size_t *sz, int n, int tag) {
+    size_t total = sum(sz, n), at = 0;
+    unsigned char *whole = malloc(total + 1);
+    fill(whole, total, seed);
+    exs_iovec_t *iv = calloc((size_t)n + 1, sizeof *iv);
+    for (int i = 0; i < n; i++) {
+        void *p = (i % 2) ? area(sz[i]) : malloc(sz[i] + 1);
+        memcpy(p, whole + at, sz[i]);
+        iv[i].iov_base = p;
+        iv[i].iov_len = sz[i];
+        iv[i].iov_mhandle = (i % 2) ? reg_mh : EXS_MHANDLE_UNREGISTERED;
+        at += sz[i];
+    }
+    exs_msghdr_t *m = calloc(1, sizeof *m);
+    m->msg_iov = iv;
+    m->msg_iovlen = n;
+    CHECK(exs_sendmsg(fd, m, 0, q, AH(tag)) == 0, "sendmsg %d", tag);
+    exs_event_t ev = next(EXS_EVT_SENDMSG);
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_ahandle == AH(tag) &&
+              ev.exs_evt_union.exs_evt_xfermsg.exs_evt_nbytes == (ssize_t)total &&
+              ev.exs_evt_union.exs_evt_xfermsg.exs_evt_msg == m,
+          "sendmsg %d event: errno %d, %zd octets", tag, ev.exs_evt_errno,
+          ev.exs_evt_union.exs_evt_xfermsg.exs_evt_nbytes);
+}
+
+/* One exs_recvmsg into iovecs of sz[] (even ones unregistered, odd ones
+ * registered); the octets received are copied to out in order. Checks
+ * the event, msg_flags against the event's MSG_TRUNC, and that nothing
+ * past the received octets was written. Returns the octets; *trunc
+ * whether MSG_TRUNC was reported. */
+static ssize_t recvmsg_parts(int fd, const size_t *sz, int n, unsigned char *out, int *trunc,
+                             int tag) {
+    exs_iovec_t iv[8];
+    exs_msghdr_t m;
+    struct sockaddr_storage name;
+    memset(&m, 0, sizeof m);
+    m.msg_flags = -1;
+    m.msg_name = &name; /* a connection has no name to give: length 0 */
+    m.msg_namelen = sizeof name;
+    for (int i = 0; i < n; i++) {
+        unsigned char *p = (i % 2) ? area(sz[i]) : malloc(sz[i] + 1);
+        memset(p, 0xee, sz[i]);
+        iv[i].iov_base = p;
+        iv[i].iov_len = sz[i];
+        iv[i].iov_mhandle = (i % 2) ? reg_mh : EXS_MHANDLE_UNREGISTERED;
+    }
+    m.msg_iov = iv;
+    m.msg_iovlen = n;
+    CHECK(exs_recvmsg(fd, &m, 0, q, AH(tag)) == 0, "recvmsg %d", tag);
+    exs_event_t ev = next(EXS_EVT_RECVMSG);
+    ssize_t k = ev.exs_evt_union.exs_evt_xfermsg.exs_evt_nbytes;
+    int f = ev.exs_evt_union.exs_evt_xfermsg.exs_evt_flags & MSG_TRUNC;
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_ahandle == AH(tag) &&
+              ev.exs_evt_union.exs_evt_xfermsg.exs_evt_msg == &m,
+          "recvmsg %d event: errno %d", tag, ev.exs_evt_errno);
+    CHECK(k >= 0 && (size_t)k <= sum(sz, n), "recvmsg %d: %zd octets", tag, k);
+    CHECK((m.msg_flags & MSG_TRUNC) == f && m.msg_namelen == 0 && m.msg_controllen == 0,
+          "msghdr written back: flags %x (event %x) namelen %u", m.msg_flags, f,
+          (unsigned)m.msg_namelen);
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        size_t c = sz[i] < (size_t)k - at ? sz[i] : (size_t)k - at;
+        memcpy(out + at, iv[i].iov_base, c);
+        for (size_t j = c; j < sz[i]; j++)
+            CHECK(((unsigned char *)iv[i].iov_base)[j] == 0xee, "iovec %d written past %zu", i, c);
+        at += c;
+    }
+    *trunc = f != 0;
+    return k;
+}
+
+/* STREAM: exactly `total` octets by recvmsg into two iovecs (37 and 50
+ * octets at most, never more than what remains), compared with want. */
+static void stream_recvmsg(int fd, const unsigned char *want, size_t total) {
+    unsigned char *got = malloc(total + 1);
+    size_t at = 0;
+    int calls = 0;
+    while (at < total) {
+        size_t rem = total - at;
+        size_t sz[2] = {rem < 37 ? rem : 37, 0};
+        sz[1] = rem - sz[0] < 50 ? rem - sz[0] : 50;
+        int tr;
+        ssize_t k = recvmsg_parts(fd, sz, 2, got + at, &tr, 30 + calls++);
+        CHECK(k > 0 && !tr, "stream recvmsg: %zd octets", k);
+        at += (size_t)k;
+    }
+    CHECK(at == total && memcmp(got, want, total) == 0, "stream bytes in order (%zu)", total);
+    free(got);
+}
+
+/* exactly `total` octets by exs_recv (at most `chunk` each) into b */
+static void recv_exact(int fd, unsigned char *b, exs_mhandle_t mh, size_t total, size_t chunk,
+                       int seqpacket) {
+    size_t at = 0;
+    while (at < total) {
+        size_t want = seqpacket ? BIG : (total - at < chunk ? total - at : chunk);
+        CHECK(exs_recv(fd, b + at, want, 0, q, AH(40), mh) == 0, "recv");
+        exs_event_t ev = next(EXS_EVT_RECV);
+        ssize_t k = ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes;
+        CHECK(ev.exs_evt_errno == 0 && k > 0, "recv: errno %d, %zd octets", ev.exs_evt_errno, k);
+        CHECK(!seqpacket || (size_t)k == total, "one message of %zu octets, got %zd", total, k);
+        at += (size_t)k;
+    }
+    CHECK(at == total, "%zu octets received, expected %zu", at, total);
+}
+
+static void expect_eof(int fd, int tag) {
+    char c[4];
+    CHECK(exs_recv(fd, c, 4, 0, q, AH(tag), EXS_MHANDLE_UNREGISTERED) == 0, "recv");
+    exs_event_t ev = next(EXS_EVT_RECV);
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes == 0,
+          "end of stream: errno %d, %zd octets", ev.exs_evt_errno,
+          ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes);
+    exs_iovec_t iv[2] = {{c, 2, EXS_MHANDLE_UNREGISTERED}, {c + 2, 2, EXS_MHANDLE_UNREGISTERED}};
+    exs_msghdr_t m;
+    memset(&m, 0, sizeof m);
+    m.msg_iov = iv;
+    m.msg_iovlen = 2;
+    CHECK(exs_recvmsg(fd, &m, 0, q, AH(tag)) == 0, "recvmsg");
+    ev = next(EXS_EVT_RECVMSG);
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_union.exs_evt_xfermsg.exs_evt_nbytes == 0,
+          "end of stream (recvmsg)");
+}
+
+static const size_t m1[] = {7, 3000, 50000};
+static const size_t pa[] = {10, 20}, pb[] = {100}, pc[] = {150, 150}, pd[] = {1, 2, 2};
+static const size_t pf_[] = {60, 60};
+#define FILE_LEN 200000
+#define FILE_OFF 1000
+#define FILE_TAKE 150000
+#define SF_TOTAL (100 + FILE_TAKE + 50)
+#define LBIG 10000
+
+static int calls_server(int wfd, int type) {
+    int seqp = type == SOCK_SEQPACKET;
+    int fd = serve(wfd, type, 2);
+    CHECK(exs_fcntl(fd, EXS_F_GETCREDITS) == 2, "credits");
+    area_init();
+    unsigned char *b = malloc(BIG);
+    exs_mhandle_t mh = exs_mregister(b, BIG, 0);
+    exs_event_t ev;
+    struct timespec brief = {0, 200000000};
+
+    /* poll: a kernel pipe and the RDMA descriptor in one array; only the
+     * pipe is ready */
+    int pp[2];
+    CHECK(pipe(pp) == 0, "pipe");
+    exs_pollfd_t pf[2] = {{fd, EXS_POLLIN, 0}, {pp[0], EXS_POLLIN, 0}};
+    CHECK(exs_poll(pf, 2, q, AH(1)) == 0, "poll");
+    CHECK(exs_qdequeue(q, &ev, 1, &brief) == 0, "poll completed with nothing ready");
+    CHECK(write(pp[1], "x", 1) == 1, "pipe");
+    ev = next(EXS_EVT_POLL);
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_ahandle == AH(1) &&
+              ev.exs_evt_union.exs_evt_poll.exs_evt_nready == 1 &&
+              ev.exs_evt_union.exs_evt_poll.exs_evt_fds == pf && pf[0].revents == 0 &&
+              pf[1].revents == EXS_POLLIN,
+          "mixed poll: nready %d revents %x %x", ev.exs_evt_union.exs_evt_poll.exs_evt_nready,
+          pf[0].revents, pf[1].revents);
+    /* the RDMA descriptor alone: readable once the peer's message is here */
+    pf[0].revents = 0;
+    CHECK(exs_poll(pf, 1, q, AH(2)) == 0, "poll");
+    CHECK(exs_qdequeue(q, &ev, 1, &brief) == 0, "readable before the peer sent");
+    sync_write(wfd, '1');
+    ev = next(EXS_EVT_POLL);
+    CHECK(ev.exs_evt_union.exs_evt_poll.exs_evt_nready == 1 && pf[0].revents == EXS_POLLIN,
+          "readable: revents %x", pf[0].revents);
+    exs_pollfd_t po = {fd, EXS_POLLIN | EXS_POLLOUT, 0};
+    CHECK(exs_poll(&po, 1, q, AH(3)) == 0, "poll");
+    ev = next(EXS_EVT_POLL);
+    CHECK(po.revents == (EXS_POLLIN | EXS_POLLOUT), "readable and writable: %x", po.revents);
+
+    /* recvmsg scatters one message over three iovecs */
+    unsigned char *got = malloc(BIG);
+    int tr;
+    const size_t r1[] = {5, 1000, 70000};
+    ssize_t k = recvmsg_parts(fd, r1, 3, got, &tr, 10);
+    unsigned char *want = malloc(BIG);
+    fill(want, sum(m1, 3), 20);
+    CHECK(k == (ssize_t)sum(m1, 3) && !tr && memcmp(got, want, (size_t)k) == 0,
+          "scattered message: %zd octets", k);
+
+    /* four messages of 2, 1, 2 and 3 iovecs */
+    const size_t r2[] = {64, 64}, r3[] = {50, 50};
+    if (seqp) {
+        k = recvmsg_parts(fd, r2, 2, got, &tr, 11);
+        CHECK(k == 30 && !tr && same(got, 30, 21), "message A: %zd", k);
+        k = recvmsg_parts(fd, r2, 2, got, &tr, 12);
+        CHECK(k == 100 && !tr && same(got, 100, 22), "message B: %zd", k);
+        k = recvmsg_parts(fd, r3, 2, got, &tr, 13);
+        CHECK(k == 100 && tr && same(got, 100, 23), "message C truncated: %zd trunc %d", k, tr);
+        k = recvmsg_parts(fd, r2, 2, got, &tr, 14);
+        CHECK(k == 5 && !tr && same(got, 5, 24), "message D after the truncated one: %zd", k);
+    } else {
+        fill(want, 30, 21);
+        fill(want + 30, 100, 22);
+        fill(want + 130, 300, 23);
+        fill(want + 430, 5, 24);
+        stream_recvmsg(fd, want, 435);
+    }
+
+    /* sendfile: 100 octets of memory, a file range, 50 registered octets */
+    memset(b, 0, SF_TOTAL + 1);
+    recv_exact(fd, b, mh, SF_TOTAL, 40000, seqp);
+    unsigned char *file = malloc(FILE_LEN);
+    fill(file, FILE_LEN, 31);
+    CHECK(same(b, 100, 30) && memcmp(b + 100, file + FILE_OFF, FILE_TAKE) == 0 &&
+              same(b + 100 + FILE_TAKE, 50, 32),
+          "sendfile content");
+
+    /* cancel: receives not matched with a message */
+    for (int i = 0; i < 3; i++)
+        CHECK(exs_recv(fd, b + i * 100, 100, 0, q, AH(500 + i), mh) == 0, "recv");
+    CHECK(exs_cancel(fd, AH(501), EXS_CAF_FILDES | EXS_CAF_AHANDLE) == 1, "cancel one");
+    ev = next(EXS_EVT_RECV);
+    CHECK(ev.exs_evt_errno == ECANCELED && ev.exs_evt_ahandle == AH(501), "cancelled 501");
+    CHECK(exs_cancel(fd, AH(0), EXS_CAF_FILDES) == 2, "cancel the others");
+    for (int i = 0; i < 3; i += 2) {
+        ev = next(EXS_EVT_RECV);
+        CHECK(ev.exs_evt_errno == ECANCELED && ev.exs_evt_ahandle == AH(500 + i) &&
+                  ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes == 0,
+              "cancelled %d: errno %d", 500 + i, ev.exs_evt_errno);
+    }
+    CHECK(exs_cancel(fd, AH(0), EXS_CAF_FILDES) == 0, "nothing left to cancel");
+    sync_write(wfd, 'c');
+    /* the client's sends L1 and L2 were on the wire (not cancelled), L3
+     * and L4 waited for credits and were; then E */
+    sync_read(down_r, 'r');
+    recv_exact(fd, b, mh, LBIG, 3000, seqp);
+    CHECK(same(b, LBIG, 40), "L1");
+    recv_exact(fd, b, mh, LBIG, 3000, seqp);
+    CHECK(same(b, LBIG, 41), "L2");
+    recv_exact(fd, b, mh, 1, 1, 0);
+    CHECK(same(b, 1, 44), "E follows L2: the cancelled sends never went");
+
+    /* the client's SHUT_WR: its last message, then end of stream (again
+     * and again); poll says readable */
+    if (seqp) {
+        const size_t r4[] = {100, 100};
+        k = recvmsg_parts(fd, r4, 2, got, &tr, 15);
+        CHECK(k == 120 && !tr && same(got, 120, 45), "message F: %zd", k);
+    } else {
+        fill(want, 120, 45);
+        stream_recvmsg(fd, want, 120);
+    }
+    expect_eof(fd, 16);
+    expect_eof(fd, 17);
+    po.events = EXS_POLLIN;
+    po.revents = 0;
+    CHECK(exs_poll(&po, 1, q, AH(4)) == 0, "poll");
+    ev = next(EXS_EVT_POLL);
+    CHECK(po.revents & EXS_POLLIN, "end of stream is readable: %x", po.revents);
+    /* half-closed: this direction still works */
+    fill(b, 3, 46);
+    CHECK(exs_send(fd, b, 3, 0, q, AH(60), mh) == 0, "send");
+    ev = next(EXS_EVT_SEND);
+    CHECK(ev.exs_evt_errno == 0, "send after the peer's SHUT_WR: %d", ev.exs_evt_errno);
+    /* the client shut its reading side: what we send now is taken unread */
+    sync_read(down_r, 'd');
+    /* two sends (the second pulled, so pending), SHUT_RDWR and
+     * exs_aclose queued behind them: their events in call order */
+    CHECK(exs_send(fd, b, 4, 0, q, AH(61), mh) == 0, "send");
+    CHECK(exs_send(fd, b, 5000, 0, q, AH(62), mh) == 0, "send");
+    CHECK(exs_shutdown(fd, SHUT_RDWR, q, AH(63)) == 0, "shutdown");
+    FAILS(exs_send(fd, b, 4, 0, q, AH(0), mh), EPIPE);
+    CHECK(exs_aclose(fd, q, AH(64)) == 0, "aclose");
+    for (int i = 0; i < 2; i++) {
+        ev = next(EXS_EVT_SEND);
+        CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_ahandle == AH(61 + i),
+              "send into a SHUT_RD peer: errno %d", ev.exs_evt_errno);
+    }
+    ev = next(EXS_EVT_SHUTDOWN);
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_ahandle == AH(63) && ev.exs_evt_fd == fd,
+          "shutdown event");
+    ev = next(EXS_EVT_CLOSE);
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_ahandle == AH(64) && ev.exs_evt_fd == fd,
+          "close event after the sends'");
+    FAILS(exs_send(fd, b, 4, 0, q, AH(0), mh), EBADF);
+    sync_write(wfd, 'e');
+    sync_read(down_r, 'f');
+    printf("server: ok\n");
+    return 0;
+}
+
+static int calls_client(int port, int rfd, int type) {
+    int seqp = type == SOCK_SEQPACKET;
+    int fd = dial(port, type, 2, -1);
+    CHECK(exs_fcntl(fd, EXS_F_GETCREDITS) == 2, "credits");
+    area_init();
+    exs_event_t ev;
+    struct timespec brief = {0, 200000000};
+    char *small = malloc(4096);
+    exs_mhandle_t smh = exs_mregister(small, 1024, 0);
+    bad_arguments(fd, small, smh);
+
+    sync_read(rfd, '1');
+    sendmsg_parts(fd, 20, m1, 3, 100);
+    sendmsg_parts(fd, 21, pa, 2, 101);
+    sendmsg_parts(fd, 22, pb, 1, 102);
+    sendmsg_parts(fd, 23, pc, 2, 103);
+    sendmsg_parts(fd, 24, pd, 3, 104);
+
+    /* sendfile of a file made under $TMPDIR */
+    const char *dir = getenv("TMPDIR");
+    CHECK(dir && *dir, "TMPDIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/rdma_sendfile.%d", dir, (int)getpid());
+    FILE *f = fopen(path, "w+");
+    CHECK(f != NULL, "create %s", path);
+    unsigned char *file = malloc(FILE_LEN);
+    fill(file, FILE_LEN, 31);
+    CHECK(fwrite(file, 1, FILE_LEN, f) == FILE_LEN && fflush(f) == 0, "write file");
+    unsigned char *mem = malloc(100), *tail = area(50);
+    fill(mem, 100, 30);
+    fill(tail, 50, 32);
+    exs_xferfile_t xf[3];
+    memset(xf, 0, sizeof xf);
+    xf[0].xf_type = EXS_IOVEC;
+    xf[0].xf_u.xf_iov.iov_base = mem;
+    xf[0].xf_u.xf_iov.iov_len = 100;
+    xf[0].xf_u.xf_iov.iov_mhandle = EXS_MHANDLE_UNREGISTERED;
+    xf[1].xf_type = EXS_FDVEC;
+    xf[1].xf_u.xf_fdv.fdv_fd = fileno(f);
+    xf[1].xf_u.xf_fdv.fdv_offset = FILE_OFF;
+    xf[1].xf_u.xf_fdv.fdv_len = FILE_LEN; /* past the end of the file */
+    FAILS(exs_sendfile(fd, xf, 2, 0, q, AH(0)), EIO);
+    xf[1].xf_u.xf_fdv.fdv_len = FILE_TAKE;
+    xf[2].xf_type = EXS_IOVEC;
+    xf[2].xf_u.xf_iov.iov_base = tail;
+    xf[2].xf_u.xf_iov.iov_len = 50;
+    xf[2].xf_u.xf_iov.iov_mhandle = reg_mh;
+    CHECK(exs_sendfile(fd, xf, 3, 0, q, AH(110)) == 0, "sendfile");
+    ev = next(EXS_EVT_SENDFILE);
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_ahandle == AH(110) &&
+              ev.exs_evt_union.exs_evt_xferfile.exs_evt_nbytes == SF_TOTAL &&
+              ev.exs_evt_union.exs_evt_xferfile.exs_evt_vec == xf &&
+              ev.exs_evt_union.exs_evt_xferfile.exs_evt_count == 3,
+          "sendfile event: errno %d, %zd octets", ev.exs_evt_errno,
+          ev.exs_evt_union.exs_evt_xferfile.exs_evt_nbytes);
+    fclose(f);
+    CHECK(unlink(path) == 0, "unlink");
+
+    /* cancel: with 2 credits and a receiver that takes nothing, L1 and L2
+     * are advertised, L3 and L4 wait for credits; so does POLLOUT */
+    sync_read(rfd, 'c');
+    usleep(100000); /* the credits of the messages above are back */
+    unsigned char *lb = area(4 * LBIG);
+    for (int i = 0; i < 4; i++) {
+        fill(lb + i * LBIG, LBIG, 40 + i);
+        CHECK(exs_send(fd, lb + i * LBIG, LBIG, 0, q, AH(701 + i), reg_mh) == 0, "send L%d", i);
+    }
+    exs_pollfd_t po = {fd, EXS_POLLOUT, 0};
+    CHECK(exs_poll(&po, 1, q, AH(705)) == 0, "poll");
+    CHECK(exs_qdequeue(q, &ev, 1, &brief) == 0, "an event while the peer takes nothing: %d",
+          ev.exs_evt_type);
+    CHECK(exs_cancel(fd, AH(703), EXS_CAF_FILDES | EXS_CAF_AHANDLE) == 1, "cancel L3");
+    ev = next(EXS_EVT_SEND);
+    CHECK(ev.exs_evt_errno == ECANCELED && ev.exs_evt_ahandle == AH(703), "L3 cancelled");
+    CHECK(exs_cancel(-1, AH(704), EXS_CAF_AHANDLE) == 1, "cancel L4 by its handle");
+    ev = next(EXS_EVT_SEND);
+    CHECK(ev.exs_evt_errno == ECANCELED && ev.exs_evt_ahandle == AH(704), "L4 cancelled");
+    CHECK(exs_cancel(fd, AH(701), EXS_CAF_FILDES | EXS_CAF_AHANDLE) == 0,
+          "L1 is on the wire: not cancelled");
+    sync_write(down_w, 'r');
+    /* L1 and L2 complete in order once pulled; POLLOUT when credits return */
+    int sends = 0, polls = 0;
+    for (int i = 0; i < 3; i++) {
+        struct timespec t = {10, 0};
+        CHECK(exs_qdequeue(q, &ev, 1, &t) == 1, "event %d of L1, L2 and the poll", i);
+        if (ev.exs_evt_type == EXS_EVT_SEND) {
+            CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_ahandle == AH(701 + sends),
+                  "L%d: errno %d", sends + 1, ev.exs_evt_errno);
+            sends++;
+        } else {
+            CHECK(ev.exs_evt_type == EXS_EVT_POLL && ev.exs_evt_ahandle == AH(705) &&
+                      po.revents == EXS_POLLOUT && ev.exs_evt_union.exs_evt_poll.exs_evt_nready == 1,
+                  "writable again: type %d revents %x", ev.exs_evt_type, po.revents);
+            polls++;
+        }
+    }
+    CHECK(sends == 2 && polls == 1, "%d sends %d polls", sends, polls);
+    unsigned char *e = area(1);
+    fill(e, 1, 44);
+    send1(fd, e, 1, reg_mh, 706);
+    CHECK(next(EXS_EVT_SEND).exs_evt_errno == 0, "E");
+
+    /* SHUT_WR after a last message: its event after the message's */
+    sendmsg_parts(fd, 45, pf_, 2, 800);
+    CHECK(exs_shutdown(fd, SHUT_WR, q, AH(801)) == 0, "shutdown");
+    ev = next(EXS_EVT_SHUTDOWN);
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_ahandle == AH(801) && ev.exs_evt_fd == fd,
+          "shutdown event");
+    FAILS(exs_send(fd, small, 4, 0, q, AH(0), smh), EPIPE);
+    exs_iovec_t iv[2] = {{small, 2, smh}, {small + 2, 2, smh}};
+    exs_msghdr_t m;
+    memset(&m, 0, sizeof m);
+    m.msg_iov = iv;
+    m.msg_iovlen = 2;
+    FAILS(exs_sendmsg(fd, &m, 0, q, AH(0)), EPIPE);
+    /* the other direction still works */
+    unsigned char got[8];
+    memset(got, 0, sizeof got);
+    CHECK(exs_recv(fd, got, sizeof got, 0, q, AH(802), EXS_MHANDLE_UNREGISTERED) == 0, "recv");
+    ev = next(EXS_EVT_RECV);
+    CHECK(ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes == 3 && same(got, 3, 46),
+          "message after SHUT_WR: %zd", ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes);
+    /* SHUT_RD: receives end at once with 0 octets */
+    CHECK(exs_shutdown(fd, SHUT_RD, q, AH(803)) == 0, "shutdown");
+    ev = next(EXS_EVT_SHUTDOWN);
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_ahandle == AH(803), "SHUT_RD event");
+    expect_eof(fd, 804);
+    sync_write(down_w, 'd');
+    /* the server's SHUT_RDWR: both directions shut, POLLHUP */
+    sync_read(rfd, 'e');
+    int hup = 0;
+    for (int i = 0; i < 500 && !hup; i++) {
+        po.events = EXS_POLLIN | EXS_POLLOUT;
+        po.revents = 0;
+        CHECK(exs_poll(&po, 1, q, AH(805)) == 0, "poll");
+        ev = next(EXS_EVT_POLL);
+        CHECK(po.revents & EXS_POLLIN, "shut for reading: readable (%x)", po.revents);
+        CHECK(!(po.revents & EXS_POLLOUT), "shut for writing: not writable (%x)", po.revents);
+        hup = po.revents & EXS_POLLHUP;
+        if (!hup) usleep(10000);
+    }
+    CHECK(hup, "POLLHUP once both directions are shut");
+    expect_eof(fd, 806);
+    sync_write(down_w, 'f');
+    /* asynchronous close */
+    CHECK(exs_aclose(fd, q, AH(900)) == 0, "aclose");
+    ev = next(EXS_EVT_CLOSE);
+    CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_ahandle == AH(900), "close event");
+    FAILS(exs_send(fd, small, 4, 0, q, AH(0), smh), EBADF);
+    (void)seqp;
+    printf("client: ok\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IONBF, 0);
     if (argc < 2) {
-        fprintf(stderr, "usage: rdma_test seqpacket|stream|credits N|errors|kill|persistent|threads N|latency N\n");
+        fprintf(stderr, "usage: rdma_test seqpacket|stream|credits N|errors|kill|persistent|threads N|latency N|calls TYPE\n");
         return 2;
     }
     const char *mode = argv[1];
+    CHECK(strcmp(mode, "calls") != 0 || argc > 2, "calls needs a type: seqpacket or stream");
     long n = argc > 2 ? atol(argv[2]) : 1000;
     int up[2], down[2];
     CHECK(pipe(up) == 0 && pipe(down) == 0, "pipe");
     pid_t pid = fork();
     CHECK(pid >= 0, "fork");
+    down_r = down[0];
+    down_w = down[1];
     if (pid == 0) {
         close(up[0]);
         close(down[1]);
@@ -992,6 +1554,7 @@ int main(int argc, char **argv) {
         if (!strcmp(mode, "latency")) return latency_server(wfd, n);
         if (!strcmp(mode, "persistent")) return persistent_server(wfd);
         if (!strcmp(mode, "threads")) return threads_server(wfd, n);
+        if (!strcmp(mode, "calls")) return calls_server(wfd, type_of(argv[2]));
         return 2;
     }
     close(up[1]);
@@ -1012,6 +1575,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(mode, "errors")) rc = errors_client(port);
         else if (!strcmp(mode, "kill")) rc = kill_client(port, rfd, pid);
         else if (!strcmp(mode, "threads")) rc = threads_client(port, n);
+        else if (!strcmp(mode, "calls")) rc = calls_client(port, rfd, type_of(argv[2]));
         else rc = 2;
     }
     int st = 0;
