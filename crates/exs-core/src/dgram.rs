@@ -10,12 +10,13 @@
 //! address `(ip, port)` therefore names its QP: a send to `(ip, port)` is
 //! one UD (RD) Send to QP `port << 8` at `ip`, UDP port `port`, and a
 //! received message's source address is the completion's source IP and
-//! UDP port. No header is added.
+//! UDP port. No header is added (a Write-Record carries one in its slot).
 //!
 //! Datagrams are copied: each descriptor owns [`RX_BUFS`] receive buffers
-//! and [`TX_BUFS`] send buffers of [`MAX_DGRAM`] octets (a datagram that
-//! arrives before a receive is queued waits in one, as in a socket
-//! buffer; one that finds none is lost, as UDP's). Each descriptor has a
+//! of [`MAX_DGRAM`] octets and [`TX_BUFS`] send buffers of that and a
+//! record header (a datagram that arrives before a receive is queued
+//! waits in one, as in a socket buffer; one that finds none is lost, as
+//! UDP's). Each descriptor has a
 //! thread that polls the CQ (reading the QP's socket) and otherwise
 //! sleeps on the QP's socket, the CQ's completion channel and a wake-up
 //! eventfd.
