@@ -931,6 +931,12 @@ pub fn close(fd: c_int) -> Result<(), Errno> {
     let mut ops: Vec<(bool, DOp)> = g.recvs.drain(..).map(|o| (true, o)).collect();
     ops.extend(g.sends.drain(..).map(|o| (false, o)));
     if let Some(q) = g.qp.as_mut() {
+        // An RD QP that received its peer's last message in a poll of
+        // this descriptor (the caller's own, in `xfer`) owes the ACK until
+        // the CQ is armed or a fallback timer fires. Arming sends it now:
+        // dropped with the QP, the peer would retransmit into a closed
+        // socket until its retries ran out and fail that send.
+        q.cq.req_notify(false);
         ops.extend(
             q.inflight
                 .drain()
