@@ -1,6 +1,8 @@
 //! `SOCK_DGRAM` descriptors of the RDMA model: one softrdma UD queue pair
 //! (or RD, chosen with `exs_fcntl(fd, EXS_F_SETDGRAM, EXS_DGRAM_RD)`)
-//! per descriptor.
+//! per descriptor. With `EXS_DGRAM_WR` the QP is a UD QP whose datagrams
+//! are RDMA Write-Records into receive rings the receivers granted
+//! ([`crate::dgram_wr`]).
 //!
 //! Addressing: the QP is self-driven, so its UDP socket is its own, bound
 //! to the descriptor's address, and its number is `port << 8` (slot 0 of
@@ -8,12 +10,13 @@
 //! address `(ip, port)` therefore names its QP: a send to `(ip, port)` is
 //! one UD (RD) Send to QP `port << 8` at `ip`, UDP port `port`, and a
 //! received message's source address is the completion's source IP and
-//! UDP port. No header is added.
+//! UDP port. No header is added (a Write-Record carries one in its slot).
 //!
 //! Datagrams are copied: each descriptor owns [`RX_BUFS`] receive buffers
-//! and [`TX_BUFS`] send buffers of [`MAX_DGRAM`] octets (a datagram that
-//! arrives before a receive is queued waits in one, as in a socket
-//! buffer; one that finds none is lost, as UDP's). Each descriptor has a
+//! of [`MAX_DGRAM`] octets and [`TX_BUFS`] send buffers of that and a
+//! record header (a datagram that arrives before a receive is queued
+//! waits in one, as in a socket buffer; one that finds none is lost, as
+//! UDP's). Each descriptor has a
 //! thread that polls the CQ (reading the QP's socket) and otherwise
 //! sleeps on the QP's socket, the CQ's completion channel and a wake-up
 //! eventfd.
@@ -32,6 +35,7 @@ use softrdma_verbs::{
 };
 
 use crate::abi::*;
+use crate::dgram_wr::{self, Ctl, Plan, Stats, Wr, SLOT};
 use crate::engine::engine;
 use crate::queue::Queue;
 use crate::rdma::{dev, from_sockaddr, unspecified, write_addr};
@@ -54,8 +58,26 @@ pub const EXS_F_GETDGRAM: c_int = 0x4558_0106;
 pub const EXS_DGRAM_UD: c_int = 0;
 /// Reliable Datagram.
 pub const EXS_DGRAM_RD: c_int = 1;
-/// Write-Record (not supported: `EOPNOTSUPP`).
+/// Write-Record: a UD QP; datagrams are RDMA Write-Records into a ring
+/// the receiver granted (UD Sends while it has none or no credit).
 pub const EXS_DGRAM_WR: c_int = 2;
+/// `exs_fcntl(fd, EXS_F_GETDGRAMSTAT, which)`: one of the descriptor's
+/// datagram counters (`EXS_DGRAM_STAT_*`, saturated at `INT_MAX`).
+pub const EXS_F_GETDGRAMSTAT: c_int = 0x4558_0107;
+/// Datagrams sent as Write-Records.
+pub const EXS_DGRAM_STAT_RECORDS_OUT: c_int = 0;
+/// Datagrams received as Write-Records (whole or partial).
+pub const EXS_DGRAM_STAT_RECORDS_IN: c_int = 1;
+/// Of those, delivered as their placed prefix (`MSG_TRUNC`).
+pub const EXS_DGRAM_STAT_RECORDS_PARTIAL: c_int = 2;
+/// Datagrams sent as UD (RD) Sends.
+pub const EXS_DGRAM_STAT_SENDS_OUT: c_int = 3;
+/// Datagrams received as UD (RD) Sends.
+pub const EXS_DGRAM_STAT_SENDS_IN: c_int = 4;
+
+/// Octets of a send buffer (a Write-Record's header and the largest
+/// datagram).
+const TXB: usize = SLOT;
 
 const SEND_OK: c_int = libc::MSG_EOR | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT | libc::MSG_MORE;
 const RECV_OK: c_int = libc::MSG_TRUNC | libc::MSG_DONTWAIT;
@@ -82,6 +104,12 @@ impl DQp {
         match self {
             DQp::Ud(q) => q.qpn(),
             DQp::Rd(q) => q.qpn(),
+        }
+    }
+    fn ud(&self) -> Option<&UdQueuePair> {
+        match self {
+            DQp::Ud(q) => Some(q),
+            DQp::Rd(_) => None,
         }
     }
     fn socket_fd(&self) -> c_int {
@@ -166,6 +194,24 @@ impl DOp {
     }
 }
 
+/// Where a received datagram lies.
+#[derive(Clone, Copy)]
+enum Loc {
+    /// A receive buffer (its index).
+    Buf(usize),
+    /// A ring slot: ring, slot offset, sequence number.
+    Slot(usize, usize, u32),
+}
+
+/// A datagram arrived: where, its length, octets of it present (fewer:
+/// a partial Write-Record's placed prefix), its source.
+struct Rx {
+    loc: Loc,
+    len: usize,
+    avail: usize,
+    from: SocketAddr,
+}
+
 /// The QP and its buffers, from the first use that needs them.
 struct Qp {
     qp: DQp,
@@ -174,11 +220,16 @@ struct Qp {
     rx_mr: MemoryRegion,
     tx_mr: MemoryRegion,
     tx_free: Vec<usize>,
-    /// Sends posted, by send buffer.
-    inflight: HashMap<usize, DOp>,
-    /// Datagrams arrived: buffer, length, source.
-    rx: VecDeque<(usize, usize, SocketAddr)>,
+    /// Sends posted, by send buffer (`None`: a control message).
+    inflight: HashMap<usize, Option<DOp>>,
+    /// Datagrams arrived.
+    rx: VecDeque<Rx>,
     ahs: HashMap<SocketAddr, AddressHandle>,
+    /// `EXS_DGRAM_WR`: the rings.
+    wr: Option<Wr>,
+    /// Control messages waiting for a send buffer.
+    ctl: VecDeque<Ctl>,
+    stats: Stats,
 }
 
 impl Qp {
@@ -189,11 +240,70 @@ impl Qp {
             sgl: SgList::single(sge.addr, sge.length, sge.lkey),
         });
     }
+
+    /// The application is done with a datagram: its buffer is posted
+    /// again, or its ring slot counts as consumed.
+    fn release(&mut self, loc: Loc) {
+        match loc {
+            Loc::Buf(idx) => self.post_recv(idx),
+            Loc::Slot(ring, _, seq) => {
+                if let Some(w) = self.wr.as_mut() {
+                    let mut out = Vec::new();
+                    w.release(ring, seq, &mut out);
+                    self.ctl.extend(out);
+                }
+            }
+        }
+    }
+
+    /// The address handle toward the descriptor at `dest`.
+    fn ah(&mut self, dest: SocketAddr) -> Option<AddressHandle> {
+        if !self.ahs.contains_key(&dest) {
+            let port = dest.port();
+            let a = self
+                .qp_pd()
+                .create_ah_to(dest.ip().to_canonical(), port, u32::from(port) << 8)
+                .ok()?;
+            self.ahs.insert(dest, a);
+        }
+        self.ahs.get(&dest).cloned()
+    }
+
+    /// Posts the control messages waiting, while send buffers are free
+    /// (one that finds none waits; the peers ask again anyway).
+    fn send_ctl(&mut self) {
+        while !self.tx_free.is_empty() {
+            let Some((ah, kind, body)) = self.ctl.pop_front() else {
+                break;
+            };
+            let slot = self.tx_free.pop().unwrap_or(0);
+            let _ = self.tx_mr.write_at(slot * TXB, &body);
+            let sge = self.tx_mr.sge(slot * TXB, body.len() as u32);
+            let wr = SendWr {
+                wr_id: slot as u64,
+                op: SendOp::Send {
+                    imm: Some(dgram_wr::imm(kind)),
+                    invalidate: None,
+                },
+                payload: Payload::Sgl(SgList::single(sge.addr, sge.length, sge.lkey)),
+                flags: SendFlags {
+                    signaled: true,
+                    ..SendFlags::default()
+                },
+            };
+            if self.qp.post_send(wr, &ah) {
+                self.inflight.insert(slot, None);
+            } else {
+                self.tx_free.push(slot);
+            }
+        }
+    }
 }
 
 struct Inner {
     family: c_int,
-    rd: bool,
+    /// `EXS_DGRAM_UD`, `_RD` or `_WR`.
+    mode: c_int,
     bound: Option<SocketAddr>,
     peer: Option<SocketAddr>,
     qp: Option<Qp>,
@@ -270,7 +380,7 @@ pub fn socket(domain: c_int, ty: c_int) -> Result<c_int, Errno> {
     let s = Arc::new(DSock {
         inner: Mutex::new(Inner {
             family: domain,
-            rd: false,
+            mode: EXS_DGRAM_UD,
             bound: None,
             peer: None,
             qp: None,
@@ -296,12 +406,16 @@ fn ensure_qp(fd: c_int, s: &Arc<DSock>, g: &mut Inner) -> Result<(), Errno> {
     let d = dev()?;
     let bind = g.bound.unwrap_or(unspecified(g.family));
     let chan = d.ctx.create_comp_channel().map_err(|_| libc::EMFILE)?;
-    let cq = d.ctx.create_cq(2 * (RX_BUFS + TX_BUFS) + 8, Some(&chan));
+    let cq = d.ctx.create_cq(
+        2 * (RX_BUFS + TX_BUFS) + 2 * dgram_wr::RINGS * dgram_wr::RING_SLOTS as usize + 8,
+        Some(&chan),
+    );
     let caps = QpCaps {
         max_send_wr: TX_BUFS + 4,
         max_recv_wr: RX_BUFS,
     };
-    let qp = if g.rd {
+    let wr = g.mode == EXS_DGRAM_WR;
+    let qp = if g.mode == EXS_DGRAM_RD {
         d.pd.create_rd_qp(
             &cq,
             &cq,
@@ -321,8 +435,10 @@ fn ensure_qp(fd: c_int, s: &Arc<DSock>, g: &mut Inner) -> Result<(), Errno> {
             caps,
             UdQpOptions {
                 bind,
-                max_msg: MAX_DGRAM,
+                // A Write-Record is a header and the datagram.
+                max_msg: if wr { SLOT } else { MAX_DGRAM },
                 self_driven: true,
+                record: dgram_wr::record_config(),
                 ..UdQpOptions::default()
             },
         )
@@ -338,7 +454,7 @@ fn ensure_qp(fd: c_int, s: &Arc<DSock>, g: &mut Inner) -> Result<(), Errno> {
         d.pd.register(RX_BUFS * MAX_DGRAM, Access::LOCAL_WRITE)
             .map_err(|_| libc::ENOMEM)?;
     let tx_mr =
-        d.pd.register(TX_BUFS * MAX_DGRAM, Access(0))
+        d.pd.register(TX_BUFS * TXB, Access(0))
             .map_err(|_| libc::ENOMEM)?;
     let q = Qp {
         qp,
@@ -350,6 +466,9 @@ fn ensure_qp(fd: c_int, s: &Arc<DSock>, g: &mut Inner) -> Result<(), Errno> {
         inflight: HashMap::new(),
         rx: VecDeque::new(),
         ahs: HashMap::new(),
+        wr: wr.then(Wr::default),
+        ctl: VecDeque::new(),
+        stats: Stats::default(),
     };
     for i in 0..RX_BUFS {
         q.post_recv(i);
@@ -421,48 +540,21 @@ fn drive(fd: c_int, g: &mut Inner) {
         qp_num: 0,
     };
     let mut out = [blank; 32];
+    // A poll reads the QP's socket only when the CQ's queue is empty: a
+    // Write-Record sender needs its peers' grants and credits read too,
+    // so it looks until one poll found the queue empty.
+    let mut looks: usize = if q.wr.is_some() { 4 } else { 0 };
     loop {
         let n = q.cq.poll(&mut out);
         for c in &out[..n] {
-            let wc = &c.wc;
-            match wc.opcode {
-                WcOpcode::Recv => {
-                    let idx = wc.wr_id as usize;
-                    if idx >= RX_BUFS {
-                        continue;
-                    }
-                    match (wc.status, wc.src) {
-                        (WcStatus::Success, Some(src)) => {
-                            let from = SocketAddr::new(src.ip.to_canonical(), src.port);
-                            // A connected descriptor takes its peer's only.
-                            if g.peer.is_some_and(|p| !same(p, from)) {
-                                q.post_recv(idx);
-                            } else {
-                                q.rx.push_back((idx, wc.byte_len as usize, from));
-                            }
-                        }
-                        _ => q.post_recv(idx),
-                    }
-                }
-                _ => {
-                    let slot = wc.wr_id as usize;
-                    if let Some(op) = q.inflight.remove(&slot) {
-                        q.tx_free.push(slot);
-                        let n = op.total();
-                        let e = if wc.status == WcStatus::Success {
-                            0
-                        } else {
-                            libc::EIO
-                        };
-                        op.finish(fd, false, e, n, false);
-                    }
-                }
-            }
+            complete(fd, q, g.peer, &c.wc);
         }
-        if n < out.len() {
+        if n == 0 || (n < out.len() && looks == 0) {
             break;
         }
+        looks = looks.saturating_sub(usize::from(n < out.len()));
     }
+    q.send_ctl();
     // Sends, in order, while send buffers are free.
     while !q.tx_free.is_empty() {
         let Some(op) = g.sends.pop_front() else { break };
@@ -470,47 +562,69 @@ fn drive(fd: c_int, g: &mut Inner) {
             op.finish(fd, false, libc::EDESTADDRREQ, 0, false);
             continue;
         };
+        let Some(ah) = q.ah(dest) else {
+            op.finish(fd, false, libc::EINVAL, 0, false);
+            continue;
+        };
+        let plan = match q.wr.as_mut() {
+            Some(w) => w.plan(dest),
+            None => Plan::Send(None),
+        };
         let slot = q.tx_free.pop().unwrap_or(0);
+        let (hdr, op_wr, seq) = match plan {
+            Plan::Record {
+                remote_addr,
+                rkey,
+                hdr,
+            } => (
+                Some(hdr),
+                SendOp::WriteRecord { remote_addr, rkey },
+                Some(u32::from_be_bytes([hdr[4], hdr[5], hdr[6], hdr[7]])),
+            ),
+            Plan::Send(imm) => (
+                None,
+                SendOp::Send {
+                    imm,
+                    invalidate: None,
+                },
+                None,
+            ),
+        };
         let mut off = 0;
+        if let Some(h) = hdr {
+            let _ = q.tx_mr.write_at(slot * TXB, &h);
+            off = h.len();
+        }
         for &(b, l) in &op.iov {
             if l > 0 {
                 // SAFETY: the caller's buffer, checked mapped (or inside
                 // its registration) at the call and valid until the event.
                 let src = unsafe { std::slice::from_raw_parts(b as *const u8, l) };
-                let _ = q.tx_mr.write_at(slot * MAX_DGRAM + off, src);
+                let _ = q.tx_mr.write_at(slot * TXB + off, src);
             }
             off += l;
         }
-        if !q.ahs.contains_key(&dest) {
-            let port = dest.port();
-            if let Ok(a) =
-                q.qp_pd()
-                    .create_ah_to(dest.ip().to_canonical(), port, u32::from(port) << 8)
-            {
-                q.ahs.insert(dest, a);
-            }
-        }
-        let Some(ah) = q.ahs.get(&dest) else {
-            q.tx_free.push(slot);
-            op.finish(fd, false, libc::EINVAL, 0, false);
-            continue;
-        };
-        let sge = q.tx_mr.sge(slot * MAX_DGRAM, off as u32);
+        let sge = q.tx_mr.sge(slot * TXB, off as u32);
         let wr = SendWr {
             wr_id: slot as u64,
-            op: SendOp::Send {
-                imm: None,
-                invalidate: None,
-            },
+            op: op_wr,
             payload: Payload::Sgl(SgList::single(sge.addr, sge.length, sge.lkey)),
             flags: SendFlags {
                 signaled: true,
                 ..SendFlags::default()
             },
         };
-        if q.qp.post_send(wr, ah) {
-            q.inflight.insert(slot, op);
+        if q.qp.post_send(wr, &ah) {
+            if seq.is_some() {
+                q.stats.records_out += 1;
+            } else {
+                q.stats.sends_out += 1;
+            }
+            q.inflight.insert(slot, Some(op));
         } else {
+            if let (Some(s), Some(w)) = (seq, q.wr.as_mut()) {
+                w.unplan(dest, s);
+            }
             q.tx_free.push(slot);
             op.finish(fd, false, libc::EIO, 0, false);
         }
@@ -518,35 +632,138 @@ fn drive(fd: c_int, g: &mut Inner) {
     // Receives, in order, while datagrams wait.
     while !q.rx.is_empty() {
         let Some(op) = g.recvs.pop_front() else { break };
-        let Some((idx, len, from)) = q.rx.pop_front() else {
+        let Some(m) = q.rx.pop_front() else {
             break;
         };
         let mut off = 0;
         for &(b, l) in &op.iov {
-            let n = l.min(len - off);
+            let n = l.min(m.avail - off);
             if n > 0 {
                 // SAFETY: the caller's buffer, checked at the call and
                 // valid until the event.
                 let dst = unsafe { std::slice::from_raw_parts_mut(b as *mut u8, n) };
-                let _ = q.rx_mr.read_at(idx * MAX_DGRAM + off, dst);
+                match m.loc {
+                    Loc::Buf(idx) => {
+                        let _ = q.rx_mr.read_at(idx * MAX_DGRAM + off, dst);
+                    }
+                    Loc::Slot(ring, at, _) => {
+                        if let Some(w) = q.wr.as_ref() {
+                            w.read(ring, at, off, dst);
+                        }
+                    }
+                }
             }
             off += n;
         }
-        q.post_recv(idx);
-        if let Some(m) = op.msg {
+        q.release(m.loc);
+        if let Some(mp) = op.msg {
             // SAFETY: the caller's msghdr, checked mapped at the call.
-            let h = unsafe { (m as *const exs_msghdr_t).read_unaligned() };
+            let h = unsafe { (mp as *const exs_msghdr_t).read_unaligned() };
             if !h.msg_name.is_null() {
                 let mut nl = h.msg_namelen;
-                if write_addr(from, h.msg_name as *mut sockaddr, &mut nl).is_ok() {
+                if write_addr(m.from, h.msg_name as *mut sockaddr, &mut nl).is_ok() {
                     // SAFETY: as above.
                     unsafe {
-                        std::ptr::addr_of_mut!((*(m as *mut exs_msghdr_t)).msg_namelen).write(nl)
+                        std::ptr::addr_of_mut!((*(mp as *mut exs_msghdr_t)).msg_namelen).write(nl)
                     };
                 }
             }
         }
-        op.finish(fd, true, 0, off, off < len);
+        op.finish(fd, true, 0, off, off < m.len);
+    }
+    // Credits the reads just earned.
+    q.send_ctl();
+}
+
+/// One completion of the descriptor's CQ.
+fn complete(fd: c_int, q: &mut Qp, peer: Option<SocketAddr>, wc: &WorkCompletion) {
+    match wc.opcode {
+        WcOpcode::Recv => {
+            let idx = wc.wr_id as usize;
+            if idx >= RX_BUFS {
+                return;
+            }
+            let (WcStatus::Success, Some(src)) = (wc.status, wc.src) else {
+                q.post_recv(idx);
+                return;
+            };
+            let from = SocketAddr::new(src.ip.to_canonical(), src.port);
+            let kind = dgram_wr::kind(wc.imm);
+            if let Some(k @ (dgram_wr::K_GRANT | dgram_wr::K_CREDIT)) = kind {
+                // Control, never delivered.
+                if let Some(w) = q.wr.as_mut() {
+                    let n = (wc.byte_len as usize).min(20);
+                    let mut b = [0u8; 20];
+                    if q.rx_mr.read_at(idx * MAX_DGRAM, &mut b[..n]).is_ok() {
+                        w.control(src, k, &b[..n]);
+                    }
+                }
+                q.post_recv(idx);
+                return;
+            }
+            // A connected descriptor takes its peer's only.
+            if peer.is_some_and(|p| !same(p, from)) {
+                q.post_recv(idx);
+                return;
+            }
+            if let Some(k @ (dgram_wr::K_HELLO | dgram_wr::K_ASK)) = kind {
+                let mut out = Vec::new();
+                match (q.wr.as_mut(), q.qp.ud()) {
+                    (Some(w), Some(ud)) => w.request(ud, src, from, k, &mut out),
+                    // Not a Write-Record descriptor: the writer sends UD
+                    // Sends.
+                    (None, Some(ud)) => {
+                        if let Ok(ah) = ud.pd().create_ah(src) {
+                            out.push(dgram_wr::refusal(ah));
+                        }
+                    }
+                    _ => {}
+                }
+                q.ctl.extend(out);
+            }
+            q.stats.sends_in += 1;
+            let len = wc.byte_len as usize;
+            q.rx.push_back(Rx {
+                loc: Loc::Buf(idx),
+                len,
+                avail: len,
+                from,
+            });
+        }
+        WcOpcode::RecvWriteRecord => {
+            let Some(w) = q.wr.as_mut() else { return };
+            let Some(r) = w.record(wc, &mut q.stats) else {
+                return;
+            };
+            let loc = Loc::Slot(r.ring, r.off, r.seq);
+            if peer.is_some_and(|p| !same(p, r.from)) {
+                q.release(loc);
+                return;
+            }
+            q.rx.push_back(Rx {
+                loc,
+                len: r.len,
+                avail: r.avail,
+                from: r.from,
+            });
+        }
+        _ => {
+            let slot = wc.wr_id as usize;
+            match q.inflight.remove(&slot) {
+                Some(Some(op)) => {
+                    q.tx_free.push(slot);
+                    let n = op.total();
+                    let e = if wc.status == WcStatus::Success {
+                        0
+                    } else {
+                        libc::EIO
+                    };
+                    op.finish(fd, false, e, n, false);
+                }
+                Some(None) => q.tx_free.push(slot),
+                None => {}
+            }
+        }
     }
 }
 
@@ -714,7 +931,17 @@ pub fn close(fd: c_int) -> Result<(), Errno> {
     let mut ops: Vec<(bool, DOp)> = g.recvs.drain(..).map(|o| (true, o)).collect();
     ops.extend(g.sends.drain(..).map(|o| (false, o)));
     if let Some(q) = g.qp.as_mut() {
-        ops.extend(q.inflight.drain().map(|(_, o)| (false, o)));
+        // An RD QP that received its peer's last message in a poll of
+        // this descriptor (the caller's own, in `xfer`) owes the ACK until
+        // the CQ is armed or a fallback timer fires. Arming sends it now:
+        // dropped with the QP, the peer would retransmit into a closed
+        // socket until its retries ran out and fail that send.
+        q.cq.req_notify(false);
+        ops.extend(
+            q.inflight
+                .drain()
+                .filter_map(|(_, o)| o.map(|o| (false, o))),
+        );
     }
     g.qp = None;
     drop(g);
@@ -751,20 +978,31 @@ pub fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> Result<c_int, Errno> 
     let s = get(fd)?;
     let mut g = s.lock();
     match cmd {
-        EXS_F_GETDGRAM => Ok(if g.rd { EXS_DGRAM_RD } else { EXS_DGRAM_UD }),
+        EXS_F_GETDGRAM => Ok(g.mode),
         EXS_F_SETDGRAM => {
             let v = arg as c_int;
             match v {
-                EXS_DGRAM_UD | EXS_DGRAM_RD => {
+                EXS_DGRAM_UD | EXS_DGRAM_RD | EXS_DGRAM_WR => {
                     if g.qp.is_some() {
                         return Err(libc::EISCONN);
                     }
-                    g.rd = v == EXS_DGRAM_RD;
+                    g.mode = v;
                     Ok(0)
                 }
-                EXS_DGRAM_WR => Err(libc::EOPNOTSUPP),
                 _ => Err(libc::EINVAL),
             }
+        }
+        EXS_F_GETDGRAMSTAT => {
+            let st = g.qp.as_ref().map(|q| q.stats).unwrap_or_default();
+            let v = match arg as c_int {
+                EXS_DGRAM_STAT_RECORDS_OUT => st.records_out,
+                EXS_DGRAM_STAT_RECORDS_IN => st.records_in,
+                EXS_DGRAM_STAT_RECORDS_PARTIAL => st.records_partial,
+                EXS_DGRAM_STAT_SENDS_OUT => st.sends_out,
+                EXS_DGRAM_STAT_SENDS_IN => st.sends_in,
+                _ => return Err(libc::EINVAL),
+            };
+            Ok(v.min(c_int::MAX as u64) as c_int)
         }
         libc::F_GETFL => Ok(libc::O_RDWR),
         libc::F_SETFL => Ok(0),

@@ -15,6 +15,7 @@
 pub mod abi;
 pub mod api;
 pub mod dgram;
+pub mod dgram_wr;
 pub mod engine;
 pub mod mem;
 pub mod queue;

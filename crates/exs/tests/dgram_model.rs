@@ -1,4 +1,4 @@
-//! `SOCK_DGRAM` sockets of the RDMA model (UD and RD queue pairs)
+//! `SOCK_DGRAM` sockets of the RDMA model (UD, RD and Write-Record)
 //! between two processes of one C program (`tests/c/dgram_test.c`, built
 //! against `include/sys/exs.h` and the library cargo just built). Every
 //! run is bounded by a deadline.
@@ -19,7 +19,11 @@ fn case(mode: &str) -> String {
     drop(tmp);
     assert!(o.status.success(), "dgram_test {mode} failed:\n{t}");
     assert!(
-        t.contains("client: ok") && t.contains("server: ok") && t.contains("sizes: 10 datagrams"),
+        t.contains("client: ok")
+            && t.contains("server: ok")
+            && t.contains("sizes: 10 datagrams")
+            && t.contains("many: 300 datagrams (client)")
+            && t.contains("many: 300 datagrams (server)"),
         "missing verdicts:\n{t}"
     );
     t
@@ -37,4 +41,26 @@ fn ud_datagrams_keep_boundaries_sources_and_truncation() {
 #[test]
 fn rd_datagrams_keep_boundaries_sources_and_truncation() {
     case("rd");
+}
+
+/// The same with `EXS_DGRAM_WR` at both ends: after the first exchange
+/// every datagram is a Write-Record into the receiver's ring (the
+/// program checks the counters); and a sender that outruns a receiver
+/// reading nothing loses datagrams, none corrupted, and writes no more
+/// records than the ring has slots.
+#[test]
+fn wr_datagrams_are_write_records_into_granted_rings() {
+    let t = case("wr");
+    assert!(
+        t.contains("blast: records out") && t.contains("arrived intact"),
+        "missing overrun verdicts:\n{t}"
+    );
+}
+
+/// A Write-Record client and a UD server: the client's requests for a
+/// ring are refused, every datagram goes as a UD Send both ways.
+#[test]
+fn wr_with_a_ud_peer_falls_back_to_sends() {
+    let t = case("wrmix");
+    assert!(t.contains("client wrmix: records out 0 in 0"), "{t}");
 }

@@ -498,14 +498,32 @@ int exs_close(int fd);
  * retransmits lost packets but still drops what finds no buffer).
  * exs_listen, exs_accept, exs_shutdown, exs_sendfile, the persistent flags
  * and the offset calls: EOPNOTSUPP.
- *   EXS_F_SETDGRAM: EXS_DGRAM_UD (default) or EXS_DGRAM_RD, before the
- *     descriptor is bound (else EISCONN); both ends must use the same.
- *     EXS_DGRAM_WR (Write-Record): EOPNOTSUPP. EXS_F_GETDGRAM reads it. */
+ *   EXS_F_SETDGRAM: EXS_DGRAM_UD (default), EXS_DGRAM_RD or EXS_DGRAM_WR,
+ *     before the descriptor is bound (else EISCONN). EXS_F_GETDGRAM reads
+ *     it. UD and RD: both ends must use the same.
+ *   EXS_DGRAM_WR (Write-Record): a UD queue pair whose datagrams are RDMA
+ *     Write-Records into a ring of 8 slots the receiver granted this
+ *     sender (docs/exs.md, "Datagram sockets"); a receive copies the
+ *     datagram out of its slot and frees the slot. Without a ring, or out
+ *     of credit (8 datagrams the receiver has not read yet), a datagram
+ *     goes as a UD Send, so a WR end and a UD end still exchange
+ *     datagrams (as UD). A record missing segments is delivered after
+ *     100 ms as its placed prefix: fewer octets, MSG_TRUNC. A receiver
+ *     serves 4 writers by Write-Record, others by UD Sends.
+ *   EXS_F_GETDGRAMSTAT, EXS_DGRAM_STAT_*: one of the descriptor's
+ *     counters (datagrams sent / received as Write-Records, received
+ *     partial, sent / received as Sends); another argument EINVAL. */
 #define EXS_F_SETDGRAM 0x45580105
 #define EXS_F_GETDGRAM 0x45580106
+#define EXS_F_GETDGRAMSTAT 0x45580107
 #define EXS_DGRAM_UD 0
 #define EXS_DGRAM_RD 1
 #define EXS_DGRAM_WR 2
+#define EXS_DGRAM_STAT_RECORDS_OUT 0
+#define EXS_DGRAM_STAT_RECORDS_IN 1
+#define EXS_DGRAM_STAT_RECORDS_PARTIAL 2
+#define EXS_DGRAM_STAT_SENDS_OUT 3
+#define EXS_DGRAM_STAT_SENDS_IN 4
 
 int exs_socket(int domain, int type, int protocol);
 int exs_bind(int fd, const struct sockaddr *addr, socklen_t addrlen);

@@ -1,16 +1,22 @@
-/* SOCK_DGRAM sockets of libexs (UD or RD queue pairs) between two
- * processes: the program forks before its first exs_* call; the child is
- * the server (bound to 127.0.0.1, port 0; it tells the parent the port
- * through a pipe), the parent the client.
+/* SOCK_DGRAM sockets of libexs (UD, RD or Write-Record queue pairs)
+ * between two processes: the program forks before its first exs_* call;
+ * the child is the server (bound to 127.0.0.1, port 0; it tells the
+ * parent the port through a pipe), the parent the client.
  *
- *   dgram_test ud | rd
+ *   dgram_test ud | rd | wr | wrmix
  *
+ * (wrmix: the client EXS_DGRAM_WR, the server EXS_DGRAM_UD.)
  * Datagrams of several sizes up to 65536 octets with their contents
  * checked and echoed to the source address the receive reported;
  * MSG_TRUNC for short receives (exs_recv and exs_recvmsg); connected
- * sockets (exs_send/exs_recv, datagrams from others ignored); calls that
- * cannot start; a receive pending at exs_close ends with ECANCELED.
- * Every wait is bounded (10 s); the harness bounds the whole run too. */
+ * sockets (exs_send/exs_recv, datagrams from others ignored); 300
+ * datagrams of 1 to 65536 octets echoed by connected sockets, checked
+ * octet for octet, and counted (EXS_F_GETDGRAMSTAT: Write-Records or
+ * Sends as the modes say); calls that cannot start; a receive pending at
+ * exs_close ends with ECANCELED. wr also: a sender that outruns a
+ * receiver that reads nothing (datagrams lost, none corrupted, no ring
+ * slot written twice before it was read). Every wait is bounded (10 s);
+ * the harness bounds the whole run too. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -39,7 +45,14 @@
 #define AH(x) ((exs_ahandle_t)(uintptr_t)(x))
 
 static exs_qhandle_t q;
-static int rd;
+/* This process's datagram transport; the run's name. */
+static int dmode;
+static const char *mode;
+/* server -> client: ports; client -> server: "done" of the overrun. */
+static int s2c[2], c2s[2];
+#define MANY 300
+#define BLAST 300
+#define BLAST_LEN 9000
 static const size_t sizes[] = {1, 17, 100, 1472, 1500, 4096, 9000, 32768, 65535, 65536};
 #define NSIZES (sizeof sizes / sizeof sizes[0])
 #define BIG 65536
@@ -69,9 +82,9 @@ static int dsocket(void) {
     int fd = exs_socket(AF_INET, SOCK_DGRAM, 0);
     CHECK(fd >= 0, "socket");
     CHECK(exs_fcntl(fd, EXS_F_GETDGRAM) == EXS_DGRAM_UD, "default UD");
-    if (rd) {
-        CHECK(exs_fcntl(fd, EXS_F_SETDGRAM, EXS_DGRAM_RD) == 0, "set RD");
-        CHECK(exs_fcntl(fd, EXS_F_GETDGRAM) == EXS_DGRAM_RD, "RD set");
+    if (dmode != EXS_DGRAM_UD) {
+        CHECK(exs_fcntl(fd, EXS_F_SETDGRAM, dmode) == 0, "set mode %d", dmode);
+        CHECK(exs_fcntl(fd, EXS_F_GETDGRAM) == dmode, "mode %d set", dmode);
     }
     return fd;
 }
@@ -146,6 +159,139 @@ static void recv1(int fd, const char *want) {
           "got \"%s\", want \"%s\"", b, want);
 }
 
+static long dstat(int fd, int which) {
+    int v = exs_fcntl(fd, EXS_F_GETDGRAMSTAT, which);
+    CHECK(v >= 0, "EXS_F_GETDGRAMSTAT %d", which);
+    return v;
+}
+
+/* Octet i of datagram k of the MANY phase, and its size. */
+static size_t many_size(size_t k) {
+    if (k == 0) return 1;
+    if (k == 1) return BIG;
+    return (k * 7919) % BIG + 1;
+}
+static unsigned char many_pat(size_t i, size_t k) { return (unsigned char)(i * 11 + k * 29 + 5); }
+
+/* The MANY phase on a connected descriptor: the client sends, the server
+ * checks and echoes, the client checks the echo. */
+static void many(int fd, int is_server, char *buf) {
+    for (size_t k = 0; k < MANY; k++) {
+        size_t size = many_size(k);
+        if (!is_server) {
+            for (size_t i = 0; i < size; i++) buf[i] = (char)many_pat(i, k);
+            CHECK(exs_send(fd, buf, size, 0, q, AH(5), EXS_MHANDLE_UNREGISTERED) == 0, "send");
+            exs_event_t ev = next(EXS_EVT_SEND);
+            CHECK(ev.exs_evt_errno == 0 && ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes == (ssize_t)size,
+                  "many: send %zu errno %d", k, ev.exs_evt_errno);
+            memset(buf, 0, size);
+        }
+        CHECK(exs_recv(fd, buf, BIG, 0, q, AH(6), EXS_MHANDLE_UNREGISTERED) == 0, "recv");
+        exs_event_t ev = next(EXS_EVT_RECV);
+        CHECK(ev.exs_evt_errno == 0, "many: recv errno %d", ev.exs_evt_errno);
+        ssize_t n = ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes;
+        CHECK(n == (ssize_t)size && !(ev.exs_evt_union.exs_evt_xfer.exs_evt_flags & MSG_TRUNC),
+              "many: datagram %zu of %zu octets came as %zd", k, size, n);
+        for (size_t i = 0; i < size; i++)
+            CHECK((unsigned char)buf[i] == many_pat(i, k), "many: datagram %zu octet %zu", k, i);
+        if (is_server) {
+            CHECK(exs_send(fd, buf, size, 0, q, AH(5), EXS_MHANDLE_UNREGISTERED) == 0, "echo");
+            ev = next(EXS_EVT_SEND);
+            CHECK(ev.exs_evt_errno == 0, "many: echo %zu errno %d", k, ev.exs_evt_errno);
+        }
+    }
+    long ro = dstat(fd, EXS_DGRAM_STAT_RECORDS_OUT), ri = dstat(fd, EXS_DGRAM_STAT_RECORDS_IN),
+         rp = dstat(fd, EXS_DGRAM_STAT_RECORDS_PARTIAL), so = dstat(fd, EXS_DGRAM_STAT_SENDS_OUT),
+         si = dstat(fd, EXS_DGRAM_STAT_SENDS_IN);
+    fprintf(stderr, "%s %s: records out %ld in %ld partial %ld, sends out %ld in %ld\n",
+            is_server ? "server" : "client", mode, ro, ri, rp, so, si);
+    /* Every datagram of the descriptor is counted once, one way or the
+     * other (the client sent MANY + 14 and received MANY + 12, the server
+     * the reverse; the stray one of another socket is not counted). */
+    long out = is_server ? MANY + 12 : MANY + 14, in = is_server ? MANY + 14 : MANY + 12;
+    CHECK(ro + so == out && ri + si == in, "counted %ld + %ld out, %ld + %ld in", ro, so, ri, si);
+    if (!strcmp(mode, "wr")) {
+        /* After the first exchange every datagram has a ring with credit
+         * (the reads return it long before it runs out). */
+        CHECK(ro >= MANY && ri >= MANY && so <= 4 && si <= 4,
+              "Write-Records: %ld out, %ld in; Sends %ld out, %ld in", ro, ri, so, si);
+        CHECK(rp == 0, "no partial record on loopback without overrun");
+    } else {
+        CHECK(ro == 0 && ri == 0 && rp == 0, "no Write-Record in mode %s", mode);
+    }
+    fprintf(stderr, "many: %d datagrams (%s)\n", MANY, is_server ? "server" : "client");
+}
+
+/* The overrun (wr): the client sends BLAST datagrams of BLAST_LEN octets
+ * (the first 4 the index) before the server reads any. */
+static void blast_server(char *buf) {
+    int fd = dsocket();
+    int port = bind_lo(fd);
+    CHECK(write(s2c[1], &port, sizeof port) == sizeof port, "pipe");
+    char done;
+    CHECK(read(c2s[0], &done, 1) == 1, "done");
+    static unsigned char seen[BLAST];
+    int got = 0, trunc = 0;
+    for (;;) {
+        CHECK(exs_recv(fd, buf, BIG, 0, q, AH(7), EXS_MHANDLE_UNREGISTERED) == 0, "recv");
+        exs_event_t ev;
+        struct timespec t = {0, 500 * 1000 * 1000};
+        if (exs_qdequeue(q, &ev, 1, &t) != 1) break; /* nothing more came */
+        CHECK(ev.exs_evt_type == EXS_EVT_RECV && ev.exs_evt_errno == 0, "blast recv");
+        ssize_t n = ev.exs_evt_union.exs_evt_xfer.exs_evt_nbytes;
+        int tr = (ev.exs_evt_union.exs_evt_xfer.exs_evt_flags & MSG_TRUNC) != 0;
+        /* Whole, or (a record missing segments) its placed prefix. */
+        CHECK(n == BLAST_LEN ? !tr : (tr && n >= 4 && n < BLAST_LEN), "blast: %zd octets", n);
+        uint32_t idx;
+        memcpy(&idx, buf, 4);
+        CHECK(idx < BLAST && !seen[idx], "blast: index %u twice or out of range", idx);
+        seen[idx] = 1;
+        for (ssize_t i = 4; i < n; i++)
+            CHECK((unsigned char)buf[i] == pat((size_t)i, idx), "blast: datagram %u octet %zd", idx, i);
+        got++;
+        trunc += tr;
+    }
+    long ri = dstat(fd, EXS_DGRAM_STAT_RECORDS_IN), rp = dstat(fd, EXS_DGRAM_STAT_RECORDS_PARTIAL);
+    fprintf(stderr, "blast: %d of %d datagrams arrived intact (%d partial), %ld as records\n", got,
+            BLAST, trunc, ri);
+    CHECK(got >= 8 && got < BLAST, "an unread receiver loses datagrams: %d of %d", got, BLAST);
+    CHECK(ri >= 1 && rp == trunc, "records in %ld, partial %ld (%d truncated)", ri, rp, trunc);
+    CHECK(exs_close(fd) == 0, "close");
+    exs_event_t ev = next(EXS_EVT_RECV);
+    CHECK(ev.exs_evt_errno == ECANCELED, "the last receive ends at close");
+}
+
+static void blast_client(char *buf) {
+    int port = 0;
+    CHECK(read(s2c[0], &port, sizeof port) == sizeof port, "blast port");
+    int fd = dsocket();
+    struct sockaddr_in to = lo(port);
+    CHECK(exs_connect(fd, (struct sockaddr *)&to, sizeof to, q, AH(4)) == 0, "connect");
+    next(EXS_EVT_CONNECT);
+    for (uint32_t k = 0; k < BLAST; k++) {
+        memcpy(buf, &k, 4);
+        for (size_t i = 4; i < BLAST_LEN; i++) buf[i] = (char)pat(i, k);
+        CHECK(exs_send(fd, buf, BLAST_LEN, 0, q, AH(8), EXS_MHANDLE_UNREGISTERED) == 0, "send");
+        exs_event_t ev = next(EXS_EVT_SEND);
+        CHECK(ev.exs_evt_errno == 0, "blast send %u errno %d", k, ev.exs_evt_errno);
+        if (k == 0) { /* the grant answers the first one */
+            struct timespec pause = {0, 20 * 1000 * 1000};
+            nanosleep(&pause, NULL);
+        }
+    }
+    long ro = dstat(fd, EXS_DGRAM_STAT_RECORDS_OUT), so = dstat(fd, EXS_DGRAM_STAT_SENDS_OUT);
+    fprintf(stderr, "blast: records out %ld, sends out %ld\n", ro, so);
+    /* The receiver reads nothing: the ring's 8 slots, no more (16 if the
+     * ring was re-keyed after its records were all lost). */
+    CHECK(ro >= 1 && ro <= 16 && ro + so == BLAST, "records out %ld, sends %ld", ro, so);
+    char done = 'd';
+    CHECK(write(c2s[1], &done, 1) == 1, "done");
+    /* The server's reads return credit: let them arrive before close. */
+    struct timespec pause = {0, 100 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    CHECK(exs_close(fd) == 0, "close");
+}
+
 static int server(int wfd) {
     CHECK(exs_init(EXS_VERSION) == 0, "init");
     q = exs_qcreate(16);
@@ -189,7 +335,9 @@ static int server(int wfd) {
     recv1(fd, "reply");
     send1(fd, "after");
     recv1(fd, "bye");
+    many(fd, 1, buf);
     CHECK(exs_close(fd) == 0, "close");
+    if (!strcmp(mode, "wr")) blast_server(buf);
     fprintf(stderr, "server: ok\n");
     return 0;
 }
@@ -200,8 +348,14 @@ static int client(int port) {
     /* Calls that cannot start. */
     int e = exs_socket(AF_INET, SOCK_DGRAM, 0);
     CHECK(e >= 0, "socket");
-    FAILS(exs_fcntl(e, EXS_F_SETDGRAM, EXS_DGRAM_WR), EOPNOTSUPP);
+    CHECK(exs_fcntl(e, EXS_F_SETDGRAM, EXS_DGRAM_WR) == 0, "set WR");
+    CHECK(exs_fcntl(e, EXS_F_GETDGRAM) == EXS_DGRAM_WR, "WR set");
+    CHECK(exs_fcntl(e, EXS_F_SETDGRAM, dmode) == 0, "back to this run's mode");
     FAILS(exs_fcntl(e, EXS_F_SETDGRAM, 7), EINVAL);
+    FAILS(exs_fcntl(e, EXS_F_SETDGRAM, -1), EINVAL);
+    FAILS(exs_fcntl(e, EXS_F_GETDGRAMSTAT, 5), EINVAL);
+    FAILS(exs_fcntl(e, EXS_F_GETDGRAMSTAT, -1), EINVAL);
+    CHECK(exs_fcntl(e, EXS_F_GETDGRAMSTAT, EXS_DGRAM_STAT_RECORDS_OUT) == 0, "no records yet");
     char x[16] = "x";
     FAILS(exs_send(e, x, 1, 0, q, AH(0), EXS_MHANDLE_UNREGISTERED), EDESTADDRREQ);
     FAILS(exs_listen(e, 1), EOPNOTSUPP);
@@ -211,6 +365,7 @@ static int client(int port) {
     FAILS(exs_getpeername(e, (struct sockaddr *)&pa, &pl), ENOTCONN);
     bind_lo(e);
     FAILS(exs_fcntl(e, EXS_F_SETDGRAM, EXS_DGRAM_RD), EISCONN);
+    FAILS(exs_fcntl(e, EXS_F_SETDGRAM, EXS_DGRAM_WR), EISCONN);
     char *huge = calloc(1, BIG + 1);
     struct sockaddr_in srv = lo(port);
     exs_iovec_t hv = {huge, BIG + 1, EXS_MHANDLE_UNREGISTERED};
@@ -261,29 +416,37 @@ static int client(int port) {
     send1(fd, "reply");
     recv1(fd, "after");
     send1(fd, "bye");
+    many(fd, 0, buf);
     CHECK(exs_close(o) == 0 && exs_close(fd) == 0, "close");
+    if (!strcmp(mode, "wr")) blast_client(buf);
     fprintf(stderr, "client: ok\n");
     return 0;
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || (strcmp(argv[1], "ud") && strcmp(argv[1], "rd"))) {
-        fprintf(stderr, "usage: dgram_test ud|rd\n");
+    if (argc < 2 || (strcmp(argv[1], "ud") && strcmp(argv[1], "rd") && strcmp(argv[1], "wr") &&
+                     strcmp(argv[1], "wrmix"))) {
+        fprintf(stderr, "usage: dgram_test ud|rd|wr|wrmix\n");
         return 2;
     }
-    rd = !strcmp(argv[1], "rd");
-    int p[2];
-    CHECK(pipe(p) == 0, "pipe");
+    mode = argv[1];
+    int cmode = !strcmp(mode, "rd") ? EXS_DGRAM_RD : !strcmp(mode, "ud") ? EXS_DGRAM_UD : EXS_DGRAM_WR;
+    int smode = !strcmp(mode, "wrmix") ? EXS_DGRAM_UD : cmode;
+    CHECK(pipe(s2c) == 0 && pipe(c2s) == 0, "pipe");
     pid_t pid = fork();
     CHECK(pid >= 0, "fork");
     if (pid == 0) {
-        close(p[0]);
-        alarm(60);
-        _exit(server(p[1]));
+        close(s2c[0]);
+        close(c2s[1]);
+        alarm(80);
+        dmode = smode;
+        _exit(server(s2c[1]));
     }
-    close(p[1]);
+    close(s2c[1]);
+    close(c2s[0]);
+    dmode = cmode;
     int port = 0;
-    CHECK(read(p[0], &port, sizeof port) == sizeof port, "server port");
+    CHECK(read(s2c[0], &port, sizeof port) == sizeof port, "server port");
     int rc = client(port);
     int st = 0;
     waitpid(pid, &st, 0);
