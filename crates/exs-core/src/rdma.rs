@@ -78,8 +78,15 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub(crate) fn dev() -> Result<&'static Dev, Errno> {
     let d = DEV
         .get_or_init(|| {
-            let ctx = Context::open().map_err(|_| libc::ENODEV)?;
-            let pd = ctx.alloc_pd();
+            // Under the sockets interposer: its device (DDPMODE sockets).
+            let (ctx, pd) = match crate::ddp::host_device() {
+                Some(d) => d,
+                None => {
+                    let ctx = Context::open().map_err(|_| libc::ENODEV)?;
+                    let pd = ctx.alloc_pd();
+                    (ctx, pd)
+                }
+            };
             let ch = ctx.create_comp_channel().map_err(|_| libc::EMFILE)?;
             Ok(Dev { ctx, pd, ch })
         })
@@ -416,6 +423,9 @@ struct Conn {
     /// Notes (RNOTE, WNOTE) waiting for a credit.
     outbox: VecDeque<Msg>,
     broken: bool,
+    /// A DDPMODE socket's byte stream finishing on this QP
+    /// ([`crate::ddp`]).
+    pre: Option<Box<dyn crate::ddp::Prelude>>,
 }
 
 impl Conn {
@@ -433,6 +443,14 @@ impl Conn {
                 max_recv_wr: nrx,
             },
         );
+        Conn::with_qp(qp, cq, credits)
+    }
+
+    /// A connection on an existing QP and CQ (in the device's PD), with
+    /// its receives posted.
+    fn with_qp(qp: QueuePair, cq: CompletionQueue, credits: u32) -> Result<Conn, Errno> {
+        let d = dev()?;
+        let nrx = 2 * credits as usize + EXTRA_RECVS;
         let rx =
             d.pd.register(nrx * MSG_MAX, Access::LOCAL_WRITE)
                 .map_err(|_| libc::ENOMEM)?;
@@ -454,6 +472,7 @@ impl Conn {
             peer_precv: None,
             outbox: VecDeque::new(),
             broken: false,
+            pre: None,
         };
         for i in 0..nrx {
             conn.post_recv(i)?;
@@ -632,6 +651,7 @@ impl Sock {
                 return;
             }
         }
+        self.ddp_step();
         self.match_recvs();
         self.post_reads();
         self.complete_recvs(fd);
@@ -665,6 +685,19 @@ impl Sock {
 
     fn completion(&mut self, wc: &WorkCompletion) {
         let Some(c) = self.conn.as_mut() else { return };
+        if let Some(p) = c.pre.as_mut() {
+            match p.take(wc) {
+                crate::ddp::Taken::No => {}
+                crate::ddp::Taken::Yes => return,
+                crate::ddp::Taken::Msg(b) => {
+                    match Msg::decode(&b) {
+                        Some(m) => self.message(m),
+                        None => c.broken = true,
+                    }
+                    return;
+                }
+            }
+        }
         if wc.status != WcStatus::Success {
             c.broken = true;
             return;
@@ -730,6 +763,28 @@ impl Sock {
                     }
                 }
             }
+        }
+    }
+
+    /// An adopted DDPMODE connection: the stream's last work, and the
+    /// peer's parameters once both switch messages are out.
+    fn ddp_step(&mut self) {
+        let Some(c) = self.conn.as_mut() else { return };
+        let Some(p) = c.pre.as_mut() else { return };
+        let Some(b) = p.step() else { return };
+        match Params::parse(&b) {
+            Some(peer) => {
+                let n = peer.credits.min(c.credits).max(1);
+                let small = peer.small.min(c.small as u32);
+                c.set(Params {
+                    ty: peer.ty,
+                    credits: n,
+                    small,
+                });
+                self.credits = n;
+                self.small = small;
+            }
+            None => c.broken = true,
         }
     }
 
@@ -1395,6 +1450,7 @@ fn push_accept(fd: c_int, a: AcceptOp, newfd: c_int, peer: Option<SocketAddr>, e
 }
 
 fn progress_thread() {
+    crate::ddp::thread_start();
     // SAFETY: a full local set; pthread_sigmask on this thread.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
@@ -1974,9 +2030,60 @@ pub fn xfer(
     Ok(())
 }
 
+/// A DDPMODE socket's connection becomes the `SOCK_STREAM` descriptor
+/// `a.fd` of this model ([`crate::ddp::adopt`]); it sends nothing until
+/// the prelude reports the peer's parameters. Returns the descriptor's
+/// id and this end's parameters.
+pub(crate) fn adopt(a: crate::ddp::Adopt, credits: u32) -> Result<(u64, [u8; 16]), Errno> {
+    engine()?;
+    let mut conn = Conn::with_qp(a.qp, a.cq, credits)?;
+    conn.send_credits = 0;
+    conn.pre = Some(a.prelude);
+    let ours = Params {
+        ty: libc::SOCK_STREAM as u8,
+        credits,
+        small: DEFAULT_SMALL,
+    };
+    let mut s = Sock::new(a.family, libc::SOCK_STREAM);
+    s.role = Role::Connected;
+    s.credits = credits;
+    s.peer = crate::ddp::addr_of(a.fd, true);
+    s.local = crate::ddp::addr_of(a.fd, false);
+    let id = s.id;
+    let mut g = st();
+    g.cqs.insert(conn.cq.id(), a.fd);
+    s.conn = Some(conn);
+    g.socks.insert(a.fd, s);
+    ACTIVE.store(true, Ordering::Release);
+    Ok((id, ours.to_bytes()))
+}
+
+/// Whether the adopted descriptor `fd` is still the one with `id`.
+pub(crate) fn adopted_alive(fd: c_int, id: u64) -> bool {
+    st().socks.get(&fd).is_some_and(|s| s.id == id)
+}
+
+/// Drives the adopted descriptor `fd` (if it is still the one with `id`).
+pub(crate) fn drive_adopted(fd: c_int, id: u64) {
+    let mut g = st();
+    if g.socks.get(&fd).is_some_and(|s| s.id == id) {
+        g.drive(fd);
+    }
+}
+
 /// `exs_close`: FIN to the peer, then the connection is torn down; the
 /// descriptor's operations complete with ECANCELED.
 pub fn close(fd: c_int) -> Result<(), Errno> {
+    close_opt(fd, true)
+}
+
+/// [`close`] without closing the descriptor (a DDPMODE socket the
+/// application closed with `close`).
+pub(crate) fn close_keep_fd(fd: c_int) -> Result<(), Errno> {
+    close_opt(fd, false)
+}
+
+fn close_opt(fd: c_int, close_fd: bool) -> Result<(), Errno> {
     let mut g = st();
     let mut s = g.socks.remove(&fd).ok_or(libc::EBADF)?;
     if let Some(c) = &s.conn {
@@ -2026,8 +2133,10 @@ pub fn close(fd: c_int) -> Result<(), Errno> {
             std::thread::sleep(Duration::from_micros(200));
         }
     }
-    // SAFETY: our own descriptor.
-    unsafe { libc::close(fd) };
+    if close_fd {
+        // SAFETY: our own descriptor.
+        unsafe { libc::close(fd) };
+    }
     Ok(())
 }
 

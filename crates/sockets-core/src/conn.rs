@@ -6,7 +6,7 @@
 //!
 //! | octets | field |
 //! |---|---|
-//! | 0 | kind: 1 data, 2 credit, 3 end of stream (the writer shut down) |
+//! | 0 | kind: 1 data, 2 credit, 3 end of stream (the writer shut down), 4 switch to the Extended Sockets RDMA model |
 //! | 1 | control credits returned |
 //! | 2..4 | zero |
 //! | 4..8 | data credits returned (little endian) |
@@ -29,6 +29,17 @@
 //! last, each write goes out at once (latency), and while they do not,
 //! later writes are appended to the open slot (TCP's coalescing under a
 //! closed window). Reads copy out of the receive buffers in order.
+//!
+//! A socket the application switched with `SOFTRDMA_DDPMODE` can move on
+//! to the Extended Sockets API's RDMA model (`docs/exs.md`, "DDPMODE
+//! sockets"): each end sends one switch message (kind 4, after the data
+//! it wrote, carrying its EXS parameters) and nothing of this protocol
+//! after it; the QP then carries EXS messages. Receive work requests of
+//! this protocol carry [`RX_TAG`] and its sends [`TX_TAG`] (or the
+//! control `wr_id`), so that during the handover [`Conn::handover`] tells
+//! them from the EXS model's own work on the same CQ; a message of the
+//! peer that lands in one of this protocol's buffers after the peer's
+//! switch message is an EXS message and is handed on as such.
 
 use std::collections::VecDeque;
 
@@ -50,6 +61,17 @@ pub const CTRL_BUFS: u32 = 4;
 const KIND_DATA: u8 = 1;
 const KIND_CREDIT: u8 = 2;
 const KIND_FIN: u8 = 3;
+const KIND_SWITCH: u8 = 4;
+
+/// Set in the `wr_id` of this protocol's receives.
+pub const RX_TAG: u64 = 1 << 62;
+/// Set in the `wr_id` of this protocol's data sends.
+pub const TX_TAG: u64 = 1 << 61;
+/// Receive work requests a DDPMODE socket's QP has room for beyond this
+/// protocol's own (the EXS model's receives after a switch).
+pub const EXS_RECV_ROOM: usize = 160;
+/// Send work requests likewise.
+pub const EXS_SEND_ROOM: usize = 256;
 
 /// `wr_id` of control sends (inline, no slot).
 const WR_CTRL: u64 = u64::MAX;
@@ -147,6 +169,18 @@ impl Device {
     }
 }
 
+/// What [`Conn::handover`] made of a completion.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Handover {
+    /// Not this protocol's work: the EXS model's.
+    NotOurs,
+    /// This protocol's, taken.
+    Taken,
+    /// An EXS message of the peer that landed in one of this protocol's
+    /// buffers: its octets.
+    Exs(Vec<u8>),
+}
+
 struct RxMsg {
     idx: usize,
     off: usize,
@@ -194,6 +228,12 @@ pub struct Conn {
     efd: i32,
     /// The TCP connection was shut down for writing (closing).
     tcp_shut: bool,
+    /// The switch message to send once the data written has left (the
+    /// payload after the header).
+    switch_out: Option<Vec<u8>>,
+    switch_sent: bool,
+    /// The peer's switch message (its payload).
+    peer_switch: Option<Vec<u8>>,
     /// Messages sent and received (statistics).
     pub msgs_out: u64,
     /// As [`Conn::msgs_out`], inbound.
@@ -215,16 +255,23 @@ impl Conn {
     /// The QP, CQ and buffers of a new connection, with every receive
     /// posted (before the MPA exchange ends, so the peer's first Send
     /// finds one).
-    pub fn new(dev: &Device) -> std::io::Result<Conn> {
+    /// `exs_room`: the queues also have room for the EXS model's work
+    /// (a socket switched with `SOFTRDMA_DDPMODE`).
+    pub fn new(dev: &Device, exs_room: bool) -> std::io::Result<Conn> {
         let nrx = (DATA_BUFS + CTRL_BUFS) as usize;
         let ntx = DATA_BUFS as usize;
-        let cq = dev.ctx.create_cq(2 * (nrx + ntx) + 8, None);
+        let (xr, xs) = if exs_room {
+            (EXS_RECV_ROOM, EXS_SEND_ROOM)
+        } else {
+            (0, 0)
+        };
+        let cq = dev.ctx.create_cq(2 * (nrx + ntx) + 8 + 2 * (xr + xs), None);
         let qp = dev.pd.create_cm_qp(
             &cq,
             &cq,
             QpCaps {
-                max_send_wr: ntx + CTRL_BUFS as usize + 4,
-                max_recv_wr: nrx,
+                max_send_wr: ntx + CTRL_BUFS as usize + 4 + xs,
+                max_recv_wr: nrx + xr,
             },
         );
         // No progress thread: the socket's calls drive it and wait on the
@@ -260,6 +307,9 @@ impl Conn {
             broken: false,
             efd: -1,
             tcp_shut: false,
+            switch_out: None,
+            switch_sent: false,
+            peer_switch: None,
             msgs_out: 0,
             msgs_in: 0,
         };
@@ -273,7 +323,7 @@ impl Conn {
         let sge = self.rx_mr.sge(idx * BUF, BUF as u32);
         self.qp
             .post_recv(RecvWr {
-                wr_id: idx as u64,
+                wr_id: RX_TAG | idx as u64,
                 sgl: SgList::single(sge.addr, sge.length, sge.lkey),
             })
             .map_err(|e| std::io::Error::other(format!("post_recv: {e:?}")))
@@ -344,7 +394,7 @@ impl Conn {
                     self.broken = true;
                     return;
                 }
-                let idx = wc.wr_id as usize;
+                let idx = (wc.wr_id & !RX_TAG) as usize;
                 let len = wc.byte_len as usize;
                 if idx >= self.nrx || len < HDR {
                     self.broken = true;
@@ -370,6 +420,11 @@ impl Conn {
                         self.consumed(idx, false);
                     }
                     KIND_CREDIT => self.consumed(idx, false),
+                    KIND_SWITCH if self.peer_switch.is_none() => {
+                        let mut p = vec![0u8; len - HDR];
+                        let _ = self.rx_mr.read_at(idx * BUF + HDR, &mut p);
+                        self.peer_switch = Some(p);
+                    }
                     _ => self.broken = true,
                 }
             }
@@ -378,7 +433,7 @@ impl Conn {
                     self.broken = true;
                 }
                 if wc.wr_id != WR_CTRL {
-                    let idx = wc.wr_id as usize;
+                    let idx = (wc.wr_id & !TX_TAG) as usize;
                     self.tx_inflight = self.tx_inflight.saturating_sub(1);
                     self.tx_free.push(idx);
                 }
@@ -388,6 +443,11 @@ impl Conn {
 
     /// A receive buffer is empty again: post it and owe its credit.
     fn consumed(&mut self, idx: usize, data: bool) {
+        if self.switching() {
+            // Nothing of this protocol goes out any more: the buffer stays
+            // empty and its credit is not returned.
+            return;
+        }
         if self.post_recv(idx).is_err() {
             self.broken = true;
         }
@@ -407,6 +467,12 @@ impl Conn {
         h[4..8].copy_from_slice(&self.owed_data.to_le_bytes());
         self.owed_data = 0;
         h
+    }
+
+    /// True once either end sent its switch message: this end returns no
+    /// more credits.
+    fn switching(&self) -> bool {
+        self.switch_sent || self.peer_switch.is_some()
     }
 
     fn post_ctrl(&mut self, kind: u8) -> bool {
@@ -438,7 +504,7 @@ impl Conn {
     /// credits allow. True if anything went out.
     fn flush(&mut self) -> bool {
         let mut sent = false;
-        if self.broken {
+        if self.broken || self.switch_sent {
             return false;
         }
         while self.data_credits > 0 {
@@ -461,7 +527,7 @@ impl Conn {
             let _ = self.tx_mr.write_at(idx * BUF, &h);
             let sge = self.tx_mr.sge(idx * BUF, (HDR + n) as u32);
             let wr = SendWr {
-                wr_id: idx as u64,
+                wr_id: TX_TAG | idx as u64,
                 op: SendOp::Send {
                     imm: None,
                     invalidate: None,
@@ -490,10 +556,129 @@ impl Conn {
             self.fin_sent = self.post_ctrl(KIND_FIN);
             sent |= self.fin_sent;
         }
+        if self.switch_out.is_some() {
+            if self.tx_open.is_none()
+                && self.tx_ready.is_empty()
+                && (self.ctrl_credits > 0 || self.data_credits > 0)
+            {
+                sent |= self.post_switch();
+            }
+            return sent;
+        }
         if self.owed_data >= self.peer.data_bufs.div_ceil(2).max(1) && self.ctrl_credits > 0 {
             sent |= self.post_ctrl(KIND_CREDIT);
         }
         sent
+    }
+
+    /// Sends the switch message (the last of this protocol from this end),
+    /// with every credit owed.
+    fn post_switch(&mut self) -> bool {
+        let Some(p) = self.switch_out.take() else {
+            return false;
+        };
+        let mut b = self.header(KIND_SWITCH).to_vec();
+        b.extend_from_slice(&p);
+        let Some(data) = InlineData::new(&b) else {
+            self.broken = true;
+            return false;
+        };
+        let wr = SendWr {
+            wr_id: WR_CTRL,
+            op: SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+            payload: Payload::Inline(data),
+            flags: SendFlags {
+                signaled: true,
+                ..SendFlags::default()
+            },
+        };
+        if self.ctrl_credits > 0 {
+            self.ctrl_credits -= 1;
+        } else {
+            self.data_credits -= 1;
+        }
+        self.msgs_out += 1;
+        self.switch_sent = true;
+        if self.qp.post_send(wr).is_err() {
+            self.broken = true;
+            return false;
+        }
+        true
+    }
+
+    /// Starts the switch to the EXS model: `payload` (this end's EXS
+    /// parameters) goes in the switch message, after the data written.
+    /// Writing is over for this protocol.
+    pub fn begin_switch(&mut self, payload: Vec<u8>) {
+        if !self.switch_sent && self.switch_out.is_none() {
+            self.switch_out = Some(payload);
+            self.flush();
+        }
+    }
+
+    /// The peer's switch message arrived (its payload).
+    pub fn peer_switch(&self) -> Option<&[u8]> {
+        self.peer_switch.as_deref()
+    }
+
+    /// Both switch messages crossed: from here the QP carries only EXS
+    /// messages both ways. The peer's payload.
+    pub fn switched(&self) -> Option<&[u8]> {
+        if self.switch_sent {
+            self.peer_switch.as_deref()
+        } else {
+            None
+        }
+    }
+
+    /// Sends what this protocol still owes (data, then the switch
+    /// message) during the handover.
+    pub fn handover_flush(&mut self) {
+        self.flush();
+    }
+
+    /// During the handover the EXS model polls the CQ and passes each
+    /// completion here first: this protocol's work is taken
+    /// ([`Handover::Taken`]), and a peer's message that landed in one of
+    /// its buffers after the peer's switch message is returned as the EXS
+    /// message it is.
+    pub fn handover(&mut self, wc: &WorkCompletion) -> Handover {
+        let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+        let ours = if recv {
+            wc.wr_id & RX_TAG != 0
+        } else {
+            wc.wr_id == WR_CTRL || wc.wr_id & TX_TAG != 0
+        };
+        if !ours {
+            return Handover::NotOurs;
+        }
+        if recv && self.peer_switch.is_some() && wc.status == WcStatus::Success {
+            let idx = (wc.wr_id & !RX_TAG) as usize;
+            let len = (wc.byte_len as usize).min(BUF);
+            let mut b = vec![0u8; len];
+            if idx >= self.nrx || self.rx_mr.read_at(idx * BUF, &mut b).is_err() {
+                self.broken = true;
+                return Handover::Taken;
+            }
+            self.msgs_in += 1;
+            return Handover::Exs(b);
+        }
+        self.complete(wc);
+        self.flush();
+        Handover::Taken
+    }
+
+    /// The CQ (the EXS model polls it after a switch).
+    pub fn cq(&self) -> &CompletionQueue {
+        &self.cq
+    }
+
+    /// The QP's own descriptor of the TCP connection.
+    pub fn efd(&self) -> i32 {
+        self.efd
     }
 
     /// True while the open slot is held back to coalesce later writes:
@@ -503,6 +688,7 @@ impl Conn {
         let half = self.peer.data_bufs / 2;
         self.tx_open.is_some_and(|(_, n)| n < BUF - HDR)
             && !self.shut_wr
+            && self.switch_out.is_none()
             && self.data_credits < self.peer.data_bufs - half
     }
 
