@@ -50,290 +50,349 @@ macro_rules! exs_exports {
                 EXS_MHANDLE_INVALID, EXS_QHANDLE_INVALID,
             };
 
-        /// `exs_init`.
-        #[no_mangle]
-        pub extern "C" fn exs_init(version: c_int) -> c_int {
-            $crate::exports::unit(|| $crate::api::init(version))
-        }
+            /// `exs_init`.
+            #[no_mangle]
+            pub extern "C" fn exs_init(version: c_int) -> c_int {
+                $crate::exports::unit(|| $crate::api::init(version))
+            }
 
-        /// `exs_qcreate`.
-        #[no_mangle]
-        pub extern "C" fn exs_qcreate(depth: c_int) -> c_int {
-            $crate::exports::boundary(EXS_QHANDLE_INVALID, || {
-                $crate::exports::ret($crate::api::qcreate(depth), EXS_QHANDLE_INVALID)
-            })
-        }
+            /// `exs_qcreate`.
+            #[no_mangle]
+            pub extern "C" fn exs_qcreate(depth: c_int) -> c_int {
+                $crate::exports::boundary(EXS_QHANDLE_INVALID, || {
+                    $crate::exports::ret($crate::api::qcreate(depth), EXS_QHANDLE_INVALID)
+                })
+            }
 
-        /// `exs_qdelete`.
-        #[no_mangle]
-        pub extern "C" fn exs_qdelete(qh: c_int) -> c_int {
-            $crate::exports::unit(|| $crate::api::qdelete(qh))
-        }
+            /// `exs_qdelete`.
+            #[no_mangle]
+            pub extern "C" fn exs_qdelete(qh: c_int) -> c_int {
+                $crate::exports::unit(|| $crate::api::qdelete(qh))
+            }
 
-        /// `exs_qdequeue`.
-        #[no_mangle]
-        pub unsafe extern "C" fn exs_qdequeue(
-            qh: c_int,
-            events: *mut exs_event_t,
-            n: c_int,
-            timeout: *const timespec,
-        ) -> c_int {
-            // SAFETY: the caller's arguments under sys/exs.h's contract.
-            $crate::exports::boundary(-1, || {
-                $crate::exports::ret(unsafe { $crate::api::qdequeue(qh, events, n, timeout) }, -1)
-            })
-        }
+            /// `exs_qdequeue`.
+            #[no_mangle]
+            pub unsafe extern "C" fn exs_qdequeue(
+                qh: c_int,
+                events: *mut exs_event_t,
+                n: c_int,
+                timeout: *const timespec,
+            ) -> c_int {
+                // SAFETY: the caller's arguments under sys/exs.h's contract.
+                $crate::exports::boundary(-1, || {
+                    $crate::exports::ret(
+                        unsafe { $crate::api::qdequeue(qh, events, n, timeout) },
+                        -1,
+                    )
+                })
+            }
 
-        /// `exs_qgetattr`.
-        #[no_mangle]
-        pub unsafe extern "C" fn exs_qgetattr(qh: c_int, attr: c_int, value: *mut c_void) -> c_int {
-            // SAFETY: as above.
-            $crate::exports::unit(|| unsafe { $crate::api::qgetattr(qh, attr, value) })
-        }
+            /// `exs_qgetattr`.
+            #[no_mangle]
+            pub unsafe extern "C" fn exs_qgetattr(
+                qh: c_int,
+                attr: c_int,
+                value: *mut c_void,
+            ) -> c_int {
+                // SAFETY: as above.
+                $crate::exports::unit(|| unsafe { $crate::api::qgetattr(qh, attr, value) })
+            }
 
-        /// `exs_qsetattr`.
-        #[no_mangle]
-        pub unsafe extern "C" fn exs_qsetattr(qh: c_int, attr: c_int, value: *const c_void) -> c_int {
-            // SAFETY: as above.
-            $crate::exports::unit(|| unsafe { $crate::api::qsetattr(qh, attr, value) })
-        }
+            /// `exs_qsetattr`.
+            #[no_mangle]
+            pub unsafe extern "C" fn exs_qsetattr(
+                qh: c_int,
+                attr: c_int,
+                value: *const c_void,
+            ) -> c_int {
+                // SAFETY: as above.
+                $crate::exports::unit(|| unsafe { $crate::api::qsetattr(qh, attr, value) })
+            }
 
-        /// `exs_mregister`.
-        #[no_mangle]
-        pub extern "C" fn exs_mregister(addr: *const c_void, len: size_t, flags: c_int) -> c_int {
-            $crate::exports::boundary(EXS_MHANDLE_INVALID, || {
-                $crate::exports::ret($crate::api::mregister(addr, len, flags), EXS_MHANDLE_INVALID)
-            })
-        }
+            /// `exs_mregister`.
+            #[no_mangle]
+            pub extern "C" fn exs_mregister(
+                addr: *const c_void,
+                len: size_t,
+                flags: c_int,
+            ) -> c_int {
+                $crate::exports::boundary(EXS_MHANDLE_INVALID, || {
+                    $crate::exports::ret(
+                        $crate::api::mregister(addr, len, flags),
+                        EXS_MHANDLE_INVALID,
+                    )
+                })
+            }
 
-        /// `exs_mderegister`.
-        #[no_mangle]
-        pub extern "C" fn exs_mderegister(mh: c_int) -> c_int {
-            $crate::exports::unit(|| $crate::api::mderegister(mh))
-        }
+            /// `exs_mderegister`.
+            #[no_mangle]
+            pub extern "C" fn exs_mderegister(mh: c_int) -> c_int {
+                $crate::exports::unit(|| $crate::api::mderegister(mh))
+            }
 
-        /// `exs_send`.
-        #[no_mangle]
-        pub extern "C" fn exs_send(
-            fd: c_int,
-            buf: *const c_void,
-            len: size_t,
-            flags: c_int,
-            qh: c_int,
-            ah: *mut c_void,
-            mh: c_int,
-        ) -> c_int {
-            $crate::exports::unit(|| $crate::api::send(fd, buf, len, flags, qh, ah, mh))
-        }
+            /// `exs_send`.
+            #[no_mangle]
+            pub extern "C" fn exs_send(
+                fd: c_int,
+                buf: *const c_void,
+                len: size_t,
+                flags: c_int,
+                qh: c_int,
+                ah: *mut c_void,
+                mh: c_int,
+            ) -> c_int {
+                $crate::exports::unit(|| $crate::api::send(fd, buf, len, flags, qh, ah, mh))
+            }
 
-        /// `exs_recv`.
-        #[no_mangle]
-        pub extern "C" fn exs_recv(
-            fd: c_int,
-            buf: *mut c_void,
-            len: size_t,
-            flags: c_int,
-            qh: c_int,
-            ah: *mut c_void,
-            mh: c_int,
-        ) -> c_int {
-            $crate::exports::unit(|| $crate::api::recv(fd, buf, len, flags, qh, ah, mh))
-        }
+            /// `exs_recv`.
+            #[no_mangle]
+            pub extern "C" fn exs_recv(
+                fd: c_int,
+                buf: *mut c_void,
+                len: size_t,
+                flags: c_int,
+                qh: c_int,
+                ah: *mut c_void,
+                mh: c_int,
+            ) -> c_int {
+                $crate::exports::unit(|| $crate::api::recv(fd, buf, len, flags, qh, ah, mh))
+            }
 
-        /// `exs_sendmsg`.
-        #[no_mangle]
-        pub unsafe extern "C" fn exs_sendmsg(
-            fd: c_int,
-            msg: *const exs_msghdr_t,
-            flags: c_int,
-            qh: c_int,
-            ah: *mut c_void,
-        ) -> c_int {
-            // SAFETY: as above (a send only reads the msghdr).
-            $crate::exports::unit(|| unsafe { $crate::api::msg(false, fd, msg as *mut exs_msghdr_t, flags, qh, ah) })
-        }
+            /// `exs_sendmsg`.
+            #[no_mangle]
+            pub unsafe extern "C" fn exs_sendmsg(
+                fd: c_int,
+                msg: *const exs_msghdr_t,
+                flags: c_int,
+                qh: c_int,
+                ah: *mut c_void,
+            ) -> c_int {
+                // SAFETY: as above (a send only reads the msghdr).
+                $crate::exports::unit(|| unsafe {
+                    $crate::api::msg(false, fd, msg as *mut exs_msghdr_t, flags, qh, ah)
+                })
+            }
 
-        /// `exs_recvmsg`.
-        #[no_mangle]
-        pub unsafe extern "C" fn exs_recvmsg(
-            fd: c_int,
-            msg: *mut exs_msghdr_t,
-            flags: c_int,
-            qh: c_int,
-            ah: *mut c_void,
-        ) -> c_int {
-            // SAFETY: as above.
-            $crate::exports::unit(|| unsafe { $crate::api::msg(true, fd, msg, flags, qh, ah) })
-        }
+            /// `exs_recvmsg`.
+            #[no_mangle]
+            pub unsafe extern "C" fn exs_recvmsg(
+                fd: c_int,
+                msg: *mut exs_msghdr_t,
+                flags: c_int,
+                qh: c_int,
+                ah: *mut c_void,
+            ) -> c_int {
+                // SAFETY: as above.
+                $crate::exports::unit(|| unsafe { $crate::api::msg(true, fd, msg, flags, qh, ah) })
+            }
 
-        /// `exs_sendfile`.
-        #[no_mangle]
-        pub unsafe extern "C" fn exs_sendfile(
-            fd: c_int,
-            vec: *const exs_xferfile_t,
-            count: c_int,
-            flags: c_int,
-            qh: c_int,
-            ah: *mut c_void,
-        ) -> c_int {
-            // SAFETY: as above.
-            $crate::exports::unit(|| unsafe { $crate::api::sendfile(fd, vec, count, flags, qh, ah) })
-        }
+            /// `exs_sendfile`.
+            #[no_mangle]
+            pub unsafe extern "C" fn exs_sendfile(
+                fd: c_int,
+                vec: *const exs_xferfile_t,
+                count: c_int,
+                flags: c_int,
+                qh: c_int,
+                ah: *mut c_void,
+            ) -> c_int {
+                // SAFETY: as above.
+                $crate::exports::unit(|| unsafe {
+                    $crate::api::sendfile(fd, vec, count, flags, qh, ah)
+                })
+            }
 
-        /// `exs_connect`.
-        #[no_mangle]
-        pub extern "C" fn exs_connect(
-            fd: c_int,
-            addr: *const sockaddr,
-            len: socklen_t,
-            qh: c_int,
-            ah: *mut c_void,
-        ) -> c_int {
-            $crate::exports::unit(|| $crate::api::connect(fd, addr, len, qh, ah))
-        }
+            /// `exs_connect`.
+            #[no_mangle]
+            pub extern "C" fn exs_connect(
+                fd: c_int,
+                addr: *const sockaddr,
+                len: socklen_t,
+                qh: c_int,
+                ah: *mut c_void,
+            ) -> c_int {
+                $crate::exports::unit(|| $crate::api::connect(fd, addr, len, qh, ah))
+            }
 
-        /// `exs_accept`.
-        #[no_mangle]
-        pub extern "C" fn exs_accept(
-            fd: c_int,
-            addr: *mut exs_acceptaddr_t,
-            flags: c_int,
-            qh: c_int,
-            ah: *mut c_void,
-        ) -> c_int {
-            $crate::exports::unit(|| $crate::api::accept(fd, addr, flags, qh, ah))
-        }
+            /// `exs_accept`.
+            #[no_mangle]
+            pub extern "C" fn exs_accept(
+                fd: c_int,
+                addr: *mut exs_acceptaddr_t,
+                flags: c_int,
+                qh: c_int,
+                ah: *mut c_void,
+            ) -> c_int {
+                $crate::exports::unit(|| $crate::api::accept(fd, addr, flags, qh, ah))
+            }
 
-        /// `exs_poll`.
-        #[no_mangle]
-        pub unsafe extern "C" fn exs_poll(
-            fds: *mut exs_pollfd_t,
-            nfds: c_uint,
-            qh: c_int,
-            ah: *mut c_void,
-        ) -> c_int {
-            // SAFETY: as above.
-            $crate::exports::unit(|| unsafe { $crate::api::poll(fds, nfds, qh, ah) })
-        }
+            /// `exs_poll`.
+            #[no_mangle]
+            pub unsafe extern "C" fn exs_poll(
+                fds: *mut exs_pollfd_t,
+                nfds: c_uint,
+                qh: c_int,
+                ah: *mut c_void,
+            ) -> c_int {
+                // SAFETY: as above.
+                $crate::exports::unit(|| unsafe { $crate::api::poll(fds, nfds, qh, ah) })
+            }
 
-        /// `exs_shutdown`.
-        #[no_mangle]
-        pub extern "C" fn exs_shutdown(fd: c_int, how: c_int, qh: c_int, ah: *mut c_void) -> c_int {
-            $crate::exports::unit(|| $crate::api::shutdown(fd, how, qh, ah))
-        }
+            /// `exs_shutdown`.
+            #[no_mangle]
+            pub extern "C" fn exs_shutdown(
+                fd: c_int,
+                how: c_int,
+                qh: c_int,
+                ah: *mut c_void,
+            ) -> c_int {
+                $crate::exports::unit(|| $crate::api::shutdown(fd, how, qh, ah))
+            }
 
-        /// `exs_aclose`.
-        #[no_mangle]
-        pub extern "C" fn exs_aclose(fd: c_int, qh: c_int, ah: *mut c_void) -> c_int {
-            $crate::exports::unit(|| $crate::api::aclose(fd, qh, ah))
-        }
+            /// `exs_aclose`.
+            #[no_mangle]
+            pub extern "C" fn exs_aclose(fd: c_int, qh: c_int, ah: *mut c_void) -> c_int {
+                $crate::exports::unit(|| $crate::api::aclose(fd, qh, ah))
+            }
 
-        /// `exs_cancel`.
-        #[no_mangle]
-        pub extern "C" fn exs_cancel(fd: c_int, ah: *mut c_void, flags: c_int) -> c_int {
-            $crate::exports::boundary(-1, || $crate::exports::ret($crate::api::cancel(fd, ah, flags), -1))
-        }
+            /// `exs_cancel`.
+            #[no_mangle]
+            pub extern "C" fn exs_cancel(fd: c_int, ah: *mut c_void, flags: c_int) -> c_int {
+                $crate::exports::boundary(-1, || {
+                    $crate::exports::ret($crate::api::cancel(fd, ah, flags), -1)
+                })
+            }
 
-        /// `exs_close`.
-        #[no_mangle]
-        pub extern "C" fn exs_close(fd: c_int) -> c_int {
-            $crate::exports::unit(|| $crate::api::close(fd))
-        }
+            /// `exs_close`.
+            #[no_mangle]
+            pub extern "C" fn exs_close(fd: c_int) -> c_int {
+                $crate::exports::unit(|| $crate::api::close(fd))
+            }
 
-        /// `exs_setsockopt`.
-        #[no_mangle]
-        pub unsafe extern "C" fn exs_setsockopt(
-            fd: c_int,
-            level: c_int,
-            name: c_int,
-            value: *const c_void,
-            len: socklen_t,
-        ) -> c_int {
-            // SAFETY: as above.
-            $crate::exports::unit(|| unsafe { $crate::api::setsockopt(fd, level, name, value, len) })
-        }
+            /// `exs_setsockopt`.
+            #[no_mangle]
+            pub unsafe extern "C" fn exs_setsockopt(
+                fd: c_int,
+                level: c_int,
+                name: c_int,
+                value: *const c_void,
+                len: socklen_t,
+            ) -> c_int {
+                // SAFETY: as above.
+                $crate::exports::unit(|| unsafe {
+                    $crate::api::setsockopt(fd, level, name, value, len)
+                })
+            }
 
-        /// `exs_getsockopt`.
-        #[no_mangle]
-        pub unsafe extern "C" fn exs_getsockopt(
-            fd: c_int,
-            level: c_int,
-            name: c_int,
-            value: *mut c_void,
-            len: *mut socklen_t,
-        ) -> c_int {
-            // SAFETY: as above.
-            $crate::exports::unit(|| unsafe { $crate::api::getsockopt(fd, level, name, value, len) })
-        }
+            /// `exs_getsockopt`.
+            #[no_mangle]
+            pub unsafe extern "C" fn exs_getsockopt(
+                fd: c_int,
+                level: c_int,
+                name: c_int,
+                value: *mut c_void,
+                len: *mut socklen_t,
+            ) -> c_int {
+                // SAFETY: as above.
+                $crate::exports::unit(|| unsafe {
+                    $crate::api::getsockopt(fd, level, name, value, len)
+                })
+            }
 
-        /// `exs_socket`.
-        #[no_mangle]
-        pub extern "C" fn exs_socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
-            $crate::exports::boundary(-1, || $crate::exports::ret($crate::api::socket(domain, ty, protocol), -1))
-        }
+            /// `exs_socket`.
+            #[no_mangle]
+            pub extern "C" fn exs_socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
+                $crate::exports::boundary(-1, || {
+                    $crate::exports::ret($crate::api::socket(domain, ty, protocol), -1)
+                })
+            }
 
-        /// `exs_bind`.
-        #[no_mangle]
-        pub extern "C" fn exs_bind(fd: c_int, a: *const sockaddr, l: socklen_t) -> c_int {
-            $crate::exports::unit(|| $crate::api::bind(fd, a, l))
-        }
+            /// `exs_bind`.
+            #[no_mangle]
+            pub extern "C" fn exs_bind(fd: c_int, a: *const sockaddr, l: socklen_t) -> c_int {
+                $crate::exports::unit(|| $crate::api::bind(fd, a, l))
+            }
 
-        /// `exs_listen`.
-        #[no_mangle]
-        pub extern "C" fn exs_listen(fd: c_int, backlog: c_int) -> c_int {
-            $crate::exports::unit(|| $crate::api::listen(fd, backlog))
-        }
+            /// `exs_listen`.
+            #[no_mangle]
+            pub extern "C" fn exs_listen(fd: c_int, backlog: c_int) -> c_int {
+                $crate::exports::unit(|| $crate::api::listen(fd, backlog))
+            }
 
-        /// `exs_fcntl`. Declared variadic in C; the one optional argument
-        /// travels in a register either way.
-        #[no_mangle]
-        pub extern "C" fn exs_fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
-            $crate::exports::boundary(-1, || $crate::exports::ret($crate::api::fcntl(fd, cmd, arg), -1))
-        }
+            /// `exs_fcntl`. Declared variadic in C; the one optional argument
+            /// travels in a register either way.
+            #[no_mangle]
+            pub extern "C" fn exs_fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+                $crate::exports::boundary(-1, || {
+                    $crate::exports::ret($crate::api::fcntl(fd, cmd, arg), -1)
+                })
+            }
 
-        /// `exs_getsockname`.
-        #[no_mangle]
-        pub extern "C" fn exs_getsockname(fd: c_int, a: *mut sockaddr, l: *mut socklen_t) -> c_int {
-            $crate::exports::unit(|| $crate::api::sockname(false, fd, a, l))
-        }
+            /// `exs_getsockname`.
+            #[no_mangle]
+            pub extern "C" fn exs_getsockname(
+                fd: c_int,
+                a: *mut sockaddr,
+                l: *mut socklen_t,
+            ) -> c_int {
+                $crate::exports::unit(|| $crate::api::sockname(false, fd, a, l))
+            }
 
-        /// `exs_getpeername`.
-        #[no_mangle]
-        pub extern "C" fn exs_getpeername(fd: c_int, a: *mut sockaddr, l: *mut socklen_t) -> c_int {
-            $crate::exports::unit(|| $crate::api::sockname(true, fd, a, l))
-        }
+            /// `exs_getpeername`.
+            #[no_mangle]
+            pub extern "C" fn exs_getpeername(
+                fd: c_int,
+                a: *mut sockaddr,
+                l: *mut socklen_t,
+            ) -> c_int {
+                $crate::exports::unit(|| $crate::api::sockname(true, fd, a, l))
+            }
 
-        /// `exs_send_offset`: into the peer's persistent receive block at
-        /// `offset` (one RDMA Write).
-        #[no_mangle]
-        pub extern "C" fn exs_send_offset(
-            fd: c_int,
-            buf: *const c_void,
-            len: size_t,
-            flags: c_int,
-            offset: u64,
-            qh: c_int,
-            ah: *mut c_void,
-            mh: c_int,
-        ) -> c_int {
-            $crate::exports::unit(|| $crate::api::offset_xfer(false, fd, buf as usize, len, flags, offset, qh, ah, mh))
-        }
+            /// `exs_send_offset`: into the peer's persistent receive block at
+            /// `offset` (one RDMA Write).
+            #[no_mangle]
+            pub extern "C" fn exs_send_offset(
+                fd: c_int,
+                buf: *const c_void,
+                len: size_t,
+                flags: c_int,
+                offset: u64,
+                qh: c_int,
+                ah: *mut c_void,
+                mh: c_int,
+            ) -> c_int {
+                $crate::exports::unit(|| {
+                    $crate::api::offset_xfer(
+                        false,
+                        fd,
+                        buf as usize,
+                        len,
+                        flags,
+                        offset,
+                        qh,
+                        ah,
+                        mh,
+                    )
+                })
+            }
 
-        /// `exs_recv_offset`: from the peer's persistent send block at `offset`
-        /// (one RDMA Read).
-        #[no_mangle]
-        pub extern "C" fn exs_recv_offset(
-            fd: c_int,
-            buf: *mut c_void,
-            len: size_t,
-            flags: c_int,
-            offset: u64,
-            qh: c_int,
-            ah: *mut c_void,
-            mh: c_int,
-        ) -> c_int {
-            $crate::exports::unit(|| $crate::api::offset_xfer(true, fd, buf as usize, len, flags, offset, qh, ah, mh))
-        }
+            /// `exs_recv_offset`: from the peer's persistent send block at `offset`
+            /// (one RDMA Read).
+            #[no_mangle]
+            pub extern "C" fn exs_recv_offset(
+                fd: c_int,
+                buf: *mut c_void,
+                len: size_t,
+                flags: c_int,
+                offset: u64,
+                qh: c_int,
+                ah: *mut c_void,
+                mh: c_int,
+            ) -> c_int {
+                $crate::exports::unit(|| {
+                    $crate::api::offset_xfer(true, fd, buf as usize, len, flags, offset, qh, ah, mh)
+                })
+            }
         }
     };
 }

@@ -1156,7 +1156,11 @@ pub unsafe fn setsockopt(
             let on = unsafe { std::ptr::read_unaligned(val as *const c_int) } != 0;
             if !on {
                 // Back to the kernel mid-stream is not offered.
-                set_errno(if s.ddpmode() != 0 { libc::EOPNOTSUPP } else { 0 });
+                set_errno(if s.ddpmode() != 0 {
+                    libc::EOPNOTSUPP
+                } else {
+                    0
+                });
                 return if s.ddpmode() != 0 { -1 } else { 0 };
             }
             return match s.set_ddpmode(fd) {

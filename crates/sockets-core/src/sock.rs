@@ -1104,8 +1104,16 @@ impl Sock {
             return self.fail(inner, libc::EPROTO, Reason::HandshakeFailed);
         };
         self.engine.store(true, Ordering::Relaxed);
+        // A DDPMODE socket may move to the EXS RDMA model, whose receives
+        // are RDMA Reads: the default depths both ways (the initiator asks
+        // for them too).
+        let depth = if inner.ddp {
+            softrdma_proto::mpa::DEFAULT_DEPTH
+        } else {
+            0
+        };
         if resp
-            .accept(&Params::ours(0).to_bytes()[..PARAMS_LEN], 0, 0)
+            .accept(&Params::ours(0).to_bytes()[..PARAMS_LEN], depth, depth)
             .is_err()
         {
             return self.fail(inner, libc::EPROTO, Reason::HandshakeFailed);
@@ -1533,11 +1541,7 @@ impl Sock {
                 conn.progress();
                 Some(conn.readable_bytes())
             }
-            Phase::Exs(c, _) => Some(
-                c.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .readable_bytes(),
-            ),
+            Phase::Exs(c, _) => Some(c.lock().unwrap_or_else(|e| e.into_inner()).readable_bytes()),
             Phase::Fresh | Phase::Listening | Phase::Kernel => None,
             Phase::Ud(u) => {
                 u.end.progress();
@@ -1893,12 +1897,7 @@ impl Sock {
 /// Reads what the stream of a switched socket still holds into `bufs`
 /// from stream position `done`. Returns the octets and whether the
 /// stream is over (nothing left and nothing more coming).
-fn exs_read(
-    c: &Mutex<Conn>,
-    bufs: &mut [&mut [u8]],
-    done: usize,
-    peek: bool,
-) -> (usize, bool) {
+fn exs_read(c: &Mutex<Conn>, bufs: &mut [&mut [u8]], done: usize, peek: bool) -> (usize, bool) {
     let mut c = c.lock().unwrap_or_else(|e| e.into_inner());
     let mut got = 0;
     let mut pos = done;
@@ -1914,8 +1913,8 @@ fn exs_read(
         }
         pos = 0;
     }
-    let over = c.readable_bytes() == got * usize::from(peek)
-        && (c.peer_switch().is_some() || c.at_eof());
+    let over =
+        c.readable_bytes() == got * usize::from(peek) && (c.peer_switch().is_some() || c.at_eof());
     (got, over)
 }
 
