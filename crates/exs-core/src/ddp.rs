@@ -88,14 +88,29 @@ pub enum Taken {
     Msg(Vec<u8>),
 }
 
+/// What the RDMA model does next on an adopted connection
+/// ([`Prelude::step`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing yet.
+    Wait,
+    /// Post the receives now (no more stream data comes), then call
+    /// [`Prelude::posted`].
+    PostReceives,
+    /// Start: the peer's parameters (its receives are posted); from here
+    /// this end sends RDMA-model messages.
+    Start(Vec<u8>),
+}
+
 /// The byte-stream protocol finishing on an adopted QP.
 pub trait Prelude: Send {
     /// Looks at a completion of the shared CQ first.
     fn take(&mut self, wc: &WorkCompletion) -> Taken;
-    /// Sends what the stream still owes; returns the peer's RDMA-model
-    /// parameters (once) when both ends' switch messages are out, from
-    /// when this end may send RDMA-model messages.
-    fn step(&mut self) -> Option<Vec<u8>>;
+    /// Sends what the stream still owes and says what the RDMA model
+    /// does next ([`Step::Start`] once).
+    fn step(&mut self) -> Step;
+    /// The RDMA model's receives are posted.
+    fn posted(&mut self);
 }
 
 /// A connection the interposer hands over.

@@ -443,12 +443,17 @@ impl Conn {
                 max_recv_wr: nrx,
             },
         );
-        Conn::with_qp(qp, cq, credits)
+        Conn::with_qp(qp, cq, credits, true)
     }
 
     /// A connection on an existing QP and CQ (in the device's PD), with
-    /// its receives posted.
-    fn with_qp(qp: QueuePair, cq: CompletionQueue, credits: u32) -> Result<Conn, Errno> {
+    /// its receives posted if `post`.
+    fn with_qp(
+        qp: QueuePair,
+        cq: CompletionQueue,
+        credits: u32,
+        post: bool,
+    ) -> Result<Conn, Errno> {
         let d = dev()?;
         let nrx = 2 * credits as usize + EXTRA_RECVS;
         let rx =
@@ -474,8 +479,10 @@ impl Conn {
             broken: false,
             pre: None,
         };
-        for i in 0..nrx {
-            conn.post_recv(i)?;
+        if post {
+            for i in 0..nrx {
+                conn.post_recv(i)?;
+            }
         }
         Ok(conn)
     }
@@ -771,7 +778,22 @@ impl Sock {
     fn ddp_step(&mut self) {
         let Some(c) = self.conn.as_mut() else { return };
         let Some(p) = c.pre.as_mut() else { return };
-        let Some(b) = p.step() else { return };
+        let b = match p.step() {
+            crate::ddp::Step::Wait => return,
+            crate::ddp::Step::PostReceives => {
+                for i in 0..c.nrx {
+                    if c.post_recv(i).is_err() {
+                        c.broken = true;
+                        return;
+                    }
+                }
+                if let Some(p) = c.pre.as_mut() {
+                    p.posted();
+                }
+                return self.ddp_step();
+            }
+            crate::ddp::Step::Start(b) => b,
+        };
         match Params::parse(&b) {
             Some(peer) => {
                 let n = peer.credits.min(c.credits).max(1);
@@ -2036,7 +2058,8 @@ pub fn xfer(
 /// id and this end's parameters.
 pub(crate) fn adopt(a: crate::ddp::Adopt, credits: u32) -> Result<(u64, [u8; 16]), Errno> {
     engine()?;
-    let mut conn = Conn::with_qp(a.qp, a.cq, credits)?;
+    // Its receives are posted once no more stream data comes.
+    let mut conn = Conn::with_qp(a.qp, a.cq, credits, false)?;
     conn.send_credits = 0;
     conn.pre = Some(a.prelude);
     let ours = Params {

@@ -6,7 +6,7 @@
 //!
 //! | octets | field |
 //! |---|---|
-//! | 0 | kind: 1 data, 2 credit, 3 end of stream (the writer shut down), 4 switch to the Extended Sockets RDMA model |
+//! | 0 | kind: 1 data, 2 credit, 3 end of stream (the writer shut down), 4 switch to the Extended Sockets RDMA model, 0x82 credit after the switch, 0x85 ready |
 //! | 1 | control credits returned |
 //! | 2..4 | zero |
 //! | 4..8 | data credits returned (little endian) |
@@ -32,14 +32,19 @@
 //!
 //! A socket the application switched with `SOFTRDMA_DDPMODE` can move on
 //! to the Extended Sockets API's RDMA model (`docs/exs.md`, "DDPMODE
-//! sockets"): each end sends one switch message (kind 4, after the data
-//! it wrote, carrying its EXS parameters) and nothing of this protocol
-//! after it; the QP then carries EXS messages. Receive work requests of
-//! this protocol carry [`RX_TAG`] and its sends [`TX_TAG`] (or the
-//! control `wr_id`), so that during the handover [`Conn::handover`] tells
-//! them from the EXS model's own work on the same CQ; a message of the
-//! peer that lands in one of this protocol's buffers after the peer's
-//! switch message is an EXS message and is handed on as such.
+//! sockets"). Each end sends one switch message (kind 4, after the data
+//! it wrote, carrying its EXS parameters); until the peer's arrives it
+//! still takes the peer's data, with credit messages of kind 0x82; once
+//! it has arrived (no data follows it) this end posts no more stream
+//! buffers, the EXS model posts its receives behind them, and a ready
+//! message (kind 0x85) tells the peer so. Each end sends EXS messages
+//! once it has the peer's ready message. The kinds sent after a switch
+//! message have the high bit set, which no EXS message's first octet has.
+//! Receive work requests of this protocol carry [`RX_TAG`] and its sends
+//! [`TX_TAG`] (or the control `wr_id`), so that during the handover
+//! [`Conn::handover`] tells them from the EXS model's own work on the
+//! same CQ; an EXS message of the peer that lands in one of this
+//! protocol's buffers is handed on as such.
 
 use std::collections::VecDeque;
 
@@ -62,6 +67,10 @@ const KIND_DATA: u8 = 1;
 const KIND_CREDIT: u8 = 2;
 const KIND_FIN: u8 = 3;
 const KIND_SWITCH: u8 = 4;
+/// A credit message after this end's switch message.
+const KIND_LATE_CREDIT: u8 = 0x82;
+/// The EXS model's receives are posted: the peer may send EXS messages.
+const KIND_READY: u8 = 0x85;
 
 /// Set in the `wr_id` of this protocol's receives.
 pub const RX_TAG: u64 = 1 << 62;
@@ -234,6 +243,10 @@ pub struct Conn {
     switch_sent: bool,
     /// The peer's switch message (its payload).
     peer_switch: Option<Vec<u8>>,
+    /// The EXS model posted its receives.
+    exs_posted: bool,
+    ready_sent: bool,
+    peer_ready: bool,
     /// Messages sent and received (statistics).
     pub msgs_out: u64,
     /// As [`Conn::msgs_out`], inbound.
@@ -310,6 +323,9 @@ impl Conn {
             switch_out: None,
             switch_sent: false,
             peer_switch: None,
+            exs_posted: false,
+            ready_sent: false,
+            peer_ready: false,
             msgs_out: 0,
             msgs_in: 0,
         };
@@ -419,7 +435,11 @@ impl Conn {
                         self.fin_rcvd = true;
                         self.consumed(idx, false);
                     }
-                    KIND_CREDIT => self.consumed(idx, false),
+                    KIND_CREDIT | KIND_LATE_CREDIT => self.consumed(idx, false),
+                    KIND_READY if self.peer_switch.is_some() => {
+                        self.peer_ready = true;
+                        self.consumed(idx, false);
+                    }
                     KIND_SWITCH if self.peer_switch.is_none() => {
                         let mut p = vec![0u8; len - HDR];
                         let _ = self.rx_mr.read_at(idx * BUF + HDR, &mut p);
@@ -443,9 +463,9 @@ impl Conn {
 
     /// A receive buffer is empty again: post it and owe its credit.
     fn consumed(&mut self, idx: usize, data: bool) {
-        if self.switching() {
-            // Nothing of this protocol goes out any more: the buffer stays
-            // empty and its credit is not returned.
+        if self.exs_posted {
+            // The EXS model's receives are behind the stream's buffers now:
+            // the buffer stays empty (no stream data comes any more).
             return;
         }
         if self.post_recv(idx).is_err() {
@@ -467,12 +487,6 @@ impl Conn {
         h[4..8].copy_from_slice(&self.owed_data.to_le_bytes());
         self.owed_data = 0;
         h
-    }
-
-    /// True once either end sent its switch message: this end returns no
-    /// more credits.
-    fn switching(&self) -> bool {
-        self.switch_sent || self.peer_switch.is_some()
     }
 
     fn post_ctrl(&mut self, kind: u8) -> bool {
@@ -504,7 +518,28 @@ impl Conn {
     /// credits allow. True if anything went out.
     fn flush(&mut self) -> bool {
         let mut sent = false;
-        if self.broken || self.switch_sent {
+        if self.broken {
+            return false;
+        }
+        if self.switch_sent {
+            // Credits for the peer's data still coming, until its switch
+            // message (one credit stays for the ready message); then the
+            // ready message once the EXS model's receives are posted.
+            if self.peer_switch.is_none()
+                && self.owed_data >= self.peer.data_bufs.div_ceil(2).max(1)
+                && self.ctrl_credits > 1
+            {
+                return self.post_ctrl(KIND_LATE_CREDIT);
+            }
+            if self.exs_posted && !self.ready_sent && self.ctrl_credits + self.data_credits > 0 {
+                if self.ctrl_credits == 0 {
+                    // The data credit stands in (no data follows).
+                    self.ctrl_credits += 1;
+                    self.data_credits -= 1;
+                }
+                self.ready_sent = self.post_ctrl(KIND_READY);
+                return self.ready_sent;
+            }
             return false;
         }
         while self.data_credits > 0 {
@@ -557,9 +592,10 @@ impl Conn {
             sent |= self.fin_sent;
         }
         if self.switch_out.is_some() {
+            // Two credits: the switch message's and the ready message's.
             if self.tx_open.is_none()
                 && self.tx_ready.is_empty()
-                && (self.ctrl_credits > 0 || self.data_credits > 0)
+                && self.ctrl_credits + self.data_credits >= 2
             {
                 sent |= self.post_switch();
             }
@@ -624,10 +660,23 @@ impl Conn {
         self.peer_switch.as_deref()
     }
 
-    /// Both switch messages crossed: from here the QP carries only EXS
-    /// messages both ways. The peer's payload.
+    /// True when the EXS model should post its receives now: both switch
+    /// messages are out, so no more stream data comes and no stream buffer
+    /// is posted again.
+    pub fn exs_receives_due(&self) -> bool {
+        self.switch_sent && self.peer_switch.is_some() && !self.exs_posted
+    }
+
+    /// The EXS model posted its receives: the ready message goes out.
+    pub fn exs_receives_posted(&mut self) {
+        self.exs_posted = true;
+        self.flush();
+    }
+
+    /// Both ready messages crossed: from here this end may send EXS
+    /// messages. The peer's switch payload.
     pub fn switched(&self) -> Option<&[u8]> {
-        if self.switch_sent {
+        if self.ready_sent && self.peer_ready {
             self.peer_switch.as_deref()
         } else {
             None
@@ -655,8 +704,18 @@ impl Conn {
         if !ours {
             return Handover::NotOurs;
         }
-        if recv && self.peer_switch.is_some() && wc.status == WcStatus::Success {
-            let idx = (wc.wr_id & !RX_TAG) as usize;
+        // After the peer's switch message only its late credits and its
+        // ready message are the stream's (high bit set); the rest is EXS.
+        let stream_kind = |c: &Conn, idx: usize| {
+            let mut k = [0u8; 1];
+            idx < c.nrx && c.rx_mr.read_at(idx * BUF, &mut k).is_ok() && k[0] & 0x80 != 0
+        };
+        let idx = (wc.wr_id & !RX_TAG) as usize;
+        if recv
+            && self.peer_switch.is_some()
+            && wc.status == WcStatus::Success
+            && !stream_kind(self, idx)
+        {
             let len = (wc.byte_len as usize).min(BUF);
             let mut b = vec![0u8; len];
             if idx >= self.nrx || self.rx_mr.read_at(idx * BUF, &mut b).is_err() {

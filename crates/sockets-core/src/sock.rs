@@ -546,9 +546,10 @@ impl Sock {
         }
     }
 
-    /// The first Extended Sockets call of the RDMA model on the socket
-    /// (or the peer's switch message): a socket carried over RC moves to
-    /// the EXS model. `Ok(true)` once it has (or had), `Ok(false)` for a
+    /// The application's first Extended Sockets call of the RDMA model on
+    /// the socket: a DDPMODE socket carried over RC moves to the EXS model
+    /// (after what was written; the peer follows when its application
+    /// makes its first such call). `Ok(true)` once it has (or had), `Ok(false)` for a
     /// socket softrdma does not carry over RC (the call stays with the
     /// Open Group model).
     pub fn exs_switch(&self, fd: c_int) -> Result<bool, c_int> {
@@ -1054,15 +1055,6 @@ impl Sock {
                     }
                 }
             }
-            Phase::Rc(conn) if conn.peer_switch().is_some() => {
-                // The peer switched to the EXS model: so does this end,
-                // whatever the application is doing.
-                if let Err(e) = self.adopt(inner, fd) {
-                    if matches!(inner.phase, Phase::Rc(_)) {
-                        self.fail(inner, e, Reason::HandshakeFailed);
-                    }
-                }
-            }
             Phase::ServerMpa => {
                 let frame = match take_frame(fd, &wmpa::KEY_REQUEST) {
                     Ok(Some(f)) => f,
@@ -1221,8 +1213,13 @@ impl Sock {
                         return Out::Done(Ok(done));
                     }
                     if conn.peer_switch().is_some() && conn.readable_bytes() == 0 {
-                        // `drive` hands it to the EXS model.
-                        continue;
+                        // The peer moved to the EXS model: its stream ended
+                        // there (this end's goes on until it switches too).
+                        return Out::Done(if done > 0 {
+                            Ok(done)
+                        } else {
+                            Err(libc::EOPNOTSUPP)
+                        });
                     }
                     let mut got = 0;
                     // Fill the buffers in order from where we are.
@@ -1498,7 +1495,7 @@ impl Sock {
                     ev = rc_events(conn, lowat, shut_rd);
                 }
                 if conn.peer_switch().is_some() {
-                    // A read finds the switch (and hands the socket over).
+                    // The peer's stream ended at its switch: a read tells.
                     ev |= libc::POLLIN;
                 }
                 Ready {

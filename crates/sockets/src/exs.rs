@@ -60,17 +60,26 @@ impl ddp::Prelude for Pre {
         }
     }
 
-    fn step(&mut self) -> Option<Vec<u8>> {
+    fn step(&mut self) -> ddp::Step {
         let started = self.started;
         let mut c = self.conn();
         c.handover_flush();
         if started {
-            return None;
+            return ddp::Step::Wait;
         }
-        let p = c.switched()?.to_vec();
+        if c.exs_receives_due() {
+            return ddp::Step::PostReceives;
+        }
+        let Some(p) = c.switched().map(<[u8]>::to_vec) else {
+            return ddp::Step::Wait;
+        };
         drop(c);
         self.started = true;
-        Some(p)
+        ddp::Step::Start(p)
+    }
+
+    fn posted(&mut self) {
+        self.conn().exs_receives_posted();
     }
 }
 

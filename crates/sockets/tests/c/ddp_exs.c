@@ -46,7 +46,7 @@
 #define AH(x) ((exs_ahandle_t)(uintptr_t)(x))
 
 #define BIG (1 << 20)
-#define PLAIN 70000
+#define PLAIN (3 * 1024 * 1024 + 5)
 
 static const char *role = "?";
 static exs_qhandle_t q;
@@ -160,9 +160,16 @@ static int rdma_server(int fd) {
     exs_mhandle_t pm = exs_mregister(pb, 4096, 0);
     CHECK(bm >= 0 && km >= 0 && pm >= 0, "exs_mregister");
     /* Written before the switch: the client reads it with read() after
-     * its own switch. */
+     * its own switch. Three times the stream's window: the write goes
+     * on only as the client's reads return credits after its switch. */
     fill(plain, PLAIN, 9);
     xfer(fd, plain, PLAIN, 1);
+    /* The client switched before it read (its credits came after its
+     * switch message): its stream ended there. */
+    char c;
+    FAILS(read(fd, &c, 1), EOPNOTSUPP);
+    CHECK(ddpmode(fd) == 1, "DDPMODE reads %d before this end's switch", ddpmode(fd));
+    printf("server: plain write done; read after the peer's switch: EOPNOTSUPP\n");
     int credits = exs_fcntl(fd, EXS_F_GETCREDITS);
     CHECK(credits > 0, "EXS_F_GETCREDITS %d", credits);
     CHECK(ddpmode(fd) == 2, "DDPMODE reads %d after the switch", ddpmode(fd));
@@ -194,7 +201,6 @@ static int rdma_server(int fd) {
     persistent_event(next(EXS_EVT_SEND, AH(6)), pb + 3000, 100);
     printf("server: persistent send pulled whole and at offset 3000\n");
     /* The client's exs_close: end of stream. */
-    char c;
     CHECK(exs_recv(fd, &c, 1, 0, q, AH(7), EXS_MHANDLE_UNREGISTERED) == 0, "last recv");
     exs_event_t ev;
     struct timespec t = {10, 0};
@@ -219,7 +225,7 @@ static int rdma_client(int fd) {
     /* What the server wrote before its switch still reads with read(). */
     xfer(fd, plain, PLAIN, 0);
     CHECK(same(plain, PLAIN, 9), "plain octets differ");
-    printf("client: %d plain octets from before the switch intact\n", PLAIN);
+    printf("client: %d plain octets from before the switch intact\n", (int)PLAIN);
     exs_event_t ev = next(EXS_EVT_SEND, AH(1));
     CHECK(nbytes(ev) == 1024, "sent %ld", nbytes(ev));
     fill(big, BIG, 2);
