@@ -692,8 +692,9 @@ impl Conn {
     /// During the handover the EXS model polls the CQ and passes each
     /// completion here first: this protocol's work is taken
     /// ([`Handover::Taken`]), and a peer's message that landed in one of
-    /// its buffers after the peer's switch message is returned as the EXS
-    /// message it is.
+    /// its buffers after the peer's switch message and is not a stream
+    /// message (high bit of the kind set) is returned as the EXS message
+    /// it is.
     pub fn handover(&mut self, wc: &WorkCompletion) -> Handover {
         let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
         let ours = if recv {

@@ -1512,9 +1512,11 @@ impl Sock {
                 } else {
                     0
                 };
+                // The EXS model's pump takes what arrives on the
+                // connection; a waiter looks again when it does.
                 Ready {
                     events: ev,
-                    wait: None,
+                    wait: (ev == 0).then(|| (c.efd(), libc::POLLIN)),
                 }
             }
         }

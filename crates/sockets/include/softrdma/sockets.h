@@ -40,16 +40,16 @@
  *
  * The interposer exports the Extended Sockets calls (sys/exs.h) too, so
  * a program linked with -lexs that runs under it gets them from the
- * interposer. The first exs_send, exs_recv, exs_sendmsg, exs_recvmsg,
- * exs_send_offset, exs_recv_offset, exs_fcntl, exs_shutdown, exs_aclose,
- * exs_getsockname or exs_getpeername on a switched socket (or the peer's
- * doing so) moves it to the RDMA model on the same connection: after the
- * octets written before it, the descriptor is an RDMA-model SOCK_STREAM
- * descriptor (advertisements, RDMA Reads, immediate data, persistent
- * transfers, offsets, credits). read/recv then return the octets the peer
- * wrote before its switch and fail with EOPNOTSUPP after them;
- * write/send/shutdown fail with EOPNOTSUPP. See docs/exs.md, "DDPMODE
- * sockets".
+ * interposer. An end's first exs_send, exs_recv, exs_sendmsg,
+ * exs_recvmsg, exs_send_offset, exs_recv_offset, exs_fcntl, exs_shutdown,
+ * exs_aclose, exs_getsockname or exs_getpeername on a switched socket
+ * moves it to the RDMA model on the same connection, after the octets it
+ * wrote: the descriptor becomes an RDMA-model SOCK_STREAM descriptor
+ * (advertisements, RDMA Reads, immediate data, persistent transfers,
+ * offsets, credits) once the peer's application switched too. Once the
+ * peer switched, read/recv return the octets it wrote before and then
+ * fail with EOPNOTSUPP; once this end switched, write/send/shutdown fail
+ * with EOPNOTSUPP. See docs/exs.md, "DDPMODE sockets".
  */
 #define SOFTRDMA_DDPMODE 1
 
