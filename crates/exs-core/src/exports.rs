@@ -8,6 +8,11 @@
 
 use crate::{sys, Errno};
 
+/// The C types the exports name (the invoking crate need not depend on
+/// `libc` itself).
+#[doc(hidden)]
+pub use libc as c;
+
 /// Runs `f`; a panic becomes `fail` with errno EIO.
 pub fn boundary<T>(fail: T, f: impl FnOnce() -> T) -> T {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
@@ -44,10 +49,12 @@ macro_rules! exs_exports {
         // one sys/exs.h states for it.
         #[allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
         mod exs_exports {
-            use libc::{c_int, c_uint, c_ulong, c_void, size_t, sockaddr, socklen_t, timespec};
             use $crate::abi::{
                 exs_acceptaddr_t, exs_event_t, exs_msghdr_t, exs_pollfd_t, exs_xferfile_t,
                 EXS_MHANDLE_INVALID, EXS_QHANDLE_INVALID,
+            };
+            use $crate::exports::c::{
+                c_int, c_uint, c_ulong, c_void, size_t, sockaddr, socklen_t, timespec,
             };
 
             /// `exs_init`.
