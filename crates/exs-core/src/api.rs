@@ -221,6 +221,8 @@ pub fn send(
     ah: *mut c_void,
     mh: c_int,
 ) -> R<()> {
+    // A DDPMODE socket under the sockets interposer moves to the RDMA model.
+    crate::ddp::route(fd)?;
     if dgram::owns(fd) {
         let q = engine()?.queue(qh)?;
         let iov = [(mh, buf as usize, len)];
@@ -257,6 +259,8 @@ pub fn recv(
     ah: *mut c_void,
     mh: c_int,
 ) -> R<()> {
+    // A DDPMODE socket under the sockets interposer moves to the RDMA model.
+    crate::ddp::route(fd)?;
     if dgram::owns(fd) {
         let q = engine()?.queue(qh)?;
         let iov = [(mh, buf as usize, len)];
@@ -286,6 +290,8 @@ pub unsafe fn msg(
     qh: c_int,
     ah: *mut c_void,
 ) -> R<()> {
+    // A DDPMODE socket under the sockets interposer moves to the RDMA model.
+    crate::ddp::route(fd)?;
     let rd = rdma::owns(fd);
     if dgram::owns(fd) || rd {
         // The datagram and RDMA models check their own flags.
@@ -515,6 +521,8 @@ pub unsafe fn poll(
 
 /// `exs_shutdown`.
 pub fn shutdown(fd: c_int, how: c_int, qh: c_int, ah: *mut c_void) -> R<()> {
+    // A DDPMODE socket under the sockets interposer moves to the RDMA model.
+    crate::ddp::route(fd)?;
     if dgram::owns(fd) {
         return Err(libc::EOPNOTSUPP);
     }
@@ -530,6 +538,8 @@ pub fn shutdown(fd: c_int, how: c_int, qh: c_int, ah: *mut c_void) -> R<()> {
 
 /// `exs_aclose`.
 pub fn aclose(fd: c_int, qh: c_int, ah: *mut c_void) -> R<()> {
+    // A DDPMODE socket under the sockets interposer moves to the RDMA model.
+    crate::ddp::route(fd)?;
     if rdma::owns(fd) {
         let q = engine()?.queue(qh)?;
         return rdma::aclose(fd, q, ah as usize);
@@ -695,6 +705,8 @@ pub fn listen(fd: c_int, backlog: c_int) -> R<()> {
 
 /// `exs_fcntl`.
 pub fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> R<c_int> {
+    // A DDPMODE socket under the sockets interposer moves to the RDMA model.
+    crate::ddp::route(fd)?;
     rdma_fd(fd)?;
     if dgram::owns(fd) {
         return dgram::fcntl(fd, cmd, arg);
@@ -704,6 +716,8 @@ pub fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> R<c_int> {
 
 /// `exs_getsockname` (`peer` false) and `exs_getpeername`.
 pub fn sockname(peer: bool, fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> R<()> {
+    // A DDPMODE socket under the sockets interposer moves to the RDMA model.
+    crate::ddp::route(fd)?;
     rdma_fd(fd)?;
     if dgram::owns(fd) {
         return if peer {
@@ -735,6 +749,8 @@ pub fn offset_xfer(
     ah: *mut c_void,
     mh: c_int,
 ) -> R<()> {
+    // A DDPMODE socket under the sockets interposer moves to the RDMA model.
+    crate::ddp::route(fd)?;
     rdma_fd(fd)?;
     if dgram::owns(fd) {
         return Err(libc::EOPNOTSUPP);

@@ -11,12 +11,18 @@
 //! queues ([`queue`]) and the registrations ([`mem`], where a region
 //! gains an engine STag on first use). Its `SOCK_DGRAM` descriptors, over
 //! UD or RD queue pairs, are [`dgram`].
+//!
+//! [`exs_exports!`] defines the `extern "C"` calls themselves: `libexs.so`
+//! expands it, and so does the sockets interposer, which then serves
+//! DDPMODE sockets with the RDMA model on their own QPs ([`ddp`]).
 
 pub mod abi;
 pub mod api;
+pub mod ddp;
 pub mod dgram;
 pub mod dgram_wr;
 pub mod engine;
+pub mod exports;
 pub mod mem;
 pub mod queue;
 pub mod rdma;

@@ -78,8 +78,15 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub(crate) fn dev() -> Result<&'static Dev, Errno> {
     let d = DEV
         .get_or_init(|| {
-            let ctx = Context::open().map_err(|_| libc::ENODEV)?;
-            let pd = ctx.alloc_pd();
+            // Under the sockets interposer: its device (DDPMODE sockets).
+            let (ctx, pd) = match crate::ddp::host_device() {
+                Some(d) => d,
+                None => {
+                    let ctx = Context::open().map_err(|_| libc::ENODEV)?;
+                    let pd = ctx.alloc_pd();
+                    (ctx, pd)
+                }
+            };
             let ch = ctx.create_comp_channel().map_err(|_| libc::EMFILE)?;
             Ok(Dev { ctx, pd, ch })
         })
@@ -423,6 +430,9 @@ struct Conn {
     /// Notes (RNOTE, WNOTE) waiting for a credit.
     outbox: VecDeque<Msg>,
     broken: bool,
+    /// A DDPMODE socket's byte stream finishing on this QP
+    /// ([`crate::ddp`]).
+    pre: Option<Box<dyn crate::ddp::Prelude>>,
 }
 
 impl Conn {
@@ -440,6 +450,19 @@ impl Conn {
                 max_recv_wr: nrx,
             },
         );
+        Conn::with_qp(qp, cq, credits, true)
+    }
+
+    /// A connection on an existing QP and CQ (in the device's PD), with
+    /// its receives posted if `post`.
+    fn with_qp(
+        qp: QueuePair,
+        cq: CompletionQueue,
+        credits: u32,
+        post: bool,
+    ) -> Result<Conn, Errno> {
+        let d = dev()?;
+        let nrx = 2 * credits as usize + EXTRA_RECVS;
         let rx =
             d.pd.register(nrx * MSG_MAX, Access::LOCAL_WRITE)
                 .map_err(|_| libc::ENOMEM)?;
@@ -461,9 +484,12 @@ impl Conn {
             peer_precv: None,
             outbox: VecDeque::new(),
             broken: false,
+            pre: None,
         };
-        for i in 0..nrx {
-            conn.post_recv(i)?;
+        if post {
+            for i in 0..nrx {
+                conn.post_recv(i)?;
+            }
         }
         Ok(conn)
     }
@@ -649,6 +675,7 @@ impl Sock {
                 return;
             }
         }
+        self.ddp_step();
         if self.shut_rd {
             self.discard_reads(fd);
         }
@@ -694,6 +721,19 @@ impl Sock {
 
     fn completion(&mut self, wc: &WorkCompletion) {
         let Some(c) = self.conn.as_mut() else { return };
+        if let Some(p) = c.pre.as_mut() {
+            match p.take(wc) {
+                crate::ddp::Taken::No => {}
+                crate::ddp::Taken::Yes => return,
+                crate::ddp::Taken::Msg(b) => {
+                    match Msg::decode(&b) {
+                        Some(m) => self.message(m),
+                        None => c.broken = true,
+                    }
+                    return;
+                }
+            }
+        }
         if wc.status != WcStatus::Success {
             c.broken = true;
             return;
@@ -759,6 +799,43 @@ impl Sock {
                     }
                 }
             }
+        }
+    }
+
+    /// An adopted DDPMODE connection: the stream's last work, and the
+    /// peer's parameters once both switch messages are out.
+    fn ddp_step(&mut self) {
+        let Some(c) = self.conn.as_mut() else { return };
+        let Some(p) = c.pre.as_mut() else { return };
+        let b = match p.step() {
+            crate::ddp::Step::Wait => return,
+            crate::ddp::Step::PostReceives => {
+                for i in 0..c.nrx {
+                    if c.post_recv(i).is_err() {
+                        c.broken = true;
+                        return;
+                    }
+                }
+                if let Some(p) = c.pre.as_mut() {
+                    p.posted();
+                }
+                return self.ddp_step();
+            }
+            crate::ddp::Step::Start(b) => b,
+        };
+        match Params::parse(&b) {
+            Some(peer) => {
+                let n = peer.credits.min(c.credits).max(1);
+                let small = peer.small.min(c.small as u32);
+                c.set(Params {
+                    ty: peer.ty,
+                    credits: n,
+                    small,
+                });
+                self.credits = n;
+                self.small = small;
+            }
+            None => c.broken = true,
         }
     }
 
@@ -1446,6 +1523,7 @@ fn push_accept(fd: c_int, a: AcceptOp, newfd: c_int, peer: Option<SocketAddr>, e
 }
 
 fn progress_thread() {
+    crate::ddp::thread_start();
     // SAFETY: a full local set; pthread_sigmask on this thread.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
@@ -2059,9 +2137,61 @@ fn xfer_kind(
     Ok(())
 }
 
+/// A DDPMODE socket's connection becomes the `SOCK_STREAM` descriptor
+/// `a.fd` of this model ([`crate::ddp::adopt`]); it sends nothing until
+/// the prelude reports the peer's parameters. Returns the descriptor's
+/// id and this end's parameters.
+pub(crate) fn adopt(a: crate::ddp::Adopt, credits: u32) -> Result<(u64, [u8; 16]), Errno> {
+    engine()?;
+    // Its receives are posted once no more stream data comes.
+    let mut conn = Conn::with_qp(a.qp, a.cq, credits, false)?;
+    conn.send_credits = 0;
+    conn.pre = Some(a.prelude);
+    let ours = Params {
+        ty: libc::SOCK_STREAM as u8,
+        credits,
+        small: DEFAULT_SMALL,
+    };
+    let mut s = Sock::new(a.family, libc::SOCK_STREAM);
+    s.role = Role::Connected;
+    s.credits = credits;
+    s.peer = crate::ddp::addr_of(a.fd, true);
+    s.local = crate::ddp::addr_of(a.fd, false);
+    let id = s.id;
+    let mut g = st();
+    g.cqs.insert(conn.cq.id(), a.fd);
+    s.conn = Some(conn);
+    g.socks.insert(a.fd, s);
+    ACTIVE.store(true, Ordering::Release);
+    Ok((id, ours.to_bytes()))
+}
+
+/// Whether the adopted descriptor `fd` is still the one with `id`.
+pub(crate) fn adopted_alive(fd: c_int, id: u64) -> bool {
+    st().socks.get(&fd).is_some_and(|s| s.id == id)
+}
+
+/// Drives the adopted descriptor `fd` (if it is still the one with `id`).
+pub(crate) fn drive_adopted(fd: c_int, id: u64) {
+    let mut g = st();
+    if g.socks.get(&fd).is_some_and(|s| s.id == id) {
+        g.drive(fd);
+    }
+}
+
 /// `exs_close`: FIN to the peer, then the connection is torn down; the
 /// descriptor's operations complete with ECANCELED.
 pub fn close(fd: c_int) -> Result<(), Errno> {
+    close_opt(fd, true)
+}
+
+/// [`close`] without closing the descriptor (a DDPMODE socket the
+/// application closed with `close`).
+pub(crate) fn close_keep_fd(fd: c_int) -> Result<(), Errno> {
+    close_opt(fd, false)
+}
+
+fn close_opt(fd: c_int, close_fd: bool) -> Result<(), Errno> {
     let mut g = st();
     let mut s = g.socks.remove(&fd).ok_or(libc::EBADF)?;
     if let Some(c) = &s.conn {
@@ -2112,8 +2242,10 @@ pub fn close(fd: c_int) -> Result<(), Errno> {
         }
     }
     unwatch(fd);
-    // SAFETY: our own descriptor.
-    unsafe { libc::close(fd) };
+    if close_fd {
+        // SAFETY: our own descriptor.
+        unsafe { libc::close(fd) };
+    }
     // A pending exs_poll naming the descriptor now sees it closed.
     if let Ok(e) = engine() {
         e.repoll();

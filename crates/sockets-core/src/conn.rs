@@ -6,7 +6,7 @@
 //!
 //! | octets | field |
 //! |---|---|
-//! | 0 | kind: 1 data, 2 credit, 3 end of stream (the writer shut down) |
+//! | 0 | kind: 1 data, 2 credit, 3 end of stream (the writer shut down), 4 switch to the Extended Sockets RDMA model, 0x82 credit after the switch, 0x85 ready |
 //! | 1 | control credits returned |
 //! | 2..4 | zero |
 //! | 4..8 | data credits returned (little endian) |
@@ -29,6 +29,22 @@
 //! last, each write goes out at once (latency), and while they do not,
 //! later writes are appended to the open slot (TCP's coalescing under a
 //! closed window). Reads copy out of the receive buffers in order.
+//!
+//! A socket the application switched with `SOFTRDMA_DDPMODE` can move on
+//! to the Extended Sockets API's RDMA model (`docs/exs.md`, "DDPMODE
+//! sockets"). Each end sends one switch message (kind 4, after the data
+//! it wrote, carrying its EXS parameters); until the peer's arrives it
+//! still takes the peer's data, with credit messages of kind 0x82; once
+//! it has arrived (no data follows it) this end posts no more stream
+//! buffers, the EXS model posts its receives behind them, and a ready
+//! message (kind 0x85) tells the peer so. Each end sends EXS messages
+//! once it has the peer's ready message. The kinds sent after a switch
+//! message have the high bit set, which no EXS message's first octet has.
+//! Receive work requests of this protocol carry [`RX_TAG`] and its sends
+//! [`TX_TAG`] (or the control `wr_id`), so that during the handover
+//! [`Conn::handover`] tells them from the EXS model's own work on the
+//! same CQ; an EXS message of the peer that lands in one of this
+//! protocol's buffers is handed on as such.
 
 use std::collections::VecDeque;
 
@@ -50,6 +66,21 @@ pub const CTRL_BUFS: u32 = 4;
 const KIND_DATA: u8 = 1;
 const KIND_CREDIT: u8 = 2;
 const KIND_FIN: u8 = 3;
+const KIND_SWITCH: u8 = 4;
+/// A credit message after this end's switch message.
+const KIND_LATE_CREDIT: u8 = 0x82;
+/// The EXS model's receives are posted: the peer may send EXS messages.
+const KIND_READY: u8 = 0x85;
+
+/// Set in the `wr_id` of this protocol's receives.
+pub const RX_TAG: u64 = 1 << 62;
+/// Set in the `wr_id` of this protocol's data sends.
+pub const TX_TAG: u64 = 1 << 61;
+/// Receive work requests a DDPMODE socket's QP has room for beyond this
+/// protocol's own (the EXS model's receives after a switch).
+pub const EXS_RECV_ROOM: usize = 160;
+/// Send work requests likewise.
+pub const EXS_SEND_ROOM: usize = 256;
 
 /// `wr_id` of control sends (inline, no slot).
 const WR_CTRL: u64 = u64::MAX;
@@ -147,6 +178,18 @@ impl Device {
     }
 }
 
+/// What [`Conn::handover`] made of a completion.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Handover {
+    /// Not this protocol's work: the EXS model's.
+    NotOurs,
+    /// This protocol's, taken.
+    Taken,
+    /// An EXS message of the peer that landed in one of this protocol's
+    /// buffers: its octets.
+    Exs(Vec<u8>),
+}
+
 struct RxMsg {
     idx: usize,
     off: usize,
@@ -194,6 +237,16 @@ pub struct Conn {
     efd: i32,
     /// The TCP connection was shut down for writing (closing).
     tcp_shut: bool,
+    /// The switch message to send once the data written has left (the
+    /// payload after the header).
+    switch_out: Option<Vec<u8>>,
+    switch_sent: bool,
+    /// The peer's switch message (its payload).
+    peer_switch: Option<Vec<u8>>,
+    /// The EXS model posted its receives.
+    exs_posted: bool,
+    ready_sent: bool,
+    peer_ready: bool,
     /// Messages sent and received (statistics).
     pub msgs_out: u64,
     /// As [`Conn::msgs_out`], inbound.
@@ -215,16 +268,23 @@ impl Conn {
     /// The QP, CQ and buffers of a new connection, with every receive
     /// posted (before the MPA exchange ends, so the peer's first Send
     /// finds one).
-    pub fn new(dev: &Device) -> std::io::Result<Conn> {
+    /// `exs_room`: the queues also have room for the EXS model's work
+    /// (a socket switched with `SOFTRDMA_DDPMODE`).
+    pub fn new(dev: &Device, exs_room: bool) -> std::io::Result<Conn> {
         let nrx = (DATA_BUFS + CTRL_BUFS) as usize;
         let ntx = DATA_BUFS as usize;
-        let cq = dev.ctx.create_cq(2 * (nrx + ntx) + 8, None);
+        let (xr, xs) = if exs_room {
+            (EXS_RECV_ROOM, EXS_SEND_ROOM)
+        } else {
+            (0, 0)
+        };
+        let cq = dev.ctx.create_cq(2 * (nrx + ntx) + 8 + 2 * (xr + xs), None);
         let qp = dev.pd.create_cm_qp(
             &cq,
             &cq,
             QpCaps {
-                max_send_wr: ntx + CTRL_BUFS as usize + 4,
-                max_recv_wr: nrx,
+                max_send_wr: ntx + CTRL_BUFS as usize + 4 + xs,
+                max_recv_wr: nrx + xr,
             },
         );
         // No progress thread: the socket's calls drive it and wait on the
@@ -260,6 +320,12 @@ impl Conn {
             broken: false,
             efd: -1,
             tcp_shut: false,
+            switch_out: None,
+            switch_sent: false,
+            peer_switch: None,
+            exs_posted: false,
+            ready_sent: false,
+            peer_ready: false,
             msgs_out: 0,
             msgs_in: 0,
         };
@@ -273,7 +339,7 @@ impl Conn {
         let sge = self.rx_mr.sge(idx * BUF, BUF as u32);
         self.qp
             .post_recv(RecvWr {
-                wr_id: idx as u64,
+                wr_id: RX_TAG | idx as u64,
                 sgl: SgList::single(sge.addr, sge.length, sge.lkey),
             })
             .map_err(|e| std::io::Error::other(format!("post_recv: {e:?}")))
@@ -344,7 +410,7 @@ impl Conn {
                     self.broken = true;
                     return;
                 }
-                let idx = wc.wr_id as usize;
+                let idx = (wc.wr_id & !RX_TAG) as usize;
                 let len = wc.byte_len as usize;
                 if idx >= self.nrx || len < HDR {
                     self.broken = true;
@@ -369,7 +435,16 @@ impl Conn {
                         self.fin_rcvd = true;
                         self.consumed(idx, false);
                     }
-                    KIND_CREDIT => self.consumed(idx, false),
+                    KIND_CREDIT | KIND_LATE_CREDIT => self.consumed(idx, false),
+                    KIND_READY if self.peer_switch.is_some() => {
+                        self.peer_ready = true;
+                        self.consumed(idx, false);
+                    }
+                    KIND_SWITCH if self.peer_switch.is_none() => {
+                        let mut p = vec![0u8; len - HDR];
+                        let _ = self.rx_mr.read_at(idx * BUF + HDR, &mut p);
+                        self.peer_switch = Some(p);
+                    }
                     _ => self.broken = true,
                 }
             }
@@ -378,7 +453,7 @@ impl Conn {
                     self.broken = true;
                 }
                 if wc.wr_id != WR_CTRL {
-                    let idx = wc.wr_id as usize;
+                    let idx = (wc.wr_id & !TX_TAG) as usize;
                     self.tx_inflight = self.tx_inflight.saturating_sub(1);
                     self.tx_free.push(idx);
                 }
@@ -388,6 +463,11 @@ impl Conn {
 
     /// A receive buffer is empty again: post it and owe its credit.
     fn consumed(&mut self, idx: usize, data: bool) {
+        if self.exs_posted {
+            // The EXS model's receives are behind the stream's buffers now:
+            // the buffer stays empty (no stream data comes any more).
+            return;
+        }
         if self.post_recv(idx).is_err() {
             self.broken = true;
         }
@@ -441,6 +521,27 @@ impl Conn {
         if self.broken {
             return false;
         }
+        if self.switch_sent {
+            // Credits for the peer's data still coming, until its switch
+            // message (one credit stays for the ready message); then the
+            // ready message once the EXS model's receives are posted.
+            if self.peer_switch.is_none()
+                && self.owed_data >= self.peer.data_bufs.div_ceil(2).max(1)
+                && self.ctrl_credits > 1
+            {
+                return self.post_ctrl(KIND_LATE_CREDIT);
+            }
+            if self.exs_posted && !self.ready_sent && self.ctrl_credits + self.data_credits > 0 {
+                if self.ctrl_credits == 0 {
+                    // The data credit stands in (no data follows).
+                    self.ctrl_credits += 1;
+                    self.data_credits -= 1;
+                }
+                self.ready_sent = self.post_ctrl(KIND_READY);
+                return self.ready_sent;
+            }
+            return false;
+        }
         while self.data_credits > 0 {
             let next = match self.tx_ready.pop_front() {
                 Some(x) => x,
@@ -461,7 +562,7 @@ impl Conn {
             let _ = self.tx_mr.write_at(idx * BUF, &h);
             let sge = self.tx_mr.sge(idx * BUF, (HDR + n) as u32);
             let wr = SendWr {
-                wr_id: idx as u64,
+                wr_id: TX_TAG | idx as u64,
                 op: SendOp::Send {
                     imm: None,
                     invalidate: None,
@@ -490,10 +591,154 @@ impl Conn {
             self.fin_sent = self.post_ctrl(KIND_FIN);
             sent |= self.fin_sent;
         }
+        if self.switch_out.is_some() {
+            // Two credits: the switch message's and the ready message's.
+            if self.tx_open.is_none()
+                && self.tx_ready.is_empty()
+                && self.ctrl_credits + self.data_credits >= 2
+            {
+                sent |= self.post_switch();
+            }
+            return sent;
+        }
         if self.owed_data >= self.peer.data_bufs.div_ceil(2).max(1) && self.ctrl_credits > 0 {
             sent |= self.post_ctrl(KIND_CREDIT);
         }
         sent
+    }
+
+    /// Sends the switch message (the last of this protocol from this end),
+    /// with every credit owed.
+    fn post_switch(&mut self) -> bool {
+        let Some(p) = self.switch_out.take() else {
+            return false;
+        };
+        let mut b = self.header(KIND_SWITCH).to_vec();
+        b.extend_from_slice(&p);
+        let Some(data) = InlineData::new(&b) else {
+            self.broken = true;
+            return false;
+        };
+        let wr = SendWr {
+            wr_id: WR_CTRL,
+            op: SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+            payload: Payload::Inline(data),
+            flags: SendFlags {
+                signaled: true,
+                ..SendFlags::default()
+            },
+        };
+        if self.ctrl_credits > 0 {
+            self.ctrl_credits -= 1;
+        } else {
+            self.data_credits -= 1;
+        }
+        self.msgs_out += 1;
+        self.switch_sent = true;
+        if self.qp.post_send(wr).is_err() {
+            self.broken = true;
+            return false;
+        }
+        true
+    }
+
+    /// Starts the switch to the EXS model: `payload` (this end's EXS
+    /// parameters) goes in the switch message, after the data written.
+    /// Writing is over for this protocol.
+    pub fn begin_switch(&mut self, payload: Vec<u8>) {
+        if !self.switch_sent && self.switch_out.is_none() {
+            self.switch_out = Some(payload);
+            self.flush();
+        }
+    }
+
+    /// The peer's switch message arrived (its payload).
+    pub fn peer_switch(&self) -> Option<&[u8]> {
+        self.peer_switch.as_deref()
+    }
+
+    /// True when the EXS model should post its receives now: both switch
+    /// messages are out, so no more stream data comes and no stream buffer
+    /// is posted again.
+    pub fn exs_receives_due(&self) -> bool {
+        self.switch_sent && self.peer_switch.is_some() && !self.exs_posted
+    }
+
+    /// The EXS model posted its receives: the ready message goes out.
+    pub fn exs_receives_posted(&mut self) {
+        self.exs_posted = true;
+        self.flush();
+    }
+
+    /// Both ready messages crossed: from here this end may send EXS
+    /// messages. The peer's switch payload.
+    pub fn switched(&self) -> Option<&[u8]> {
+        if self.ready_sent && self.peer_ready {
+            self.peer_switch.as_deref()
+        } else {
+            None
+        }
+    }
+
+    /// Sends what this protocol still owes (data, then the switch
+    /// message) during the handover.
+    pub fn handover_flush(&mut self) {
+        self.flush();
+    }
+
+    /// During the handover the EXS model polls the CQ and passes each
+    /// completion here first: this protocol's work is taken
+    /// ([`Handover::Taken`]), and a peer's message that landed in one of
+    /// its buffers after the peer's switch message and is not a stream
+    /// message (high bit of the kind set) is returned as the EXS message
+    /// it is.
+    pub fn handover(&mut self, wc: &WorkCompletion) -> Handover {
+        let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+        let ours = if recv {
+            wc.wr_id & RX_TAG != 0
+        } else {
+            wc.wr_id == WR_CTRL || wc.wr_id & TX_TAG != 0
+        };
+        if !ours {
+            return Handover::NotOurs;
+        }
+        // After the peer's switch message only its late credits and its
+        // ready message are the stream's (high bit set); the rest is EXS.
+        let stream_kind = |c: &Conn, idx: usize| {
+            let mut k = [0u8; 1];
+            idx < c.nrx && c.rx_mr.read_at(idx * BUF, &mut k).is_ok() && k[0] & 0x80 != 0
+        };
+        let idx = (wc.wr_id & !RX_TAG) as usize;
+        if recv
+            && self.peer_switch.is_some()
+            && wc.status == WcStatus::Success
+            && !stream_kind(self, idx)
+        {
+            let len = (wc.byte_len as usize).min(BUF);
+            let mut b = vec![0u8; len];
+            if idx >= self.nrx || self.rx_mr.read_at(idx * BUF, &mut b).is_err() {
+                self.broken = true;
+                return Handover::Taken;
+            }
+            self.msgs_in += 1;
+            return Handover::Exs(b);
+        }
+        self.complete(wc);
+        self.flush();
+        Handover::Taken
+    }
+
+    /// The CQ (the EXS model polls it after a switch).
+    pub fn cq(&self) -> &CompletionQueue {
+        &self.cq
+    }
+
+    /// The QP's own descriptor of the TCP connection.
+    pub fn efd(&self) -> i32 {
+        self.efd
     }
 
     /// True while the open slot is held back to coalesce later writes:
@@ -503,6 +748,7 @@ impl Conn {
         let half = self.peer.data_bufs / 2;
         self.tx_open.is_some_and(|(_, n)| n < BUF - HDR)
             && !self.shut_wr
+            && self.switch_out.is_none()
             && self.data_credits < self.peer.data_bufs - half
     }
 

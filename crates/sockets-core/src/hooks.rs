@@ -1020,7 +1020,7 @@ pub unsafe fn getsockopt(
                 return -1;
             };
             return match name {
-                SOFTRDMA_DDPMODE => put_int(val, len, c_int::from(s.ddpmode())),
+                SOFTRDMA_DDPMODE => put_int(val, len, s.ddpmode()),
                 SOFTRDMA_TRANSPORT => put_int(val, len, s.transport().as_int()),
                 SOFTRDMA_RECORDS => {
                     let (a, b, c) = s.record_counts();
@@ -1156,8 +1156,12 @@ pub unsafe fn setsockopt(
             let on = unsafe { std::ptr::read_unaligned(val as *const c_int) } != 0;
             if !on {
                 // Back to the kernel mid-stream is not offered.
-                set_errno(if s.ddpmode() { libc::EOPNOTSUPP } else { 0 });
-                return if s.ddpmode() { -1 } else { 0 };
+                set_errno(if s.ddpmode() != 0 {
+                    libc::EOPNOTSUPP
+                } else {
+                    0
+                });
+                return if s.ddpmode() != 0 { -1 } else { 0 };
             }
             return match s.set_ddpmode(fd) {
                 Ok(()) => 0,

@@ -66,6 +66,41 @@ enum Phase {
     Failed(c_int),
     /// A datagram socket with its UD QP.
     Ud(Box<UdState>),
+    /// A DDPMODE socket switched to the Extended Sockets RDMA model: the
+    /// EXS model drives the QP; the stream keeps what arrived before the
+    /// peer's switch message for `recv`.
+    Exs(Arc<Mutex<Conn>>, c_int),
+}
+
+/// What the sockets interposer hands the Extended Sockets RDMA model when
+/// a DDPMODE socket switches (`docs/exs.md`, "DDPMODE sockets").
+#[derive(Debug)]
+pub struct Handover {
+    /// The application's descriptor.
+    pub fd: c_int,
+    /// `AF_INET` or `AF_INET6`.
+    pub family: c_int,
+    /// The connection: its QP and CQ, and the stream protocol finishing
+    /// on them ([`Conn::handover`]).
+    pub conn: Arc<Mutex<Conn>>,
+}
+
+/// The Extended Sockets library in the same process (the interposer's
+/// own `exs_*` exports) registers these.
+#[derive(Debug, Clone, Copy)]
+pub struct ExsHooks {
+    /// Adopts the connection into the EXS RDMA model; returns this end's
+    /// switch payload (its EXS parameters) or `errno`.
+    pub adopt: fn(Handover) -> Result<Vec<u8>, c_int>,
+    /// The application closed the descriptor of a switched socket.
+    pub closed: fn(c_int),
+}
+
+static EXS_HOOKS: std::sync::OnceLock<ExsHooks> = std::sync::OnceLock::new();
+
+/// Registers the EXS hooks (once).
+pub fn set_exs_hooks(h: ExsHooks) {
+    let _ = EXS_HOOKS.set(h);
 }
 
 /// A datagram socket's softrdma side.
@@ -450,7 +485,7 @@ impl Sock {
         {
             let mut inner = self.lock();
             match (&inner.phase, inner.role) {
-                (Phase::Rc(_), _) => return Ok(()),
+                (Phase::Rc(_) | Phase::Exs(..), _) => return Ok(()),
                 (Phase::Kernel, Role::Client) => {
                     if peer_addr(fd).is_none() {
                         return Err(libc::ENOTCONN);
@@ -501,9 +536,73 @@ impl Sock {
     }
 
     /// `getsockopt(SOL_SOFTRDMA, SOFTRDMA_DDPMODE)`: 1 while the socket's
-    /// bytes go over RC.
-    pub fn ddpmode(&self) -> bool {
-        matches!(self.lock().phase, Phase::Rc(_))
+    /// bytes go over RC, 2 once it switched to the Extended Sockets RDMA
+    /// model, else 0.
+    pub fn ddpmode(&self) -> c_int {
+        match self.lock().phase {
+            Phase::Rc(_) => 1,
+            Phase::Exs(..) => 2,
+            _ => 0,
+        }
+    }
+
+    /// The application's first Extended Sockets call of the RDMA model on
+    /// the socket: a DDPMODE socket carried over RC moves to the EXS model
+    /// (after what was written; the peer follows when its application
+    /// makes its first such call). `Ok(true)` once it has (or had), `Ok(false)` for a
+    /// socket softrdma does not carry over RC (the call stays with the
+    /// Open Group model).
+    pub fn exs_switch(&self, fd: c_int) -> Result<bool, c_int> {
+        if self.is_inherited() {
+            return Err(libc::EBADF);
+        }
+        let mut inner = self.lock();
+        self.drive(&mut inner, fd);
+        match &inner.phase {
+            Phase::Exs(..) => Ok(true),
+            Phase::Rc(_) if inner.ddp => self.adopt(&mut inner, fd).map(|()| true),
+            Phase::Failed(e) => Err(*e),
+            _ => Ok(false),
+        }
+    }
+
+    /// Hands the connection to the EXS model and sends the switch message
+    /// (after the data written).
+    fn adopt(&self, inner: &mut Inner, fd: c_int) -> Result<(), c_int> {
+        let Some(h) = EXS_HOOKS.get() else {
+            return Err(libc::EOPNOTSUPP);
+        };
+        let Phase::Rc(conn) = std::mem::replace(&mut inner.phase, Phase::Kernel) else {
+            unreachable!("checked by the caller")
+        };
+        let shared = Arc::new(Mutex::new(*conn));
+        let r = (h.adopt)(Handover {
+            fd,
+            family: self.family,
+            conn: shared.clone(),
+        });
+        match r {
+            Ok(ours) => {
+                shared
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .begin_switch(ours);
+                inner.phase = Phase::Exs(shared, fd);
+                self.gen.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                let conn = match Arc::try_unwrap(shared) {
+                    Ok(m) => m.into_inner().unwrap_or_else(|e| e.into_inner()),
+                    Err(_) => {
+                        self.fail(inner, e, Reason::Resources);
+                        return Err(e);
+                    }
+                };
+                inner.phase = Phase::Rc(Box::new(conn));
+                Err(e)
+            }
+        }
     }
 
     /// `getsockopt(SOL_SOFTRDMA, SOFTRDMA_TRANSPORT)`: what carries the
@@ -512,7 +611,7 @@ impl Sock {
     pub fn transport(&self) -> crate::udp::SockTransport {
         use crate::udp::SockTransport;
         match &self.lock().phase {
-            Phase::Rc(_) => SockTransport::Rc,
+            Phase::Rc(_) | Phase::Exs(..) => SockTransport::Rc,
             Phase::Ud(u) => u.end.qp_addr().2.into(),
             _ => SockTransport::Kernel,
         }
@@ -790,7 +889,7 @@ impl Sock {
             Ok(d) => d,
             Err(_) => return self.fail(inner, libc::ENOMEM, Reason::Resources),
         };
-        let conn = match Conn::new(&dev) {
+        let conn = match Conn::new(&dev, inner.ddp) {
             Ok(c) => c,
             Err(_) => return self.fail(inner, libc::ENOMEM, Reason::Resources),
         };
@@ -981,7 +1080,11 @@ impl Sock {
         let _ = resp.handle_bytes(frame, Instant::now());
         let peer = resp.request().and_then(|r| Params::parse(&r.private_data));
         let want = peer.is_some() && (crate::policy::serve() || inner.ddp);
-        let conn = if want { Conn::new(&dev).ok() } else { None };
+        let conn = if want {
+            Conn::new(&dev, inner.ddp).ok()
+        } else {
+            None
+        };
         let (Some(peer), Some(mut conn)) = (peer, conn) else {
             // Not ours to carry: reject, and both ends go on plain.
             if resp.request().is_some() && resp.reject(&[]).is_ok() {
@@ -993,8 +1096,16 @@ impl Sock {
             return self.fail(inner, libc::EPROTO, Reason::HandshakeFailed);
         };
         self.engine.store(true, Ordering::Relaxed);
+        // A DDPMODE socket may move to the EXS RDMA model, whose receives
+        // are RDMA Reads: the default depths both ways (the initiator asks
+        // for them too).
+        let depth = if inner.ddp {
+            softrdma_proto::mpa::DEFAULT_DEPTH
+        } else {
+            0
+        };
         if resp
-            .accept(&Params::ours(0).to_bytes()[..PARAMS_LEN], 0, 0)
+            .accept(&Params::ours(0).to_bytes()[..PARAMS_LEN], depth, depth)
             .is_err()
         {
             return self.fail(inner, libc::EPROTO, Reason::HandshakeFailed);
@@ -1049,6 +1160,33 @@ impl Sock {
         loop {
             let mut inner = self.lock();
             self.drive(&mut inner, fd);
+            if let Phase::Exs(c, _) = &inner.phase {
+                let c = c.clone();
+                let (got, over) = exs_read(&c, bufs, done, peek);
+                if got > 0 && !peek {
+                    inner_stat_received(&inner, got);
+                }
+                drop(inner);
+                done += got;
+                if done == want || (done > 0 && (!waitall || over)) {
+                    return Out::Done(Ok(done));
+                }
+                if over {
+                    // The stream ended at the switch: the socket is the EXS
+                    // model's now.
+                    return Out::Done(Err(libc::EOPNOTSUPP));
+                }
+                if nonblock || deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Out::Done(if done > 0 {
+                        Ok(done)
+                    } else {
+                        Err(libc::EAGAIN)
+                    });
+                }
+                // The EXS model drives the QP; look again shortly.
+                std::thread::sleep(Duration::from_micros(500));
+                continue;
+            }
             let shut_rd = inner.shut_rd;
             let wait = match &mut inner.phase {
                 Phase::Fresh | Phase::Listening | Phase::Kernel | Phase::Ud(_) => {
@@ -1063,6 +1201,7 @@ impl Sock {
                 Phase::Connecting => (fd, libc::POLLOUT),
                 Phase::ClientMpa(c) => (c.efd, libc::POLLIN),
                 Phase::ServerMpa => (fd, libc::POLLIN),
+                Phase::Exs(..) => unreachable!("handled above"),
                 Phase::Rc(conn) => {
                     if want == 0 {
                         return Out::Done(Ok(0));
@@ -1072,6 +1211,15 @@ impl Sock {
                     }
                     if shut_rd {
                         return Out::Done(Ok(done));
+                    }
+                    if conn.peer_switch().is_some() && conn.readable_bytes() == 0 {
+                        // The peer moved to the EXS model: its stream ended
+                        // there (this end's goes on until it switches too).
+                        return Out::Done(if done > 0 {
+                            Ok(done)
+                        } else {
+                            Err(libc::EOPNOTSUPP)
+                        });
                     }
                     let mut got = 0;
                     // Fill the buffers in order from where we are.
@@ -1162,6 +1310,13 @@ impl Sock {
         loop {
             let mut inner = self.lock();
             self.drive(&mut inner, fd);
+            if matches!(inner.phase, Phase::Exs(..)) {
+                return Out::Done(if done > 0 {
+                    Ok(done)
+                } else {
+                    Err(libc::EOPNOTSUPP)
+                });
+            }
             let wait = match &mut inner.phase {
                 Phase::Fresh | Phase::Listening | Phase::Kernel | Phase::Ud(_) => {
                     if done > 0 {
@@ -1176,6 +1331,7 @@ impl Sock {
                 Phase::Connecting => (fd, libc::POLLOUT),
                 Phase::ClientMpa(c) => (c.efd, libc::POLLIN),
                 Phase::ServerMpa => (fd, libc::POLLIN),
+                Phase::Exs(..) => unreachable!("handled above"),
                 Phase::Rc(conn) => {
                     conn.progress();
                     let mut pos = done;
@@ -1260,6 +1416,10 @@ impl Sock {
     pub fn shutdown(&self, fd: c_int, how: c_int) -> Out<()> {
         let mut inner = self.lock();
         self.drive(&mut inner, fd);
+        if matches!(inner.phase, Phase::Exs(..)) {
+            // `exs_shutdown` is the way on a switched socket.
+            return Out::Done(Err(libc::EOPNOTSUPP));
+        }
         if !matches!(inner.phase, Phase::Rc(_)) {
             return Out::Pass;
         }
@@ -1334,9 +1494,29 @@ impl Sock {
                     self.gen.fetch_add(1, Ordering::Relaxed);
                     ev = rc_events(conn, lowat, shut_rd);
                 }
+                if conn.peer_switch().is_some() {
+                    // The peer's stream ended at its switch: a read tells.
+                    ev |= libc::POLLIN;
+                }
                 Ready {
                     events: ev,
                     wait: Some(conn.wait()),
+                }
+            }
+            Phase::Exs(c, _) => {
+                let c = c.lock().unwrap_or_else(|e| e.into_inner());
+                // Readable while the stream holds octets from before the
+                // switch, and once it ended there (a read then fails).
+                let ev = if c.readable_bytes() > 0 || c.peer_switch().is_some() || c.at_eof() {
+                    libc::POLLIN
+                } else {
+                    0
+                };
+                // The EXS model's pump takes what arrives on the
+                // connection; a waiter looks again when it does.
+                Ready {
+                    events: ev,
+                    wait: (ev == 0).then(|| (c.efd(), libc::POLLIN)),
                 }
             }
         }
@@ -1360,6 +1540,7 @@ impl Sock {
                 conn.progress();
                 Some(conn.readable_bytes())
             }
+            Phase::Exs(c, _) => Some(c.lock().unwrap_or_else(|e| e.into_inner()).readable_bytes()),
             Phase::Fresh | Phase::Listening | Phase::Kernel => None,
             Phase::Ud(u) => {
                 u.end.progress();
@@ -1394,6 +1575,13 @@ impl Sock {
             Phase::ClientMpa(c) => {
                 close_raw(c.efd);
                 c.conn.disconnect();
+            }
+            Phase::Exs(_, fd) => {
+                // The EXS model closes its side (FIN, disconnect).
+                drop(inner);
+                if let Some(h) = EXS_HOOKS.get() {
+                    (h.closed)(fd);
+                }
             }
             _ => {}
         }
@@ -1703,6 +1891,30 @@ impl Sock {
     pub fn set_fd(&self, fd: c_int) {
         self.lock().slot.set_fd(fd);
     }
+}
+
+/// Reads what the stream of a switched socket still holds into `bufs`
+/// from stream position `done`. Returns the octets and whether the
+/// stream is over (nothing left and nothing more coming).
+fn exs_read(c: &Mutex<Conn>, bufs: &mut [&mut [u8]], done: usize, peek: bool) -> (usize, bool) {
+    let mut c = c.lock().unwrap_or_else(|e| e.into_inner());
+    let mut got = 0;
+    let mut pos = done;
+    for b in bufs.iter_mut() {
+        if pos >= b.len() {
+            pos -= b.len();
+            continue;
+        }
+        let n = c.read(&mut b[pos..], peek);
+        got += n;
+        if n < b.len() - pos {
+            break;
+        }
+        pos = 0;
+    }
+    let over =
+        c.readable_bytes() == got * usize::from(peek) && (c.peer_switch().is_some() || c.at_eof());
+    (got, over)
 }
 
 /// How long a blocking call polls before it sleeps

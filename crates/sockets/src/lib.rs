@@ -3,10 +3,18 @@
 //! to `softrdma_sockets_core::hooks`, behind a panic boundary: a panic
 //! inside softrdma fails the one call with `EIO` rather than unwinding
 //! into C. The design is in `docs/sockets.md`.
+//!
+//! It exports the Extended Sockets calls (`exs_*`, the same as
+//! `libexs.so.1`) as well: under `LD_PRELOAD` an application's `exs_*`
+//! calls bind here, and a socket switched with `SOFTRDMA_DDPMODE` moves to
+//! the EXS RDMA model on its own QP ([`exs`]; `docs/exs.md`, "DDPMODE
+//! sockets").
 
 // Every export here is a C entry point whose safety contract is the C
 // library call's of the same name.
 #![allow(clippy::missing_safety_doc)]
+
+mod exs;
 
 use libc::{
     c_int, c_uint, c_ulong, c_void, epoll_event, fd_set, iovec, mmsghdr, msghdr, nfds_t, off_t,
@@ -173,6 +181,7 @@ pub unsafe extern "C" fn __ppoll_chk(
 
 extern "C" fn load() {
     softrdma_sockets_core::init();
+    exs::init();
 }
 
 /// Runs [`load`] when the library is loaded.

@@ -35,7 +35,21 @@
  *   ENOMEM       softrdma could not set up the queue pair.
  * Setting 1 on a socket already carried over RC returns 0; setting 0 on
  * one returns -1/EOPNOTSUPP (there is no way back mid-stream).
- * getsockopt returns 1 while the socket's bytes go over RC, else 0.
+ * getsockopt returns 1 while the socket's bytes go over RC, 2 once it
+ * moved to the Extended Sockets RDMA model, else 0.
+ *
+ * The interposer exports the Extended Sockets calls (sys/exs.h) too, so
+ * a program linked with -lexs that runs under it gets them from the
+ * interposer. An end's first exs_send, exs_recv, exs_sendmsg,
+ * exs_recvmsg, exs_send_offset, exs_recv_offset, exs_fcntl, exs_shutdown,
+ * exs_aclose, exs_getsockname or exs_getpeername on a switched socket
+ * moves it to the RDMA model on the same connection, after the octets it
+ * wrote: the descriptor becomes an RDMA-model SOCK_STREAM descriptor
+ * (advertisements, RDMA Reads, immediate data, persistent transfers,
+ * offsets, credits) once the peer's application switched too. Once the
+ * peer switched, read/recv return the octets it wrote before and then
+ * fail with EOPNOTSUPP; once this end switched, write/send/shutdown fail
+ * with EOPNOTSUPP. See docs/exs.md, "DDPMODE sockets".
  */
 #define SOFTRDMA_DDPMODE 1
 
