@@ -441,7 +441,9 @@ pub fn new_cq_ex(
 }
 
 /// `verbs_context.create_cq_ex`. Completion timestamps and the other
-/// optional `wc_flags` fields are not offered (EOPNOTSUPP if asked for).
+/// optional `wc_flags` fields, parent domains and creation flags other
+/// than the two hints are not offered (EOPNOTSUPP if asked for); an
+/// undefined `comp_mask` bit is EINVAL (as rdma-core's providers).
 pub unsafe extern "C" fn create_cq_ex(
     ctx: *mut ibv_context,
     attr: *mut ibv_cq_init_attr_ex,
@@ -455,7 +457,17 @@ pub unsafe extern "C" fn create_cq_ex(
         if a.wc_flags & !0x7f != 0 {
             return Err(libc::EOPNOTSUPP);
         }
-        if a.comp_mask & !1 != 0 {
+        // comp_mask: IBV_CQ_INIT_ATTR_MASK_FLAGS (1) is taken; a parent
+        // domain (MASK_PD, 2) is not offered; other bits are undefined.
+        if a.comp_mask & !3 != 0 {
+            return Err(libc::EINVAL);
+        }
+        if a.comp_mask & 2 != 0 {
+            return Err(libc::EOPNOTSUPP);
+        }
+        // flags: SINGLE_THREADED and IGNORE_OVERRUN are hints we may
+        // ignore; other bits ask for what we do not have.
+        if a.comp_mask & 1 != 0 && a.flags & !3 != 0 {
             return Err(libc::EOPNOTSUPP);
         }
         // SAFETY: the application's context and channel.

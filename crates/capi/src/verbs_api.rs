@@ -491,6 +491,26 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     })
 }
 
+/// `IBV_ACCESS_ON_DEMAND`: on-demand paging, which the device does not
+/// report.
+const IBV_ACCESS_ON_DEMAND: c_int = 1 << 6;
+/// The access bits rdma-core 44 defines: `LOCAL_WRITE` through `HUGETLB`
+/// and the optional range (`IBV_ACCESS_OPTIONAL_RANGE`, taken as hints).
+const IBV_ACCESS_KNOWN: c_int = ((1 << 8) - 1) | 0x3ff0_0000;
+
+/// The kernel's `ib_check_mr_access`, behind every registration: EINVAL
+/// for bits no verbs version defines, EOPNOTSUPP for on-demand paging
+/// (LOCAL_WRITE's requirement is the engine's to check).
+fn check_access(flags: c_int) -> Result<(), c_int> {
+    if flags & !IBV_ACCESS_KNOWN != 0 {
+        return Err(libc::EINVAL);
+    }
+    if flags & IBV_ACCESS_ON_DEMAND != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    Ok(())
+}
+
 fn access_of(flags: c_int) -> Access {
     let mut a = Access(0);
     for (bit, acc) in [
@@ -520,6 +540,7 @@ pub unsafe fn reg_mr_internal(
 ) -> Result<*mut ibv_mr, c_int> {
     // SAFETY: per the contract.
     let p = unsafe { pd_from_raw(pd) }.ok_or(libc::EINVAL)?;
+    check_access(access)?;
     // IBV_ACCESS_ZERO_BASED: the region's addresses start at 0.
     let iova = if access & (1 << 5) != 0 { 0 } else { iova };
     let e = engine()?;
@@ -616,7 +637,8 @@ const IBV_REREG_MR_ERR_CMD: c_int = -4;
 /// PD and/or access rights in place. The lkey and rkey stay the same.
 /// Returns 0, or `IBV_REREG_MR_ERR_INPUT` (errno EINVAL: no or unknown
 /// flags, a new translation without address or length, an unknown PD,
-/// rights that need LOCAL_WRITE) with the MR unchanged.
+/// rights that need LOCAL_WRITE or unknown access bits; EOPNOTSUPP:
+/// `IBV_ACCESS_ON_DEMAND`) with the MR unchanged.
 pub unsafe extern "C" fn ibv_rereg_mr(
     mr: *mut ibv_mr,
     flags: c_int,
@@ -646,7 +668,13 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         } else {
             None
         };
-        let new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS != 0).then(|| access_of(access));
+        let change_access = flags & IBV_REREG_MR_CHANGE_ACCESS != 0;
+        if change_access {
+            if let Err(errno) = check_access(access) {
+                return fail(IBV_REREG_MR_ERR_INPUT, errno);
+            }
+        }
+        let new_access = change_access.then(|| access_of(access));
         let Ok(e) = engine() else {
             return fail(IBV_REREG_MR_ERR_CMD, libc::ENODEV);
         };

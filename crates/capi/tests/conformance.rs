@@ -94,3 +94,34 @@ fn device_and_context_pages() {
         ],
     );
 }
+
+#[test]
+fn pd_and_mr_pages() {
+    conform(
+        "conf_pd_mr",
+        &[
+            "ibv_alloc_pd",
+            "ibv_reg_mr",
+            "ibv_reg_mr_iova",
+            "ibv_dereg_mr",
+            "ibv_dealloc_pd",
+        ],
+    );
+}
+
+#[test]
+fn cq_pages() {
+    conform(
+        "conf_cq",
+        &[
+            "ibv_create_comp_channel",
+            "ibv_poll_cq",
+            "ibv_req_notify_cq",
+            "ibv_get_cq_event",
+            "ibv_ack_cq_events",
+            "ibv_create_cq",
+            "ibv_destroy_cq",
+            "ibv_create_cq_ex",
+        ],
+    );
+}
