@@ -363,6 +363,19 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
     qp as *mut ibv_qp_ex
 }
 
+/// The `IBV_QP_EX_WITH_*` operations a QP of type `qp_type` offers: RC
+/// (and UC, run as RC) Write (+imm), Send (+imm), Read, both atomics, local
+/// invalidate and Send with invalidate; UD Send (+imm), as in the IB
+/// specification. Memory-window binds, TSO and atomic write are not
+/// offered.
+fn supported_send_ops(qp_type: c_int) -> u64 {
+    match qp_type {
+        crate::verbs_api::IBV_QPT_SOFTRDMA_RD => u64::MAX,
+        IBV_QPT_UD => (1 << 2) | (1 << 3),
+        _ => 0xff | (1 << 9),
+    }
+}
+
 /// `verbs_context.create_qp_ex` (what the inline `ibv_create_qp_ex` calls
 /// when more than the PD is given).
 pub unsafe extern "C" fn create_qp_ex(
@@ -377,6 +390,11 @@ pub unsafe extern "C" fn create_qp_ex(
         }
         if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
             return Err(libc::EINVAL);
+        }
+        if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0
+            && a.send_ops_flags & !supported_send_ops(a.qp_type) != 0
+        {
+            return Err(libc::EOPNOTSUPP);
         }
         let mut init = crate::verbs_api::QpInit {
             qp_context: a.qp_context,

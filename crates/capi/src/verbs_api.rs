@@ -1002,6 +1002,7 @@ pub unsafe extern "C" fn ibv_create_srq(
             engine: s,
             pd_num: p.num,
             users: UseCount::default(),
+            limit: AtomicU32::new(a.attr.srq_limit),
         }));
         p.users.hold();
         register_srq(id, obj);
@@ -1024,8 +1025,11 @@ pub unsafe extern "C" fn ibv_modify_srq(
         if mask & IBV_SRQ_MAX_WR != 0 {
             return libc::EOPNOTSUPP;
         }
-        if mask & IBV_SRQ_LIMIT != 0 && s.engine.arm_limit(a.srq_limit as usize).is_err() {
-            return libc::EINVAL;
+        if mask & IBV_SRQ_LIMIT != 0 {
+            if s.engine.arm_limit(a.srq_limit as usize).is_err() {
+                return libc::EINVAL;
+            }
+            s.limit.store(a.srq_limit, Ordering::Release);
         }
         0
     })
@@ -1041,7 +1045,7 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
         *a = ibv_srq_attr {
             max_wr: s.engine.depth() as u32,
             max_sge: MAX_SGE as u32,
-            srq_limit: 0,
+            srq_limit: s.limit.load(Ordering::Acquire),
         };
         0
     })
@@ -1301,11 +1305,35 @@ pub unsafe extern "C" fn ibv_modify_qp(
         let (Some(q), Some(a)) = (unsafe { qp_from_raw(qp) }, unsafe { attr.as_ref() }) else {
             return libc::EINVAL;
         };
+        if let Err(e) = check_qp_attr(q, a, mask) {
+            return e;
+        }
         match modify_qp_internal(q, a, mask) {
             Ok(()) => 0,
             Err(e) => e,
         }
     })
+}
+
+/// The attribute ranges the kernel's drivers enforce on `ibv_modify_qp`
+/// (EINVAL, nothing changed): the port exists, the P_Key index is inside
+/// the table, the path MTU is an `ibv_mtu` the port takes, the RDMA
+/// Read/atomic depths are within `ibv_query_device`'s
+/// `max_qp_init_rd_atom` / `max_qp_rd_atom`.
+fn check_qp_attr(q: &QpObj, a: &ibv_qp_attr, mask: c_int) -> Result<(), c_int> {
+    let port = device::port_attr(q.dev);
+    // IBV_MTU_256 is 1.
+    let bad = (mask & IBV_QP_PORT != 0 && !port_ok(a.port_num))
+        || (mask & IBV_QP_PKEY_INDEX != 0 && a.pkey_index >= port.pkey_tbl_len)
+        || (mask & IBV_QP_PATH_MTU != 0 && !(1..=port.max_mtu).contains(&a.path_mtu))
+        || (mask & IBV_QP_MAX_QP_RD_ATOMIC != 0 && i32::from(a.max_rd_atomic) > device::MAX_RD_ATOM)
+        || (mask & IBV_QP_MAX_DEST_RD_ATOMIC != 0
+            && i32::from(a.max_dest_rd_atomic) > device::MAX_RD_ATOM);
+    if bad {
+        Err(libc::EINVAL)
+    } else {
+        Ok(())
+    }
 }
 
 /// Applies `IBV_QP_ACCESS_FLAGS`, when the mask has it, to an RC QP: the
@@ -1683,8 +1711,10 @@ fn mcast(qp: *mut ibv_qp, gid: *const ibv_gid, attach: bool) -> c_int {
     let (Some(q), Some(g)) = (unsafe { qp_from_raw(qp) }, unsafe { gid.as_ref() }) else {
         return libc::EINVAL;
     };
+    // ibv_attach_mcast(3): only UD QPs join multicast groups (the kernel's
+    // ib_attach_mcast: EINVAL for any other type).
     let Some(d) = q.dgram() else {
-        return libc::EOPNOTSUPP;
+        return libc::EINVAL;
     };
     let Some(ip) = ip_of_gid(g) else {
         return libc::EINVAL;
@@ -1740,11 +1770,15 @@ pub unsafe extern "C" fn ibv_get_async_event(
                 AsyncEvent::QpFatal { qpn } => qp_ev(qpn, IBV_EVENT_QP_FATAL),
                 AsyncEvent::QpAccessError { qpn } => qp_ev(qpn, IBV_EVENT_QP_ACCESS_ERR),
                 AsyncEvent::CommEstablished { qpn } => qp_ev(qpn, IBV_EVENT_COMM_EST),
-                AsyncEvent::SrqLimitReached { id } => srq_by_id(id).map(|p| ibv_async_event {
-                    element: ibv_async_element {
-                        srq: p as *mut ibv_srq,
-                    },
-                    event_type: IBV_EVENT_SRQ_LIMIT_REACHED,
+                AsyncEvent::SrqLimitReached { id } => srq_by_id(id).map(|p| {
+                    // SAFETY: a registered (live) SRQ of ours; `limit` is atomic.
+                    unsafe { (*p).limit.store(0, Ordering::Release) };
+                    ibv_async_event {
+                        element: ibv_async_element {
+                            srq: p as *mut ibv_srq,
+                        },
+                        event_type: IBV_EVENT_SRQ_LIMIT_REACHED,
+                    }
                 }),
                 _ => None,
             };

@@ -125,3 +125,19 @@ fn cq_pages() {
         ],
     );
 }
+
+#[test]
+fn qp_pages() {
+    conform(
+        "conf_qp",
+        &[
+            "ibv_create_qp",
+            "ibv_post_send",
+            "ibv_post_recv",
+            "ibv_modify_qp",
+            "ibv_query_qp",
+            "ibv_create_qp_ex",
+            "ibv_destroy_qp",
+        ],
+    );
+}
