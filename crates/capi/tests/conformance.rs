@@ -141,3 +141,19 @@ fn qp_pages() {
         ],
     );
 }
+
+#[test]
+fn srq_pages() {
+    conform(
+        "conf_srq",
+        &[
+            "ibv_create_srq",
+            "ibv_post_srq_recv",
+            "ibv_get_async_event",
+            "ibv_modify_srq",
+            "ibv_query_srq",
+            "ibv_destroy_srq",
+            "ibv_create_srq_ex",
+        ],
+    );
+}
