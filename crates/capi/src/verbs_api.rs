@@ -1583,7 +1583,9 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 // Address handles and multicast
 // ---------------------------------------------------------------------
 
-/// `ibv_create_ah`: the destination is the GID's address. An AH without
+/// `ibv_create_ah`: the destination is the GID's address (EINVAL for a
+/// port other than 1, a source GID index other than 0 or a GID that is not
+/// IPv4-mapped). An AH without
 /// a GRH (a LID only, as qperf and other IB programs make them) names a
 /// peer on this host: the address of the PD's own device, where that
 /// device's datagram QPs are bound (for `softrdma_lo`, loopback).
@@ -1591,6 +1593,11 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
     guard_ptr(|| {
         // SAFETY: the application's attributes or NULL.
         let a = unsafe { attr.as_ref() }.ok_or(libc::EINVAL)?;
+        // As the kernel's rdma_check_ah_attr: the port must exist, and a
+        // GRH's source GID index must be in the port's GID table.
+        if !port_ok(a.port_num) || (a.is_global != 0 && a.grh.sgid_index != 0) {
+            return Err(libc::EINVAL);
+        }
         let ip = if a.is_global != 0 {
             ip_of_gid(&a.grh.dgid).ok_or(libc::EINVAL)?
         } else {

@@ -157,3 +157,19 @@ fn srq_pages() {
         ],
     );
 }
+
+#[test]
+fn ah_event_and_multicast_pages() {
+    conform(
+        "conf_ah_mcast",
+        &[
+            "ibv_poll_cq",
+            "ibv_req_notify_cq",
+            "ibv_get_cq_event",
+            "ibv_create_ah_from_wc",
+            "ibv_ack_cq_events",
+            "ibv_attach_mcast",
+            "ibv_create_ah",
+        ],
+    );
+}
