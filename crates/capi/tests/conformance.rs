@@ -173,3 +173,44 @@ fn ah_event_and_multicast_pages() {
         ],
     );
 }
+
+#[test]
+fn unsupported_verbs_say_so() {
+    conform(
+        "conf_unsupported",
+        &[
+            "ibv_alloc_mw",
+            "ibv_alloc_mw type 2",
+            "ibv_bind_mw",
+            "ibv_dealloc_mw",
+            "ibv_open_xrcd",
+            "ibv_create_qp_ex IBV_QPT_XRC_SEND",
+            "ibv_open_qp",
+            "ibv_get_srq_num",
+            "ibv_create_qp IBV_QPT_RAW_PACKET",
+            "ibv_create_flow",
+            "ibv_create_flow_action",
+            "ibv_alloc_dm",
+            "ibv_import_dm",
+            "ibv_alloc_td",
+            "ibv_alloc_parent_domain",
+            "ibv_create_wq",
+            "ibv_create_rwq_ind_table",
+            "ibv_create_counters",
+            "ibv_alloc_null_mr",
+            "ibv_reg_dmabuf_mr",
+            "ibv_advise_mr",
+            "ibv_modify_cq",
+            "ibv_query_rt_values_ex",
+            "ibv_modify_qp_rate_limit",
+            "ibv_post_srq_ops",
+            "ibv_query_ece",
+            "ibv_set_ece",
+            "ibv_import_device",
+            "ibv_import_pd",
+            "ibv_import_mr",
+            "ibv_post_send IBV_WR_BIND_MW",
+            "ibv_post_send IBV_WR_TSO",
+        ],
+    );
+}
