@@ -14,7 +14,8 @@
  * ibv_reg_dmabuf_mr, ibv_modify_cq(3), ibv_query_rt_values_ex(3),
  * ibv_modify_qp_rate_limit(3), ibv_get_srq_num(3), ibv_post_srq_ops(3),
  * ECE (ibv_query_ece(3), ibv_set_ece(3)), importing (ibv_import_device(3),
- * ibv_import_pd(3), ibv_import_mr(3)), raw packet QPs, TSO sends.
+ * ibv_import_pd(3), ibv_import_mr(3)), raw packet QPs, UD QPs on an SRQ,
+ * TSO and atomic write.
  *
  * Prints "conf_unsupported: <page>: OK" per page and
  * "conf_unsupported: OK" at the end; exits 1 at the first check that
@@ -135,6 +136,23 @@ int main(void)
 	ia.qp_type = IBV_QPT_RAW_PACKET;
 	NULL_EOPNOTSUPP(ibv_create_qp(pd, &ia), "ibv_create_qp IBV_QPT_RAW_PACKET");
 	ia.qp_type = IBV_QPT_UD;
+
+	/* A UD QP on an SRQ (UD receives use the QP's own queue). */
+	ia.srq = srq;
+	NULL_EOPNOTSUPP(ibv_create_qp(pd, &ia), "ibv_create_qp UD on an SRQ");
+	ia.srq = NULL;
+
+	/* Atomic write and TSO in the extended post API. */
+	struct ibv_qp_init_attr_ex aw = { .send_cq = cq, .recv_cq = cq,
+					  .cap = { .max_send_wr = 4, .max_send_sge = 1 },
+					  .qp_type = IBV_QPT_RC,
+					  .comp_mask = IBV_QP_INIT_ATTR_PD |
+						       IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+					  .pd = pd,
+					  .send_ops_flags = IBV_QP_EX_WITH_ATOMIC_WRITE };
+	NULL_EOPNOTSUPP(ibv_create_qp_ex(ctx, &aw), "ibv_create_qp_ex IBV_QP_EX_WITH_ATOMIC_WRITE");
+	aw.send_ops_flags = IBV_QP_EX_WITH_TSO;
+	NULL_EOPNOTSUPP(ibv_create_qp_ex(ctx, &aw), "ibv_create_qp_ex IBV_QP_EX_WITH_TSO");
 
 	/* Flow steering. */
 	struct {
