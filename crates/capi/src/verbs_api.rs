@@ -1326,7 +1326,8 @@ fn check_qp_attr(q: &QpObj, a: &ibv_qp_attr, mask: c_int) -> Result<(), c_int> {
     let bad = (mask & IBV_QP_PORT != 0 && !port_ok(a.port_num))
         || (mask & IBV_QP_PKEY_INDEX != 0 && a.pkey_index >= port.pkey_tbl_len)
         || (mask & IBV_QP_PATH_MTU != 0 && !(1..=port.max_mtu).contains(&a.path_mtu))
-        || (mask & IBV_QP_MAX_QP_RD_ATOMIC != 0 && i32::from(a.max_rd_atomic) > device::MAX_RD_ATOM)
+        || (mask & IBV_QP_MAX_QP_RD_ATOMIC != 0
+            && i32::from(a.max_rd_atomic) > device::MAX_RD_ATOM)
         || (mask & IBV_QP_MAX_DEST_RD_ATOMIC != 0
             && i32::from(a.max_dest_rd_atomic) > device::MAX_RD_ATOM);
     if bad {
