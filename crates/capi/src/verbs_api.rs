@@ -1316,14 +1316,21 @@ pub unsafe extern "C" fn ibv_modify_qp(
 }
 
 /// The attribute ranges the kernel's drivers enforce on `ibv_modify_qp`
-/// (EINVAL, nothing changed): the port exists, the P_Key index is inside
+/// (EINVAL, nothing changed): a current state that is a state, the port
+/// exists (also the address vector's, whose source GID index must be in
+/// the GID table), the P_Key index is inside
 /// the table, the path MTU is an `ibv_mtu` the port takes, the RDMA
 /// Read/atomic depths are within `ibv_query_device`'s
 /// `max_qp_init_rd_atom` / `max_qp_rd_atom`.
 fn check_qp_attr(q: &QpObj, a: &ibv_qp_attr, mask: c_int) -> Result<(), c_int> {
     let port = device::port_attr(q.dev);
     // IBV_MTU_256 is 1.
-    let bad = (mask & IBV_QP_PORT != 0 && !port_ok(a.port_num))
+    let bad = (mask & IBV_QP_CUR_STATE != 0
+        && !(IBV_QPS_RESET..=IBV_QPS_ERR).contains(&a.cur_qp_state))
+        || (mask & IBV_QP_PORT != 0 && !port_ok(a.port_num))
+        || (mask & IBV_QP_AV != 0
+            && (!port_ok(a.ah_attr.port_num)
+                || (a.ah_attr.is_global != 0 && a.ah_attr.grh.sgid_index != 0)))
         || (mask & IBV_QP_PKEY_INDEX != 0 && a.pkey_index >= port.pkey_tbl_len)
         || (mask & IBV_QP_PATH_MTU != 0 && !(1..=port.max_mtu).contains(&a.path_mtu))
         || (mask & IBV_QP_MAX_QP_RD_ATOMIC != 0

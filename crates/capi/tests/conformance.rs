@@ -167,6 +167,7 @@ fn ah_event_and_multicast_pages() {
             "ibv_req_notify_cq",
             "ibv_get_cq_event",
             "ibv_create_ah_from_wc",
+            "ibv_req_notify_cq solicited_only",
             "ibv_ack_cq_events",
             "ibv_attach_mcast",
             "ibv_create_ah",

@@ -42,6 +42,16 @@ static struct ibv_qp *qp;
 static struct ibv_mr *mr;
 static char buf[4096];
 
+static struct ibv_context *ctx_for_port;
+
+/* The port's GID table size: the first index beyond it. */
+static int gid_tbl_len(void)
+{
+	struct ibv_port_attr pa;
+	CHECK(ibv_query_port(ctx_for_port, 1, &pa) == 0, "query_port");
+	return pa.gid_tbl_len;
+}
+
 static struct ibv_context *open_lo(struct ibv_device ***list)
 {
 	int n = 0;
@@ -51,6 +61,7 @@ static struct ibv_context *open_lo(struct ibv_device ***list)
 		if (!strcmp(ibv_get_device_name((*list)[i]), "softrdma_lo")) {
 			struct ibv_context *c = ibv_open_device((*list)[i]);
 			CHECK(c, "ibv_open_device: %s", strerror(errno));
+			ctx_for_port = c;
 			return c;
 		}
 	CHECK(0, "softrdma_lo not listed");
@@ -65,17 +76,22 @@ static void post_recv(uint64_t id)
 	CHECK(ibv_post_recv(qp, &w, &bad) == 0, "post_recv");
 }
 
-static void send_to(struct ibv_ah *ah, uint64_t id, char fill)
+static void send_flags(struct ibv_ah *ah, uint64_t id, char fill, unsigned flags)
 {
 	memset(buf, fill, MSG);
 	struct ibv_sge s = { (uintptr_t)buf, MSG, mr->lkey };
 	struct ibv_send_wr w = { .wr_id = id, .sg_list = &s, .num_sge = 1,
-				 .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED },
+				 .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED | flags },
 			   *bad;
 	w.wr.ud.ah = ah;
 	w.wr.ud.remote_qpn = qp->qp_num;
 	w.wr.ud.remote_qkey = QKEY;
 	CHECK(ibv_post_send(qp, &w, &bad) == 0, "post_send: %s", strerror(errno));
+}
+
+static void send_to(struct ibv_ah *ah, uint64_t id, char fill)
+{
+	send_flags(ah, id, fill, 0);
 }
 
 /* Blocks (bounded by poll(2)) for the channel's next event; returns its CQ. */
@@ -150,7 +166,7 @@ int main(void)
 	bad.port_num = 2;
 	ah_refused(bad, "port 2");
 	bad = aa;
-	bad.grh.sgid_index = 1; /* the GID table has one entry */
+	bad.grh.sgid_index = gid_tbl_len();
 	ah_refused(bad, "sgid_index beyond the GID table");
 
 	/* ibv_req_notify_cq(3) + ibv_get_cq_event(3): one event per request. */
@@ -212,6 +228,27 @@ int main(void)
 	CHECK(r.wr_id == 3 && buf[1024 + 40] == 'c', "reply through the AH from the WC");
 	CHECK(ibv_destroy_ah(back) == 0, "destroy AH from WC");
 	PAGE_OK("ibv_create_ah_from_wc");
+
+	/* Solicited only: an unsolicited receive brings no event, a
+	 * solicited one (IBV_SEND_SOLICITED at the sender) does. */
+	post_recv(4);
+	post_recv(5);
+	CHECK(ibv_req_notify_cq(rcq, 1) == 0, "arm solicited only");
+	send_to(ah, 13, 'd');
+	poll_one(scq);
+	r = poll_one(rcq);
+	CHECK(r.wr_id == 4, "unsolicited receive %llu", (unsigned long long)r.wr_id);
+	errno = 0;
+	CHECK(ibv_get_cq_event(ch, &evcq, &evctx) == -1 && errno == EAGAIN,
+	      "an event for an unsolicited receive: errno %d", errno);
+	send_flags(ah, 14, 'e', IBV_SEND_SOLICITED);
+	ev = wait_event(ch, &rtag);
+	CHECK(ev == rcq, "solicited event's CQ");
+	events++;
+	poll_one(scq);
+	r = poll_one(rcq);
+	CHECK(r.wr_id == 5 && buf[1024 + 40] == 'e', "solicited receive");
+	PAGE_OK("ibv_req_notify_cq solicited_only");
 
 	/* ibv_ack_cq_events(3): every event acknowledged, the CQ goes. */
 	ibv_ack_cq_events(rcq, events);

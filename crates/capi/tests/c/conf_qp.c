@@ -40,6 +40,16 @@ static struct ibv_pd *pd;
 static struct ibv_cq *scq, *rcq;
 static struct ibv_device_attr dattr;
 
+static struct ibv_context *ctx_for_port;
+
+/* The port's GID table size: the first index beyond it. */
+static int gid_tbl_len(void)
+{
+	struct ibv_port_attr pa;
+	CHECK(ibv_query_port(ctx_for_port, 1, &pa) == 0, "query_port");
+	return pa.gid_tbl_len;
+}
+
 static struct ibv_context *open_lo(struct ibv_device ***list)
 {
 	int n = 0;
@@ -49,6 +59,7 @@ static struct ibv_context *open_lo(struct ibv_device ***list)
 		if (!strcmp(ibv_get_device_name((*list)[i]), "softrdma_lo")) {
 			struct ibv_context *c = ibv_open_device((*list)[i]);
 			CHECK(c, "ibv_open_device: %s", strerror(errno));
+			ctx_for_port = c;
 			return c;
 		}
 	CHECK(0, "softrdma_lo not listed");
@@ -299,6 +310,15 @@ int main(void)
 	modify_refused(a, &m, rtr_mask, "path_mtu 0");
 	m.path_mtu = IBV_MTU_4096 + 1;
 	modify_refused(a, &m, rtr_mask, "path_mtu above 4096");
+	m = rtr_attr(b->qp_num, 0x123456);
+	m.ah_attr.port_num = dattr.phys_port_cnt + 1;
+	modify_refused(a, &m, rtr_mask, "AV port phys_port_cnt + 1");
+	m = rtr_attr(b->qp_num, 0x123456);
+	m.ah_attr.grh.sgid_index = gid_tbl_len();
+	modify_refused(a, &m, rtr_mask, "AV sgid_index beyond the GID table");
+	m = rtr_attr(b->qp_num, 0x123456);
+	m.cur_qp_state = 42;
+	modify_refused(a, &m, rtr_mask | IBV_QP_CUR_STATE, "cur_qp_state 42");
 	m = rtr_attr(b->qp_num, 0x123456);
 	m.max_dest_rd_atomic = dattr.max_qp_rd_atom + 1;
 	modify_refused(a, &m, rtr_mask, "max_dest_rd_atomic = max_qp_rd_atom + 1");
