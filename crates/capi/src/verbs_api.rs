@@ -355,18 +355,23 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     port: u32,
     index: u32,
     entry: *mut ibv_gid_entry,
-    _flags: u32,
+    flags: u32,
     size: usize,
 ) -> c_int {
     guard_errno(|| {
         let Ok(c) = ctx_of(ctx) else {
             return libc::EINVAL;
         };
-        if port != 1 || entry.is_null() || size < std::mem::size_of::<ibv_gid_entry>() {
+        // As the kernel's QUERY_GID_ENTRY: flags must be 0, the port must
+        // exist and the index be inside the table (EINVAL); the table's
+        // one entry is always valid (no ENODATA).
+        if port != 1
+            || flags != 0
+            || index != 0
+            || entry.is_null()
+            || size < std::mem::size_of::<ibv_gid_entry>()
+        {
             return libc::EINVAL;
-        }
-        if index != 0 {
-            return libc::ENODATA;
         }
         // SAFETY: the application's out-struct of at least our size.
         unsafe { *entry = gid_entry(c) };
@@ -397,14 +402,14 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     ctx: *mut ibv_context,
     entries: *mut ibv_gid_entry,
     max: usize,
-    _flags: u32,
+    flags: u32,
     size: usize,
 ) -> isize {
     guard(-(libc::EIO as isize), || {
         let Ok(c) = ctx_of(ctx) else {
             return -(libc::EINVAL as isize);
         };
-        if entries.is_null() || size < std::mem::size_of::<ibv_gid_entry>() {
+        if flags != 0 || entries.is_null() || size < std::mem::size_of::<ibv_gid_entry>() {
             return -(libc::EINVAL as isize);
         }
         // As the kernel's: a table longer than the buffer is EINVAL.
