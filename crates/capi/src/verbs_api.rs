@@ -1134,6 +1134,11 @@ pub unsafe fn create_qp_internal(pd: *mut ibv_pd, init: &mut QpInit) -> Result<*
     let bind = SocketAddr::new(c.dev.ip, 0);
     let kind = match init.qp_type {
         IBV_QPT_RC | IBV_QPT_UC => {
+            // ibv_create_qp(3): only RC and UD QPs may be associated with
+            // an SRQ.
+            if init.qp_type == IBV_QPT_UC && srq.is_some() {
+                return Err(libc::EINVAL);
+            }
             let q = match srq {
                 Some(sq) => {
                     if sq.pd_num != p.num {

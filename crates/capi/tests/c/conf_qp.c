@@ -188,6 +188,15 @@ int main(void)
 	ia = init_attr(IBV_QPT_RC);
 	ia.send_cq = NULL;
 	create_refused(ia, "no send CQ");
+	/* "will fail if it is asked to create QP of a type other than
+	 * IBV_QPT_RC or IBV_QPT_UD associated with an SRQ". */
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = 4, .max_sge = 1 } };
+	struct ibv_srq *srq = ibv_create_srq(pd, &si);
+	CHECK(srq, "srq");
+	ia = init_attr(IBV_QPT_UC);
+	ia.srq = srq;
+	create_refused(ia, "UC QP on an SRQ");
+	CHECK(ibv_destroy_srq(srq) == 0, "destroy srq");
 
 	/* The largest caps the device reports are granted. */
 	ia = init_attr(IBV_QPT_RC);
