@@ -1651,13 +1651,16 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         if w.wc_flags & IBV_WC_GRH == 0 {
             return Err(libc::EINVAL);
         }
+        // As rdma-core's: flow label and traffic class from the GRH's
+        // first word, hop limit 0xff.
+        let flow_class = u32::from_be(g.version_tclass_flow);
         *out = ibv_ah_attr {
             grh: ibv_global_route {
                 dgid: g.sgid,
-                flow_label: 0,
+                flow_label: flow_class & 0xf_ffff,
                 sgid_index: 0,
                 hop_limit: 0xff,
-                traffic_class: 0,
+                traffic_class: (flow_class >> 20) as u8,
             },
             dlid: w.slid,
             sl: w.sl,

@@ -11,6 +11,7 @@
  * the end; exits 1 at the first check that fails.
  */
 #include <arpa/inet.h>
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -217,6 +218,13 @@ int main(void)
 	CHECK(ibv_init_ah_from_wc(ctx, 1, &r, grh, &fa) == 0, "ibv_init_ah_from_wc");
 	CHECK(fa.is_global == 1 && fa.port_num == 1 && !memcmp(&fa.grh.dgid, &gid, sizeof(gid)),
 	      "AH attributes from the completion: global %u port %u", fa.is_global, fa.port_num);
+	uint32_t flow_class = be32toh(grh->version_tclass_flow);
+	CHECK(fa.dlid == r.slid && fa.sl == r.sl && fa.src_path_bits == r.dlid_path_bits &&
+		      fa.grh.hop_limit == 0xff && fa.grh.flow_label == (flow_class & 0xfffff) &&
+		      fa.grh.traffic_class == ((flow_class >> 20) & 0xff) &&
+		      fa.grh.sgid_index < gid_tbl_len(),
+	      "AH from WC: dlid %u sl %u hop_limit %u flow_label %#x tclass %#x", fa.dlid, fa.sl,
+	      fa.grh.hop_limit, fa.grh.flow_label, fa.grh.traffic_class);
 	struct ibv_ah *back = ibv_create_ah_from_wc(pd, &r, grh, 1);
 	CHECK(back, "ibv_create_ah_from_wc: %s", strerror(errno));
 	send_to(back, 12, 'c');
