@@ -327,6 +327,11 @@ pub unsafe extern "C" fn post_recv(
             return libc::EINVAL;
         };
         if q.state() == IBV_QPS_RESET {
+            // ibv_post_recv(3): the first request is the failing one.
+            if !bad.is_null() {
+                // SAFETY: the application's out-pointer.
+                unsafe { *bad = wr };
+            }
             return libc::EINVAL;
         }
         // SAFETY: the application's list.

@@ -393,6 +393,11 @@ pub struct SrqObj {
     pub pd_num: u32,
     /// QPs and DCTs receiving from it.
     pub users: UseCount,
+    /// The armed limit (`ibv_query_srq`'s `srq_limit`): set by
+    /// `ibv_create_srq`/`ibv_modify_srq`, 0 once its limit event has been
+    /// delivered by `ibv_get_async_event` (the engine disarms it when it
+    /// fires).
+    pub limit: std::sync::atomic::AtomicU32,
 }
 
 /// What a QP runs on.

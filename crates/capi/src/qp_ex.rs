@@ -363,6 +363,19 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
     qp as *mut ibv_qp_ex
 }
 
+/// The `IBV_QP_EX_WITH_*` operations a QP of type `qp_type` offers: RC
+/// (and UC, run as RC) Write (+imm), Send (+imm), Read, both atomics, local
+/// invalidate and Send with invalidate; UD Send (+imm), as in the IB
+/// specification. Memory-window binds, TSO and atomic write are not
+/// offered.
+fn supported_send_ops(qp_type: c_int) -> u64 {
+    match qp_type {
+        crate::verbs_api::IBV_QPT_SOFTRDMA_RD => u64::MAX,
+        IBV_QPT_UD => (1 << 2) | (1 << 3),
+        _ => 0xff | (1 << 9),
+    }
+}
+
 /// `verbs_context.create_qp_ex` (what the inline `ibv_create_qp_ex` calls
 /// when more than the PD is given).
 pub unsafe extern "C" fn create_qp_ex(
@@ -377,6 +390,11 @@ pub unsafe extern "C" fn create_qp_ex(
         }
         if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
             return Err(libc::EINVAL);
+        }
+        if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0
+            && a.send_ops_flags & !supported_send_ops(a.qp_type) != 0
+        {
+            return Err(libc::EOPNOTSUPP);
         }
         let mut init = crate::verbs_api::QpInit {
             qp_context: a.qp_context,
@@ -441,7 +459,9 @@ pub fn new_cq_ex(
 }
 
 /// `verbs_context.create_cq_ex`. Completion timestamps and the other
-/// optional `wc_flags` fields are not offered (EOPNOTSUPP if asked for).
+/// optional `wc_flags` fields, parent domains and creation flags other
+/// than the two hints are not offered (EOPNOTSUPP if asked for); an
+/// undefined `comp_mask` bit is EINVAL (as rdma-core's providers).
 pub unsafe extern "C" fn create_cq_ex(
     ctx: *mut ibv_context,
     attr: *mut ibv_cq_init_attr_ex,
@@ -455,7 +475,17 @@ pub unsafe extern "C" fn create_cq_ex(
         if a.wc_flags & !0x7f != 0 {
             return Err(libc::EOPNOTSUPP);
         }
-        if a.comp_mask & !1 != 0 {
+        // comp_mask: IBV_CQ_INIT_ATTR_MASK_FLAGS (1) is taken; a parent
+        // domain (MASK_PD, 2) is not offered; other bits are undefined.
+        if a.comp_mask & !3 != 0 {
+            return Err(libc::EINVAL);
+        }
+        if a.comp_mask & 2 != 0 {
+            return Err(libc::EOPNOTSUPP);
+        }
+        // flags: SINGLE_THREADED and IGNORE_OVERRUN are hints we may
+        // ignore; other bits ask for what we do not have.
+        if a.comp_mask & 1 != 0 && a.flags & !3 != 0 {
             return Err(libc::EOPNOTSUPP);
         }
         // SAFETY: the application's context and channel.

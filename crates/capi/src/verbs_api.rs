@@ -355,18 +355,23 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     port: u32,
     index: u32,
     entry: *mut ibv_gid_entry,
-    _flags: u32,
+    flags: u32,
     size: usize,
 ) -> c_int {
     guard_errno(|| {
         let Ok(c) = ctx_of(ctx) else {
             return libc::EINVAL;
         };
-        if port != 1 || entry.is_null() || size < std::mem::size_of::<ibv_gid_entry>() {
+        // As the kernel's QUERY_GID_ENTRY: flags must be 0, the port must
+        // exist and the index be inside the table (EINVAL); the table's
+        // one entry is always valid (no ENODATA).
+        if port != 1
+            || flags != 0
+            || index != 0
+            || entry.is_null()
+            || size < std::mem::size_of::<ibv_gid_entry>()
+        {
             return libc::EINVAL;
-        }
-        if index != 0 {
-            return libc::ENODATA;
         }
         // SAFETY: the application's out-struct of at least our size.
         unsafe { *entry = gid_entry(c) };
@@ -397,14 +402,14 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     ctx: *mut ibv_context,
     entries: *mut ibv_gid_entry,
     max: usize,
-    _flags: u32,
+    flags: u32,
     size: usize,
 ) -> isize {
     guard(-(libc::EIO as isize), || {
         let Ok(c) = ctx_of(ctx) else {
             return -(libc::EINVAL as isize);
         };
-        if entries.is_null() || size < std::mem::size_of::<ibv_gid_entry>() {
+        if flags != 0 || entries.is_null() || size < std::mem::size_of::<ibv_gid_entry>() {
             return -(libc::EINVAL as isize);
         }
         // As the kernel's: a table longer than the buffer is EINVAL.
@@ -491,6 +496,26 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     })
 }
 
+/// `IBV_ACCESS_ON_DEMAND`: on-demand paging, which the device does not
+/// report.
+const IBV_ACCESS_ON_DEMAND: c_int = 1 << 6;
+/// The access bits rdma-core 44 defines: `LOCAL_WRITE` through `HUGETLB`
+/// and the optional range (`IBV_ACCESS_OPTIONAL_RANGE`, taken as hints).
+const IBV_ACCESS_KNOWN: c_int = ((1 << 8) - 1) | 0x3ff0_0000;
+
+/// The kernel's `ib_check_mr_access`, behind every registration: EINVAL
+/// for bits no verbs version defines, EOPNOTSUPP for on-demand paging
+/// (LOCAL_WRITE's requirement is the engine's to check).
+fn check_access(flags: c_int) -> Result<(), c_int> {
+    if flags & !IBV_ACCESS_KNOWN != 0 {
+        return Err(libc::EINVAL);
+    }
+    if flags & IBV_ACCESS_ON_DEMAND != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    Ok(())
+}
+
 fn access_of(flags: c_int) -> Access {
     let mut a = Access(0);
     for (bit, acc) in [
@@ -520,6 +545,7 @@ pub unsafe fn reg_mr_internal(
 ) -> Result<*mut ibv_mr, c_int> {
     // SAFETY: per the contract.
     let p = unsafe { pd_from_raw(pd) }.ok_or(libc::EINVAL)?;
+    check_access(access)?;
     // IBV_ACCESS_ZERO_BASED: the region's addresses start at 0.
     let iova = if access & (1 << 5) != 0 { 0 } else { iova };
     let e = engine()?;
@@ -616,7 +642,8 @@ const IBV_REREG_MR_ERR_CMD: c_int = -4;
 /// PD and/or access rights in place. The lkey and rkey stay the same.
 /// Returns 0, or `IBV_REREG_MR_ERR_INPUT` (errno EINVAL: no or unknown
 /// flags, a new translation without address or length, an unknown PD,
-/// rights that need LOCAL_WRITE) with the MR unchanged.
+/// rights that need LOCAL_WRITE or unknown access bits; EOPNOTSUPP:
+/// `IBV_ACCESS_ON_DEMAND`) with the MR unchanged.
 pub unsafe extern "C" fn ibv_rereg_mr(
     mr: *mut ibv_mr,
     flags: c_int,
@@ -646,7 +673,13 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         } else {
             None
         };
-        let new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS != 0).then(|| access_of(access));
+        let change_access = flags & IBV_REREG_MR_CHANGE_ACCESS != 0;
+        if change_access {
+            if let Err(errno) = check_access(access) {
+                return fail(IBV_REREG_MR_ERR_INPUT, errno);
+            }
+        }
+        let new_access = change_access.then(|| access_of(access));
         let Ok(e) = engine() else {
             return fail(IBV_REREG_MR_ERR_CMD, libc::ENODEV);
         };
@@ -974,6 +1007,7 @@ pub unsafe extern "C" fn ibv_create_srq(
             engine: s,
             pd_num: p.num,
             users: UseCount::default(),
+            limit: AtomicU32::new(a.attr.srq_limit),
         }));
         p.users.hold();
         register_srq(id, obj);
@@ -996,8 +1030,11 @@ pub unsafe extern "C" fn ibv_modify_srq(
         if mask & IBV_SRQ_MAX_WR != 0 {
             return libc::EOPNOTSUPP;
         }
-        if mask & IBV_SRQ_LIMIT != 0 && s.engine.arm_limit(a.srq_limit as usize).is_err() {
-            return libc::EINVAL;
+        if mask & IBV_SRQ_LIMIT != 0 {
+            if s.engine.arm_limit(a.srq_limit as usize).is_err() {
+                return libc::EINVAL;
+            }
+            s.limit.store(a.srq_limit, Ordering::Release);
         }
         0
     })
@@ -1013,7 +1050,7 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
         *a = ibv_srq_attr {
             max_wr: s.engine.depth() as u32,
             max_sge: MAX_SGE as u32,
-            srq_limit: 0,
+            srq_limit: s.limit.load(Ordering::Acquire),
         };
         0
     })
@@ -1097,6 +1134,11 @@ pub unsafe fn create_qp_internal(pd: *mut ibv_pd, init: &mut QpInit) -> Result<*
     let bind = SocketAddr::new(c.dev.ip, 0);
     let kind = match init.qp_type {
         IBV_QPT_RC | IBV_QPT_UC => {
+            // ibv_create_qp(3): only RC and UD QPs may be associated with
+            // an SRQ.
+            if init.qp_type == IBV_QPT_UC && srq.is_some() {
+                return Err(libc::EINVAL);
+            }
             let q = match srq {
                 Some(sq) => {
                     if sq.pd_num != p.num {
@@ -1273,11 +1315,43 @@ pub unsafe extern "C" fn ibv_modify_qp(
         let (Some(q), Some(a)) = (unsafe { qp_from_raw(qp) }, unsafe { attr.as_ref() }) else {
             return libc::EINVAL;
         };
+        if let Err(e) = check_qp_attr(q, a, mask) {
+            return e;
+        }
         match modify_qp_internal(q, a, mask) {
             Ok(()) => 0,
             Err(e) => e,
         }
     })
+}
+
+/// The attribute ranges the kernel's drivers enforce on `ibv_modify_qp`
+/// (EINVAL, nothing changed): a current state that is a state, the port
+/// exists (also the address vector's, whose source GID index must be in
+/// the GID table), the P_Key index is inside
+/// the table, the path MTU is an `ibv_mtu` the port takes, the RDMA
+/// Read/atomic depths are within `ibv_query_device`'s
+/// `max_qp_init_rd_atom` / `max_qp_rd_atom`.
+fn check_qp_attr(q: &QpObj, a: &ibv_qp_attr, mask: c_int) -> Result<(), c_int> {
+    let port = device::port_attr(q.dev);
+    // IBV_MTU_256 is 1.
+    let bad = (mask & IBV_QP_CUR_STATE != 0
+        && !(IBV_QPS_RESET..=IBV_QPS_ERR).contains(&a.cur_qp_state))
+        || (mask & IBV_QP_PORT != 0 && !port_ok(a.port_num))
+        || (mask & IBV_QP_AV != 0
+            && (!port_ok(a.ah_attr.port_num)
+                || (a.ah_attr.is_global != 0 && a.ah_attr.grh.sgid_index != 0)))
+        || (mask & IBV_QP_PKEY_INDEX != 0 && a.pkey_index >= port.pkey_tbl_len)
+        || (mask & IBV_QP_PATH_MTU != 0 && !(1..=port.max_mtu).contains(&a.path_mtu))
+        || (mask & IBV_QP_MAX_QP_RD_ATOMIC != 0
+            && i32::from(a.max_rd_atomic) > device::MAX_RD_ATOM)
+        || (mask & IBV_QP_MAX_DEST_RD_ATOMIC != 0
+            && i32::from(a.max_dest_rd_atomic) > device::MAX_RD_ATOM);
+    if bad {
+        Err(libc::EINVAL)
+    } else {
+        Ok(())
+    }
 }
 
 /// Applies `IBV_QP_ACCESS_FLAGS`, when the mask has it, to an RC QP: the
@@ -1527,7 +1601,9 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 // Address handles and multicast
 // ---------------------------------------------------------------------
 
-/// `ibv_create_ah`: the destination is the GID's address. An AH without
+/// `ibv_create_ah`: the destination is the GID's address (EINVAL for a
+/// port other than 1, a source GID index other than 0 or a GID that is not
+/// IPv4-mapped). An AH without
 /// a GRH (a LID only, as qperf and other IB programs make them) names a
 /// peer on this host: the address of the PD's own device, where that
 /// device's datagram QPs are bound (for `softrdma_lo`, loopback).
@@ -1535,6 +1611,11 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
     guard_ptr(|| {
         // SAFETY: the application's attributes or NULL.
         let a = unsafe { attr.as_ref() }.ok_or(libc::EINVAL)?;
+        // As the kernel's rdma_check_ah_attr: the port must exist, and a
+        // GRH's source GID index must be in the port's GID table.
+        if !port_ok(a.port_num) || (a.is_global != 0 && a.grh.sgid_index != 0) {
+            return Err(libc::EINVAL);
+        }
         let ip = if a.is_global != 0 {
             ip_of_gid(&a.grh.dgid).ok_or(libc::EINVAL)?
         } else {
@@ -1570,13 +1651,16 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         if w.wc_flags & IBV_WC_GRH == 0 {
             return Err(libc::EINVAL);
         }
+        // As rdma-core's: flow label and traffic class from the GRH's
+        // first word, hop limit 0xff.
+        let flow_class = u32::from_be(g.version_tclass_flow);
         *out = ibv_ah_attr {
             grh: ibv_global_route {
                 dgid: g.sgid,
-                flow_label: 0,
+                flow_label: flow_class & 0xf_ffff,
                 sgid_index: 0,
                 hop_limit: 0xff,
-                traffic_class: 0,
+                traffic_class: (flow_class >> 20) as u8,
             },
             dlid: w.slid,
             sl: w.sl,
@@ -1655,8 +1739,10 @@ fn mcast(qp: *mut ibv_qp, gid: *const ibv_gid, attach: bool) -> c_int {
     let (Some(q), Some(g)) = (unsafe { qp_from_raw(qp) }, unsafe { gid.as_ref() }) else {
         return libc::EINVAL;
     };
+    // ibv_attach_mcast(3): only UD QPs join multicast groups (the kernel's
+    // ib_attach_mcast: EINVAL for any other type).
     let Some(d) = q.dgram() else {
-        return libc::EOPNOTSUPP;
+        return libc::EINVAL;
     };
     let Some(ip) = ip_of_gid(g) else {
         return libc::EINVAL;
@@ -1712,11 +1798,15 @@ pub unsafe extern "C" fn ibv_get_async_event(
                 AsyncEvent::QpFatal { qpn } => qp_ev(qpn, IBV_EVENT_QP_FATAL),
                 AsyncEvent::QpAccessError { qpn } => qp_ev(qpn, IBV_EVENT_QP_ACCESS_ERR),
                 AsyncEvent::CommEstablished { qpn } => qp_ev(qpn, IBV_EVENT_COMM_EST),
-                AsyncEvent::SrqLimitReached { id } => srq_by_id(id).map(|p| ibv_async_event {
-                    element: ibv_async_element {
-                        srq: p as *mut ibv_srq,
-                    },
-                    event_type: IBV_EVENT_SRQ_LIMIT_REACHED,
+                AsyncEvent::SrqLimitReached { id } => srq_by_id(id).map(|p| {
+                    // SAFETY: a registered (live) SRQ of ours; `limit` is atomic.
+                    unsafe { (*p).limit.store(0, Ordering::Release) };
+                    ibv_async_event {
+                        element: ibv_async_element {
+                            srq: p as *mut ibv_srq,
+                        },
+                        event_type: IBV_EVENT_SRQ_LIMIT_REACHED,
+                    }
                 }),
                 _ => None,
             };
