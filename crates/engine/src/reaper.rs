@@ -9,7 +9,10 @@
 //! closed connection whose unsent octets have not moved for [`STALL`] is
 //! reset (`connect(AF_UNSPEC)` aborts a TCP connection with an RST, which
 //! the waiting peer sees: `QpShared::recheck_parked`); one that drains is
-//! simply let go. One thread, started on first use, looks every [`EVERY`].
+//! simply let go. One thread, started on first use, looks every [`EVERY`];
+//! at exit (the thread goes with the process, and an orphaned socket with a
+//! shut window is dropped by the kernel without a word to the peer) every
+//! connection still watched gets [`AT_EXIT`] to drain, then is reset.
 
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -20,6 +23,8 @@ use std::time::{Duration, Instant};
 const STALL: Duration = Duration::from_secs(2);
 /// How often the thread looks.
 const EVERY: Duration = Duration::from_millis(100);
+/// How long the exit handler lets watched connections drain.
+const AT_EXIT: Duration = Duration::from_millis(300);
 
 struct Watched {
     sock: OwnedFd,
@@ -81,10 +86,33 @@ pub(crate) fn watch(sock: &TcpStream) {
     let mut started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
     if *started != pid {
         // Once per process (a forked child has no thread of its parent's).
+        if *started == 0 {
+            // SAFETY: registering a plain extern "C" handler.
+            unsafe { libc::atexit(at_exit) };
+        }
         *started = pid;
         let _ = std::thread::Builder::new()
             .name("softrdma-reaper".into())
             .spawn(run);
+    }
+}
+
+extern "C" fn at_exit() {
+    let end = Instant::now() + AT_EXIT;
+    loop {
+        let mut w = WATCHED.lock().unwrap_or_else(|e| e.into_inner());
+        w.retain(|x| unsent(x.sock.as_raw_fd()) > 0);
+        if w.is_empty() {
+            return;
+        }
+        if Instant::now() >= end {
+            for x in w.drain(..) {
+                reset(x.sock.as_raw_fd());
+            }
+            return;
+        }
+        drop(w);
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -16,6 +16,7 @@
 
 use std::io::Read;
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -172,10 +173,12 @@ impl Done {
     }
 }
 
-/// Starts `softrdma run -- prog args`.
+/// Starts `softrdma run -- prog args`, in a process group of its own
+/// (`finish` ends the whole group: a forking server's children too).
 pub fn spawn(prog: &str, args: &[&str]) -> Child {
     need(prog);
     Command::new(softrdma())
+        .process_group(0)
         .arg("run")
         .arg("--")
         .arg(prog)
@@ -185,6 +188,15 @@ pub fn spawn(prog: &str, args: &[&str]) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("spawning {prog}: {e}"))
+}
+
+/// Kills the process group `pid` leads, if it leads one (children made
+/// by [`spawn`] do; for any other the group does not exist: `ESRCH`).
+pub fn kill_group(pid: u32) {
+    if let Ok(pgid) = i32::try_from(pid) {
+        // SAFETY: kill(2) with a negative id signals that process group only.
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    }
 }
 
 /// Waits for `child` until `deadline`, killing it then.
@@ -216,6 +228,9 @@ pub fn finish(mut child: Child, deadline: Instant) -> Done {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    // What is left of its process group (a forking server's children)
+    // would hold the pipes open: the reads below would never end.
+    kill_group(child.id());
     Done {
         code: status.code(),
         signal: std::os::unix::process::ExitStatusExt::signal(&status),
