@@ -711,6 +711,11 @@ impl Qp {
         let mut c = self.inner.lock();
         if let Some(link) = c.link.as_mut() {
             link.rc.disconnect();
+            if link.rc.config().rnr_wait {
+                // The peer may wait for a receive and read nothing more:
+                // octets stuck in the socket then end in a reset.
+                crate::reaper::watch(&link.sock);
+            }
         } else {
             c.errored = true;
             let drained: Vec<RecvWr> = std::iter::from_fn(|| c.early_rq.take_front()).collect();

@@ -6,7 +6,8 @@
 //! them: the TCP window stays shut, the FIN queued behind them never
 //! leaves, and the peer never learns of the disconnect. InfiniBand's
 //! disconnect travels outside the QP's traffic and discards it. Here a
-//! closed connection whose unsent octets have not moved for [`STALL`] is
+//! disconnected connection (watched from `Qp::disconnect` and again once
+//! its last FPDU is written) whose unsent octets have not moved for [`STALL`] is
 //! reset (`connect(AF_UNSPEC)` aborts a TCP connection with an RST, which
 //! the waiting peer sees: `QpShared::recheck_parked`); one that drains is
 //! simply let go. One thread, started on first use, looks every [`EVERY`];
