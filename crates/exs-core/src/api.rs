@@ -565,9 +565,15 @@ pub fn cancel(fd: c_int, ah: *mut c_void, flags: c_int) -> R<c_int> {
     if valid && by_fd && rdma::owns(fd) {
         return rdma::cancel(Some(fd), by_ah.then_some(ah as usize));
     }
-    let n = engine()?.cancel(fd, ah as usize, flags)?;
+    if valid && by_fd && dgram::owns(fd) {
+        return dgram::cancel(Some(fd), by_ah.then_some(ah as usize));
+    }
+    let mut n = engine()?.cancel(fd, ah as usize, flags)?;
     if !by_fd && rdma::active() {
-        return Ok(n + rdma::cancel(None, Some(ah as usize))?);
+        n += rdma::cancel(None, Some(ah as usize))?;
+    }
+    if !by_fd && dgram::active() {
+        n += dgram::cancel(None, Some(ah as usize))?;
     }
     Ok(n)
 }

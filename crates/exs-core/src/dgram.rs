@@ -347,6 +347,11 @@ fn socks() -> MutexGuard<'static, HashMap<c_int, Arc<DSock>>> {
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 
+/// Whether any datagram descriptor was ever made (cheap check first).
+pub fn active() -> bool {
+    ACTIVE.load(Ordering::Acquire)
+}
+
 /// Whether `fd` is a datagram descriptor of the RDMA model.
 pub fn owns(fd: c_int) -> bool {
     ACTIVE.load(Ordering::Acquire) && socks().contains_key(&fd)
@@ -919,6 +924,40 @@ pub fn xfer(
     drop(g);
     s.kick();
     Ok(())
+}
+
+/// `exs_cancel` on datagram descriptors: the receives and sends still
+/// queued (not posted to the QP) of `fd` (every descriptor when `None`)
+/// whose handle is `ah` (any when `None`) end with `ECANCELED`; returns
+/// how many.
+pub fn cancel(fd: Option<c_int>, ah: Option<usize>) -> Result<c_int, Errno> {
+    let targets: Vec<(c_int, Arc<DSock>)> = {
+        let all = socks();
+        match fd {
+            Some(fd) => vec![(fd, all.get(&fd).cloned().ok_or(libc::EBADF)?)],
+            None => all.iter().map(|(&k, v)| (k, v.clone())).collect(),
+        }
+    };
+    let mut n: c_int = 0;
+    for (fd, s) in targets {
+        let mut out: Vec<(bool, DOp)> = Vec::new();
+        {
+            let mut g = s.lock();
+            let hit = |o: &DOp| ah.is_none_or(|a| a == o.ah);
+            let g = &mut *g;
+            for (recv, list) in [(true, &mut g.recvs), (false, &mut g.sends)] {
+                let (gone, kept): (VecDeque<DOp>, VecDeque<DOp>) =
+                    list.drain(..).partition(|o| hit(o));
+                *list = kept;
+                out.extend(gone.into_iter().map(|o| (recv, o)));
+            }
+        }
+        for (recv, op) in out {
+            op.finish(fd, recv, libc::ECANCELED, 0, false);
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 /// `exs_close`: outstanding operations end with `ECANCELED`.

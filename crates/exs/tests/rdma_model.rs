@@ -61,7 +61,9 @@ fn stream_keeps_byte_order_across_short_receives() {
 /// are blasted with 256 operations queued per side and every one must
 /// arrive, in order, without a reset (a Send without a posted receive
 /// would end the connection). 10^6 messages with a release build of the
-/// library, 50 000 with a debug one (about 15 000 per second there).
+/// library, 50 000 with a debug one (about 15 000 per second there); the
+/// install test (`scripts/test-install.sh`) runs 10^6 against the
+/// installed release library.
 #[test]
 fn credits_are_negotiated_and_a_blast_never_overruns_the_receiver() {
     let n = if cfg!(debug_assertions) {

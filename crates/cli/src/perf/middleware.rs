@@ -98,6 +98,19 @@ const MPI_PROVIDER: &str = "verbs;ofi_rxm";
 // Parsers
 // ---------------------------------------------------------------------
 
+/// rstream's `usec/xfer` (the last column of its result row: half a
+/// round trip).
+pub(crate) fn parse_rstream(out: &str) -> Option<f64> {
+    let mut lines = out.lines();
+    lines.find(|l| l.starts_with("name") && l.contains("usec/xfer"))?;
+    lines
+        .find(|l| !l.trim().is_empty())?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
 /// qperf's first figure (`latency = 21.3 us`, `bw = 1.26 GB/sec`): µs for
 /// a latency, MB/s (10^6 B/s) for a bandwidth.
 pub(crate) fn parse_qperf(out: &str) -> Option<f64> {
@@ -553,7 +566,7 @@ impl Ctx {
     }
 
     /// qperf `test` at `size` over softrdma.
-    fn qperf(&mut self, test: &str, size: &str) -> Cell {
+    fn qperf(&mut self, test: &str, size: &str, cm: bool) -> Cell {
         let port = match free_port() {
             Ok(p) => p,
             Err(e) => return Cell::Failed(e),
@@ -562,22 +575,13 @@ impl Ctx {
         let secs = if self.quick { "1" } else { "3" };
         let r = (|| -> Result<Cell, Cell> {
             let s = self.command("qperf", &["-lp", &ps], Over::Softrdma)?;
-            let c = self.command(
-                "qperf",
-                &[
-                    "127.0.0.1",
-                    "-lp",
-                    &ps,
-                    "-cp1",
-                    "-t",
-                    secs,
-                    "-m",
-                    size,
-                    test,
-                    "quit",
-                ],
-                Over::Softrdma,
-            )?;
+            let mut args = vec!["127.0.0.1", "-lp", &ps, "-cp1", "-t", secs, "-m", size];
+            if cm {
+                // The QPs connected through rdma_cm.
+                args.push("-cm1");
+            }
+            args.extend([test, "quit"]);
+            let c = self.command("qperf", &args, Over::Softrdma)?;
             let out = self.pair(s, c, port, &format!("qperf-{test}"), self.pair_deadline())?;
             // qperf reports a failed test and still exits 0.
             if out.to_ascii_lowercase().contains("fail") {
@@ -619,6 +623,30 @@ impl Ctx {
                 parse_perftest_bw(&out)
             };
             v.filter(|v| *v > 0.0)
+                .map(Cell::Ok)
+                .ok_or_else(|| Cell::Failed(format!("no result row: {}", complaint(&out))))
+        })();
+        r.unwrap_or_else(|c| c)
+    }
+
+    /// rdma-core's `rstream` ping-pong at `size` (rsockets over softrdma's
+    /// librdmacm, its default blocking calls): µs per transfer one way.
+    fn rstream(&mut self, size: usize) -> Cell {
+        let port = match free_port() {
+            Ok(p) => p,
+            Err(e) => return Cell::Failed(e),
+        };
+        let count = if self.quick { "2000" } else { "20000" };
+        let (ps, ss) = (port.to_string(), size.to_string());
+        let r = (|| -> Result<Cell, Cell> {
+            let args = ["-p", &ps, "-S", &ss, "-C", count];
+            let s = self.command("rstream", &args, Over::Softrdma)?;
+            let mut cargs = vec!["-s", "127.0.0.1"];
+            cargs.extend(args);
+            let c = self.command("rstream", &cargs, Over::Softrdma)?;
+            let out = self.pair(s, c, port, "rstream", self.pair_deadline())?;
+            parse_rstream(&out)
+                .filter(|v| *v > 0.0)
                 .map(Cell::Ok)
                 .ok_or_else(|| Cell::Failed(format!("no result row: {}", complaint(&out))))
         })();
@@ -819,6 +847,28 @@ const ROWS: &[RowDef] = &[
         note: "perftest ib_read_bw -s 65536 over softrdma",
     },
     RowDef {
+        label: "qperf -cm1 rc_lat 64 B",
+        unit: "µs",
+        subject: "qperf-cm/rc_lat",
+        reference: "perftest/ib_send_lat",
+        note: "QPs through rdma_cm; perftest ib_send_lat -s 64 (t_avg)",
+    },
+    RowDef {
+        label: "qperf -cm1 rc_bw 64 KiB",
+        unit: "MB/s",
+        subject: "qperf-cm/rc_bw",
+        reference: "perftest/ib_send_bw",
+        note: "QPs through rdma_cm; perftest ib_send_bw -s 65536",
+    },
+    RowDef {
+        label: "rstream 64 B",
+        unit: "µs",
+        subject: "rstream/lat",
+        reference: "perftest/ib_send_lat",
+        note:
+            "rsockets ping-pong (usec/xfer, half a round trip) vs an RC Send's (t_avg); both poll",
+    },
+    RowDef {
         label: "softrdma perf send_lat 64 B",
         unit: "µs",
         subject: "perf/send_lat",
@@ -1013,14 +1063,18 @@ fn one_run(ctx: &mut Ctx, t0: Instant, r: u32, runs: u32) -> Run {
         progress(t0, r, runs, key, &c);
         run.insert(key, c);
     };
-    for (key, test, size) in [
-        ("qperf/rc_lat", "rc_lat", "64"),
-        ("qperf/rc_bw", "rc_bw", "64K"),
-        ("qperf/rc_rdma_read_bw", "rc_rdma_read_bw", "64K"),
+    for (key, test, size, cm) in [
+        ("qperf/rc_lat", "rc_lat", "64", false),
+        ("qperf/rc_bw", "rc_bw", "64K", false),
+        ("qperf/rc_rdma_read_bw", "rc_rdma_read_bw", "64K", false),
+        ("qperf-cm/rc_lat", "rc_lat", "64", true),
+        ("qperf-cm/rc_bw", "rc_bw", "64K", true),
     ] {
-        let c = ctx.qperf(test, size);
+        let c = ctx.qperf(test, size, cm);
         put(&mut run, key, c);
     }
+    let c = ctx.rstream(64);
+    put(&mut run, "rstream/lat", c);
     for (key, prog, size) in [
         ("perftest/ib_send_lat", "ib_send_lat", 64),
         ("perftest/ib_send_bw", "ib_send_bw", 65536),
@@ -1159,6 +1213,21 @@ fn to_json(a: &MiddlewareArgs, runs: &[Run], fails: &[(usize, &str, String)]) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rstream_result_row() {
+        let out = "name      bytes   xfers   iters   total       time     Gb/sec    usec/xfer\n\
+                   custom    64      20k     1       2.4m        0.26s      0.08       6.53\n";
+        assert_eq!(parse_rstream(out), Some(6.53));
+        assert_eq!(
+            parse_rstream("rstream: connect: Connection refused\n"),
+            None
+        );
+        assert_eq!(
+            parse_rstream("name bytes xfers iters total time Gb/sec usec/xfer\n"),
+            None
+        );
+    }
 
     #[test]
     fn qperf_output_parses() {

@@ -13,7 +13,8 @@
  * datagrams of 1 to 65536 octets echoed by connected sockets, checked
  * octet for octet, and counted (EXS_F_GETDGRAMSTAT: Write-Records or
  * Sends as the modes say); calls that cannot start; a receive pending at
- * exs_close ends with ECANCELED. wr also: a sender that outruns a
+ * exs_close ends with ECANCELED, exs_cancel by handle and by
+ * descriptor. wr also: a sender that outruns a
  * receiver that reads nothing (datagrams lost, none corrupted, no ring
  * slot written twice before it was read). Every wait is bounded (10 s);
  * the harness bounds the whole run too. */
@@ -376,6 +377,27 @@ static int client(int port) {
     hm.msg_iov = &hv;
     hm.msg_iovlen = 1;
     FAILS(exs_sendmsg(e, &hm, 0, q, AH(0)), EMSGSIZE);
+    /* exs_cancel: by handle, then by descriptor; each cancelled receive
+     * ends with ECANCELED and its own handle. */
+    char y[16], z[16];
+    CHECK(exs_recv(e, x, sizeof x, 0, q, AH(11), EXS_MHANDLE_UNREGISTERED) == 0, "recv 11");
+    CHECK(exs_recv(e, y, sizeof y, 0, q, AH(12), EXS_MHANDLE_UNREGISTERED) == 0, "recv 12");
+    CHECK(exs_recv(e, z, sizeof z, 0, q, AH(13), EXS_MHANDLE_UNREGISTERED) == 0, "recv 13");
+    CHECK(exs_cancel(e, AH(12), EXS_CAF_FILDES | EXS_CAF_AHANDLE) == 1, "cancel 12 by handle");
+    exs_event_t cev = next(EXS_EVT_RECV);
+    CHECK(cev.exs_evt_errno == ECANCELED && cev.exs_evt_ahandle == AH(12), "12 cancelled");
+    CHECK(exs_cancel(e, AH(12), EXS_CAF_FILDES | EXS_CAF_AHANDLE) == 0, "12 is gone");
+    CHECK(exs_cancel(e, AH(0), EXS_CAF_FILDES) == 2, "cancel the rest by descriptor");
+    cev = next(EXS_EVT_RECV);
+    exs_event_t cev2 = next(EXS_EVT_RECV);
+    CHECK(cev.exs_evt_errno == ECANCELED && cev2.exs_evt_errno == ECANCELED &&
+              ((cev.exs_evt_ahandle == AH(11) && cev2.exs_evt_ahandle == AH(13)) ||
+               (cev.exs_evt_ahandle == AH(13) && cev2.exs_evt_ahandle == AH(11))),
+          "11 and 13 cancelled");
+    CHECK(exs_recv(e, x, sizeof x, 0, q, AH(14), EXS_MHANDLE_UNREGISTERED) == 0, "recv 14");
+    CHECK(exs_cancel(-1, AH(14), EXS_CAF_AHANDLE) == 1, "cancel 14 by handle alone");
+    cev = next(EXS_EVT_RECV);
+    CHECK(cev.exs_evt_errno == ECANCELED && cev.exs_evt_ahandle == AH(14), "14 cancelled");
     /* A receive pending at close ends with ECANCELED. */
     CHECK(exs_recv(e, x, sizeof x, 0, q, AH(9), EXS_MHANDLE_UNREGISTERED) == 0, "recv");
     CHECK(exs_close(e) == 0, "close");
