@@ -22,17 +22,8 @@
 
 #include <infiniband/verbs.h>
 
-#define CHECK(cond, ...)                                                        \
-	do {                                                                    \
-		if (!(cond)) {                                                  \
-			fprintf(stderr, "conf_ah_mcast: FAILED %s:%d: ", __FILE__, \
-				__LINE__);                                      \
-			fprintf(stderr, __VA_ARGS__);                           \
-			fputc('\n', stderr);                                    \
-			exit(1);                                                \
-		}                                                               \
-	} while (0)
-#define PAGE_OK(p) printf("conf_ah_mcast: %s: OK\n", p)
+#define CONF_NAME "conf_ah_mcast"
+#include "conf.h"
 
 #define QKEY 0x11111111u
 #define MSG 24
@@ -42,32 +33,6 @@ static struct ibv_pd *pd;
 static struct ibv_qp *qp;
 static struct ibv_mr *mr;
 static char buf[4096];
-
-static struct ibv_context *ctx_for_port;
-
-/* The port's GID table size: the first index beyond it. */
-static int gid_tbl_len(void)
-{
-	struct ibv_port_attr pa;
-	CHECK(ibv_query_port(ctx_for_port, 1, &pa) == 0, "query_port");
-	return pa.gid_tbl_len;
-}
-
-static struct ibv_context *open_lo(struct ibv_device ***list)
-{
-	int n = 0;
-	*list = ibv_get_device_list(&n);
-	CHECK(*list && n > 0, "no devices");
-	for (int i = 0; i < n; i++)
-		if (!strcmp(ibv_get_device_name((*list)[i]), "softrdma_lo")) {
-			struct ibv_context *c = ibv_open_device((*list)[i]);
-			CHECK(c, "ibv_open_device: %s", strerror(errno));
-			ctx_for_port = c;
-			return c;
-		}
-	CHECK(0, "softrdma_lo not listed");
-	return NULL;
-}
 
 /* Receive into buf[1024..] (40 octets of GRH room first). */
 static void post_recv(uint64_t id)
@@ -167,7 +132,7 @@ int main(void)
 	bad.port_num = 2;
 	ah_refused(bad, "port 2");
 	bad = aa;
-	bad.grh.sgid_index = gid_tbl_len();
+	bad.grh.sgid_index = gid_tbl_len(ctx);
 	ah_refused(bad, "sgid_index beyond the GID table");
 
 	/* ibv_req_notify_cq(3) + ibv_get_cq_event(3): one event per request. */
@@ -222,7 +187,7 @@ int main(void)
 	CHECK(fa.dlid == r.slid && fa.sl == r.sl && fa.src_path_bits == r.dlid_path_bits &&
 		      fa.grh.hop_limit == 0xff && fa.grh.flow_label == (flow_class & 0xfffff) &&
 		      fa.grh.traffic_class == ((flow_class >> 20) & 0xff) &&
-		      fa.grh.sgid_index < gid_tbl_len(),
+		      fa.grh.sgid_index < gid_tbl_len(ctx),
 	      "AH from WC: dlid %u sl %u hop_limit %u flow_label %#x tclass %#x", fa.dlid, fa.sl,
 	      fa.grh.hop_limit, fa.grh.flow_label, fa.grh.traffic_class);
 	struct ibv_ah *back = ibv_create_ah_from_wc(pd, &r, grh, 1);

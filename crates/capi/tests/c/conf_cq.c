@@ -19,32 +19,8 @@
 
 #include <infiniband/verbs.h>
 
-#define CHECK(cond, ...)                                                  \
-	do {                                                              \
-		if (!(cond)) {                                            \
-			fprintf(stderr, "conf_cq: FAILED %s:%d: ", __FILE__, \
-				__LINE__);                                \
-			fprintf(stderr, __VA_ARGS__);                     \
-			fputc('\n', stderr);                              \
-			exit(1);                                          \
-		}                                                         \
-	} while (0)
-#define PAGE_OK(p) printf("conf_cq: %s: OK\n", p)
-
-static struct ibv_context *open_lo(struct ibv_device ***list)
-{
-	int n = 0;
-	*list = ibv_get_device_list(&n);
-	CHECK(*list && n > 0, "no devices");
-	for (int i = 0; i < n; i++)
-		if (!strcmp(ibv_get_device_name((*list)[i]), "softrdma_lo")) {
-			struct ibv_context *ctx = ibv_open_device((*list)[i]);
-			CHECK(ctx, "ibv_open_device: %s", strerror(errno));
-			return ctx;
-		}
-	CHECK(0, "softrdma_lo not listed");
-	return NULL;
-}
+#define CONF_NAME "conf_cq"
+#include "conf.h"
 
 static void cq_ex_refused(struct ibv_context *ctx, struct ibv_cq_init_attr_ex *a, int want,
 			  const char *what)

@@ -22,17 +22,8 @@
 
 #include <infiniband/verbs.h>
 
-#define CHECK(cond, ...)                                                      \
-	do {                                                                  \
-		if (!(cond)) {                                                \
-			fprintf(stderr, "conf_device: FAILED %s:%d: ", __FILE__, \
-				__LINE__);                                    \
-			fprintf(stderr, __VA_ARGS__);                         \
-			fputc('\n', stderr);                                  \
-			exit(1);                                              \
-		}                                                             \
-	} while (0)
-#define PAGE_OK(p) printf("conf_device: %s: OK\n", p)
+#define CONF_NAME "conf_device"
+#include "conf.h"
 
 int main(void)
 {

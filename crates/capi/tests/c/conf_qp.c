@@ -23,48 +23,13 @@
 
 #include <infiniband/verbs.h>
 
-#define CHECK(cond, ...)                                                  \
-	do {                                                              \
-		if (!(cond)) {                                            \
-			fprintf(stderr, "conf_qp: FAILED %s:%d: ", __FILE__, \
-				__LINE__);                                \
-			fprintf(stderr, __VA_ARGS__);                     \
-			fputc('\n', stderr);                              \
-			exit(1);                                          \
-		}                                                         \
-	} while (0)
-#define PAGE_OK(p) printf("conf_qp: %s: OK\n", p)
+#define CONF_NAME "conf_qp"
+#include "conf.h"
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static struct ibv_cq *scq, *rcq;
 static struct ibv_device_attr dattr;
-
-static struct ibv_context *ctx_for_port;
-
-/* The port's GID table size: the first index beyond it. */
-static int gid_tbl_len(void)
-{
-	struct ibv_port_attr pa;
-	CHECK(ibv_query_port(ctx_for_port, 1, &pa) == 0, "query_port");
-	return pa.gid_tbl_len;
-}
-
-static struct ibv_context *open_lo(struct ibv_device ***list)
-{
-	int n = 0;
-	*list = ibv_get_device_list(&n);
-	CHECK(*list && n > 0, "no devices");
-	for (int i = 0; i < n; i++)
-		if (!strcmp(ibv_get_device_name((*list)[i]), "softrdma_lo")) {
-			struct ibv_context *c = ibv_open_device((*list)[i]);
-			CHECK(c, "ibv_open_device: %s", strerror(errno));
-			ctx_for_port = c;
-			return c;
-		}
-	CHECK(0, "softrdma_lo not listed");
-	return NULL;
-}
 
 static struct ibv_qp_init_attr init_attr(enum ibv_qp_type t)
 {
@@ -323,7 +288,7 @@ int main(void)
 	m.ah_attr.port_num = dattr.phys_port_cnt + 1;
 	modify_refused(a, &m, rtr_mask, "AV port phys_port_cnt + 1");
 	m = rtr_attr(b->qp_num, 0x123456);
-	m.ah_attr.grh.sgid_index = gid_tbl_len();
+	m.ah_attr.grh.sgid_index = gid_tbl_len(ctx);
 	modify_refused(a, &m, rtr_mask, "AV sgid_index beyond the GID table");
 	m = rtr_attr(b->qp_num, 0x123456);
 	m.cur_qp_state = 42;

@@ -20,34 +20,10 @@
 
 #include <infiniband/verbs.h>
 
-#define CHECK(cond, ...)                                                   \
-	do {                                                               \
-		if (!(cond)) {                                             \
-			fprintf(stderr, "conf_srq: FAILED %s:%d: ", __FILE__, \
-				__LINE__);                                 \
-			fprintf(stderr, __VA_ARGS__);                      \
-			fputc('\n', stderr);                               \
-			exit(1);                                           \
-		}                                                          \
-	} while (0)
-#define PAGE_OK(p) printf("conf_srq: %s: OK\n", p)
+#define CONF_NAME "conf_srq"
+#include "conf.h"
 
 static struct ibv_context *ctx;
-
-static struct ibv_context *open_lo(struct ibv_device ***list)
-{
-	int n = 0;
-	*list = ibv_get_device_list(&n);
-	CHECK(*list && n > 0, "no devices");
-	for (int i = 0; i < n; i++)
-		if (!strcmp(ibv_get_device_name((*list)[i]), "softrdma_lo")) {
-			struct ibv_context *c = ibv_open_device((*list)[i]);
-			CHECK(c, "ibv_open_device: %s", strerror(errno));
-			return c;
-		}
-	CHECK(0, "softrdma_lo not listed");
-	return NULL;
-}
 
 static void connect_qp(struct ibv_qp *qp, uint32_t peer_qpn)
 {

@@ -29,17 +29,8 @@
 
 #include <infiniband/verbs.h>
 
-#define CHECK(cond, ...)                                                           \
-	do {                                                                       \
-		if (!(cond)) {                                                     \
-			fprintf(stderr, "conf_unsupported: FAILED %s:%d: ", __FILE__, \
-				__LINE__);                                         \
-			fprintf(stderr, __VA_ARGS__);                              \
-			fputc('\n', stderr);                                       \
-			exit(1);                                                   \
-		}                                                                  \
-	} while (0)
-#define PAGE_OK(p) printf("conf_unsupported: %s: OK\n", p)
+#define CONF_NAME "conf_unsupported"
+#include "conf.h"
 
 /* A pointer-returning call: NULL with errno EOPNOTSUPP. */
 #define NULL_EOPNOTSUPP(call, page)                                                  \
@@ -58,21 +49,6 @@
 		CHECK(r_ == EOPNOTSUPP, "%s: returned %d, want EOPNOTSUPP", page, r_); \
 		PAGE_OK(page);                                                  \
 	} while (0)
-
-static struct ibv_context *open_lo(struct ibv_device ***list)
-{
-	int n = 0;
-	*list = ibv_get_device_list(&n);
-	CHECK(*list && n > 0, "no devices");
-	for (int i = 0; i < n; i++)
-		if (!strcmp(ibv_get_device_name((*list)[i]), "softrdma_lo")) {
-			struct ibv_context *c = ibv_open_device((*list)[i]);
-			CHECK(c, "ibv_open_device: %s", strerror(errno));
-			return c;
-		}
-	CHECK(0, "softrdma_lo not listed");
-	return NULL;
-}
 
 int main(void)
 {
