@@ -17,6 +17,7 @@
 
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::MetadataExt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -28,6 +29,9 @@ const EVERY: Duration = Duration::from_millis(100);
 const AT_EXIT: Duration = Duration::from_millis(300);
 
 struct Watched {
+    /// The socket's inode: one connection is watched once, though both
+    /// the disconnect and the close of its sending side ask.
+    ino: u64,
     sock: OwnedFd,
     unsent: i32,
     since: Instant,
@@ -75,14 +79,22 @@ pub(crate) fn watch(sock: &TcpStream) {
         return;
     }
     let Ok(dup) = sock.try_clone() else { return };
-    WATCHED
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(Watched {
-            sock: dup.into(),
+    let file = std::fs::File::from(OwnedFd::from(dup));
+    let Ok(ino) = file.metadata().map(|m| m.ino()) else {
+        return;
+    };
+    {
+        let mut w = WATCHED.lock().unwrap_or_else(|e| e.into_inner());
+        if w.iter().any(|x| x.ino == ino) {
+            return;
+        }
+        w.push(Watched {
+            ino,
+            sock: file.into(),
             unsent: left,
             since: Instant::now(),
         });
+    }
     let pid = std::process::id();
     let mut started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
     if *started != pid {

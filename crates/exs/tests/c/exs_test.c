@@ -200,7 +200,9 @@ static int calls(void) {
     printf("sendmsg/recvmsg: ok\n");
 
     /* sendfile: header from memory, a file range, trailer */
-    char path[] = "/tmp/exs-sendfile-XXXXXX";
+    const char *tmpdir = getenv("TMPDIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/exs-sendfile-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
     int f = mkstemp(path);
     CHECK(f >= 0, "mkstemp");
     unlink(path);
