@@ -40,7 +40,11 @@ for t in "${targets[@]}"; do
         echo "ok ($runs runs)"
     else
         echo "FAILED"
-        tail -40 "$log"
+        # What went wrong (a panic's message, or libFuzzer's report of a
+        # signal) comes before the corpus statistics: show both.
+        grep -m1 -B4 -A20 -E "panicked|ERROR: libFuzzer|==[0-9]+== ERROR" "$log" || true
+        echo "..."
+        tail -30 "$log"
         exit 1
     fi
 done

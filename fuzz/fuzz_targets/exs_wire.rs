@@ -55,7 +55,20 @@ const ALLOWED: &[c_int] = &[
     libc::ESOCKTNOSUPPORT,
 ];
 
-const ARENA: usize = 1 << 16;
+/// The memory every non-bogus pointer of the calls points into. The
+/// library cannot tell a buffer that runs past its allocation into other
+/// mapped memory from a good one (nor can the kernel), so the operands keep
+/// every transfer inside: a pointer at most [`REGION`] − 1 octets in, a
+/// length below [`LEN_MAX`], and room to spare for the `socklen_t` at the
+/// end.
+const ARENA: usize = 1 << 17;
+/// The registered start of the arena (lengths reach past it, so the
+/// registration's bounds are exercised).
+const REGION: usize = 1 << 15;
+/// Lengths drawn from the input stay below this (plus the huge ones that
+/// overflow and must be refused before anything is touched).
+const LEN_MAX: u32 = 70_000;
+const _: () = assert!(REGION + LEN_MAX as usize + 16 <= ARENA);
 
 fn arena() -> usize {
     static A: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -157,7 +170,7 @@ fn fixture() -> Fixture {
         to: loopback(u16::from_be(got.sin_port)),
         pair: None,
         runs: 0,
-        region: api::mregister(arena() as *const c_void, ARENA / 2, 0).expect("region"),
+        region: api::mregister(arena() as *const c_void, REGION, 0).expect("region"),
     }
 }
 
@@ -232,14 +245,14 @@ fn calls(mut inp: Input) {
         let off = usize::from(inp.u8()) * 256 + usize::from(inp.u8());
         let ptr = match pc % 4 {
             0 => 0,
-            1 => arena() + off % (ARENA / 2),
+            1 => arena() + off % REGION,
             2 => 16,
             _ => usize::MAX - 4095,
         } as *mut c_void;
         let len = match inp.u8() % 4 {
             0 => 0,
             1 => usize::from(inp.u8()),
-            2 => (inp.u32() % 70_000) as usize,
+            2 => (inp.u32() % LEN_MAX) as usize,
             _ => usize::MAX - usize::from(inp.u8()),
         };
         let flags = match inp.u8() % 5 {
@@ -279,7 +292,7 @@ fn calls(mut inp: Input) {
                 if pc & 0x10 != 0 {
                     std::ptr::null_mut()
                 } else {
-                    (arena() + ARENA / 2) as *mut socklen_t
+                    (arena() + ARENA - 8) as *mut socklen_t
                 },
             ),
             6 => api::bind(fd, ptr as *const sockaddr, len as socklen_t),
