@@ -2,7 +2,9 @@
 //! `Result<_, Errno>`; `crates/exs` turns them into C returns and errno.
 //!
 //! Every pointer the call reads or keeps is checked first: NULL (with a
-//! length) is EFAULT, and so is memory that is not mapped (`mincore`).
+//! length) is EFAULT, and so is memory that is not mapped (`mincore`;
+//! `exs_qdequeue`'s event array and timeout once per thread while they
+//! stay where they were, so the hot loop pays no system call for them).
 //! Buffers of data transfers are not probed: the kernel reads and writes
 //! them in send/recv, so bad ones end as an event with EFAULT.
 
@@ -26,6 +28,28 @@ fn mapped<T>(p: *const T, n: usize) -> R<()> {
     if p.is_null() || !sys::mapped(p as usize, bytes) {
         return Err(libc::EFAULT);
     }
+    Ok(())
+}
+
+/// [`mapped`] for arguments a thread passes again and again (the event
+/// array and timeout of `exs_qdequeue`): the last two ranges found mapped
+/// in this thread are trusted without asking the kernel again.
+fn mapped_again<T>(p: *const T, n: usize) -> R<()> {
+    use std::cell::Cell;
+    thread_local! {
+        static SEEN: Cell<[(usize, usize); 2]> = const { Cell::new([(0, 0); 2]) };
+    }
+    let start = p as usize;
+    let end = std::mem::size_of::<T>()
+        .checked_mul(n)
+        .and_then(|b| start.checked_add(b))
+        .ok_or(libc::EINVAL)?;
+    let seen = SEEN.with(Cell::get);
+    if start != 0 && seen.iter().any(|&(a, b)| a <= start && end <= b) {
+        return Ok(());
+    }
+    mapped(p, n)?;
+    SEEN.with(|c| c.set([(start, end), seen[0]]));
     Ok(())
 }
 
@@ -82,11 +106,11 @@ pub unsafe fn qdequeue(
     if want > EXS_EVTVEC_MAX as usize {
         return Err(libc::EINVAL);
     }
-    mapped(events as *const exs_event_t, want)?;
+    mapped_again(events as *const exs_event_t, want)?;
     let limit = if timeout.is_null() {
         None
     } else {
-        mapped(timeout, 1)?;
+        mapped_again(timeout, 1)?;
         // SAFETY: checked mapped; the caller's timespec.
         Some(duration(unsafe { &*timeout })?)
     };

@@ -28,6 +28,10 @@ use crate::queue::Queue;
 use crate::sys::{self, SockId};
 use crate::Errno;
 
+/// Descriptors whose entry (socket type, state) is kept while nothing is
+/// pending on them; past this many, idle entries are dropped.
+const IDLE_KEPT: usize = 1024;
+
 /// Bytes of a file staged per `pread` by `exs_sendfile`.
 const STAGE: usize = 64 * 1024;
 
@@ -187,6 +191,9 @@ struct State {
     polls: Vec<PollOp>,
     /// epoll interest currently registered, per descriptor.
     registered: HashMap<c_int, u32>,
+    /// `fds` is pruned of idle entries when it grows past this (or
+    /// [`IDLE_KEPT`]).
+    prune_at: usize,
 }
 
 /// The library's state and its epoll instance.
@@ -667,10 +674,13 @@ impl State {
                 }
             }
         }
-        if let Some(f) = self.fds.get(&fd) {
-            if f.idle() && f.dead.is_none() && !f.shut_wr {
-                self.fds.remove(&fd);
-            }
+        // An idle descriptor keeps its entry (the next call on it then
+        // needs no SO_TYPE lookup; a reused number is told apart by its
+        // `SockId`), up to a bound past which idle entries are dropped.
+        if self.fds.len() > self.prune_at.max(IDLE_KEPT) {
+            self.fds
+                .retain(|_, f| !f.idle() || f.dead.is_some() || f.shut_wr);
+            self.prune_at = 2 * self.fds.len();
         }
         let have = self.registered.get(&fd).copied().unwrap_or(0);
         if want == have {

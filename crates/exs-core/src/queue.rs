@@ -2,10 +2,12 @@
 //! reserved by operations still outstanding, and the wait of
 //! `exs_qdequeue`.
 //!
-//! Each queue owns an eventfd that is readable exactly while events are
-//! ready (or the queue was deleted), so a waiter sleeps in `ppoll` on it:
-//! a signal ends that sleep with `EINTR`, which a condition variable
-//! would hide.
+//! Each queue owns an eventfd a waiter sleeps on in `ppoll` (a signal
+//! ends that sleep with `EINTR`, which a condition variable would hide).
+//! It is written only when an event arrives for a queue with a thread
+//! asleep on it (or the queue is deleted) and read by the last sleeper to
+//! leave, so an application that takes events as fast as they come costs
+//! no system call per event.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -32,6 +34,10 @@ pub struct QInner {
     pub wait: c_int,
     /// Set by `exs_qdelete`: waiters return.
     pub deleted: bool,
+    /// Threads asleep on the eventfd (or about to be).
+    sleepers: usize,
+    /// Whether the eventfd was made readable and not read since.
+    kicked: bool,
 }
 
 /// One event queue.
@@ -61,6 +67,8 @@ impl Queue {
                 signal: None,
                 wait: EXS_WAIT_NOTIFY,
                 deleted: false,
+                sleepers: 0,
+                kicked: false,
             }),
             // SAFETY: fd was just created and is owned by nobody else.
             efd: unsafe { OwnedFd::from_raw_fd(fd) },
@@ -108,9 +116,9 @@ impl Queue {
     pub fn push(&self, ev: exs_event_t) {
         let sig = {
             let mut q = self.lock();
-            let was_empty = q.events.is_empty();
             q.events.push_back(ev);
-            if was_empty {
+            if q.sleepers > 0 && !q.kicked {
+                q.kicked = true;
                 self.set_ready(true);
             }
             q.signal
@@ -125,7 +133,10 @@ impl Queue {
     pub fn mark_deleted(&self) {
         let mut q = self.lock();
         q.deleted = true;
-        self.set_ready(true);
+        if !q.kicked {
+            q.kicked = true;
+            self.set_ready(true);
+        }
     }
 
     /// Moves up to `out.len()` ready events into `out`, freeing their slots.
@@ -142,9 +153,6 @@ impl Queue {
             }
         }
         q.reserved = q.reserved.saturating_sub(n);
-        if q.events.is_empty() && !q.deleted && n > 0 {
-            self.set_ready(false);
-        }
         n
     }
 
@@ -263,6 +271,14 @@ impl Queue {
                 revents: 0,
             },
         ];
+        {
+            let mut q = self.lock();
+            if !q.events.is_empty() || q.deleted {
+                return Ok(());
+            }
+            // From here on an event's push writes the eventfd.
+            q.sleepers += 1;
+        }
         let nfds = if chan.is_some() { 2 } else { 1 };
         let ts = limit.map(|d| libc::timespec {
             tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
@@ -273,8 +289,17 @@ impl Queue {
             .map_or(std::ptr::null(), |t| t as *const libc::timespec);
         // SAFETY: nfds pollfds and an optional timespec, all locals.
         let r = unsafe { libc::ppoll(p.as_mut_ptr(), nfds, tsp, std::ptr::null()) };
+        let failed = if r < 0 { crate::sys::errno() } else { 0 };
+        {
+            let mut q = self.lock();
+            q.sleepers -= 1;
+            if q.sleepers == 0 && q.kicked && !q.deleted {
+                q.kicked = false;
+                self.set_ready(false);
+            }
+        }
         if r < 0 {
-            let e = crate::sys::errno();
+            let e = failed;
             if e == libc::EINTR {
                 return Err(libc::EINTR);
             }
@@ -336,6 +361,61 @@ mod tests {
         h.join().unwrap();
         let tags: Vec<usize> = out.iter().map(|e| e.exs_evt_ahandle as usize).collect();
         assert_eq!(tags, vec![10, 11, 12]);
+    }
+
+    /// Whether the queue's eventfd is readable now.
+    fn readable(q: &Queue) -> bool {
+        let mut p = libc::pollfd {
+            fd: q.efd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one local pollfd, no wait.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    #[test]
+    fn events_nobody_sleeps_for_cost_no_wake_up_and_sleepers_are_all_woken() {
+        let q = std::sync::Arc::new(Queue::new(64).unwrap());
+        for _ in 0..64 {
+            q.reserve().unwrap();
+        }
+        // Taken as they come: the eventfd is never touched.
+        let mut one = [ev(0); 1];
+        for i in 0..8 {
+            q.push(ev(i));
+            assert!(!readable(&q));
+            assert_eq!(q.dequeue(&mut one, false, None), Ok(1));
+            assert_eq!(one[0].exs_evt_ahandle as usize, i);
+        }
+        // Three threads asleep, each wanting two events: pushes from a
+        // fourth wake them all, each gets its two, nothing is lost, and the
+        // last sleeper to leave reads the eventfd back.
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let q = q.clone();
+                std::thread::spawn(move || {
+                    let mut out = [ev(0); 2];
+                    let n = q.dequeue(&mut out, true, Some(Duration::from_secs(10)));
+                    (n, out.map(|e| e.exs_evt_ahandle as usize))
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(30));
+        for i in 0..6 {
+            q.push(ev(100 + i));
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let mut got: Vec<usize> = Vec::new();
+        for w in waiters {
+            let (n, tags) = w.join().unwrap();
+            assert_eq!(n, Ok(2));
+            got.extend(tags);
+        }
+        got.sort();
+        assert_eq!(got, (100..106).collect::<Vec<_>>());
+        assert!(!readable(&q));
+        assert_eq!(q.lock().sleepers, 0);
     }
 
     #[test]
