@@ -135,7 +135,7 @@ fn blast_bytes(size: usize, quick: bool) -> u64 {
     let (total, min_msgs, max_msgs): (u64, u64, u64) = if quick {
         (64 << 20, 8, 20_000)
     } else {
-        (256 << 20, 16, 100_000)
+        (1 << 30, 16, 400_000)
     };
     let size = size as u64;
     (total / size).clamp(min_msgs, max_msgs) * size
@@ -1156,7 +1156,8 @@ mod tests {
             }
         }
         assert_eq!(blast_bytes(1024, true), 20_000 * 1024);
-        assert_eq!(blast_bytes(16 << 20, false), 16 * (16 << 20));
+        assert_eq!(blast_bytes(16 << 20, false), 64 * (16 << 20));
+        assert_eq!(blast_bytes(1024, false), 400_000 * 1024);
     }
 
     #[test]
