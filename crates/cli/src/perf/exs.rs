@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::loss::proc::load_note;
-use super::sockets::median;
+use super::runs::{self, ratio_stats, stats, Figure};
 
 /// What `softrdma perf exs --help` says first.
 pub(crate) const ABOUT: &str = "Measures libexs.so, the Extended Sockets API, on 127.0.0.1: \
@@ -258,7 +258,7 @@ pub(crate) enum Cell {
     Failed(String),
 }
 
-impl Cell {
+impl Figure for Cell {
     fn value(&self) -> Option<f64> {
         match self {
             Cell::Ok(v) => Some(*v),
@@ -266,6 +266,12 @@ impl Cell {
         }
     }
 
+    fn absent(&self) -> bool {
+        matches!(self, Cell::NotBuilt(_))
+    }
+}
+
+impl Cell {
     fn json(&self) -> Value {
         match self {
             Cell::Ok(v) => json!(v),
@@ -279,74 +285,8 @@ impl Cell {
 /// `cpu_client/tcp/1024`, ...).
 type Run = BTreeMap<String, Cell>;
 
-/// Median, spread and count of one key's values over the runs.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Stats {
-    /// Median of the runs that measured it.
-    median: Option<f64>,
-    /// (max − min) / median, when at least two runs measured it.
-    spread: Option<f64>,
-    /// The runs that measured it.
-    n: usize,
-    /// Why it has no value, when no run measured it (the first reason).
-    why: Option<Cell>,
-}
-
-/// Median and spread of `v`.
-pub(crate) fn stats_of(v: &[f64]) -> (Option<f64>, Option<f64>) {
-    let m = median(v.to_vec());
-    let spread = match m {
-        Some(m) if v.len() >= 2 && m != 0.0 => {
-            let max = v.iter().copied().fold(f64::MIN, f64::max);
-            let min = v.iter().copied().fold(f64::MAX, f64::min);
-            Some((max - min) / m.abs())
-        }
-        _ => None,
-    };
-    (m, spread)
-}
-
-/// The statistics of `key` over `runs`.
-fn stats(runs: &[Run], key: &str) -> Stats {
-    let cells: Vec<&Cell> = runs.iter().filter_map(|r| r.get(key)).collect();
-    let vals: Vec<f64> = cells.iter().filter_map(|c| c.value()).collect();
-    let (median, spread) = stats_of(&vals);
-    let why = if vals.is_empty() {
-        // A not-built cell explains the row better than a failure.
-        cells
-            .iter()
-            .find(|c| matches!(c, Cell::NotBuilt(_)))
-            .or_else(|| cells.first())
-            .map(|c| (*c).clone())
-    } else {
-        None
-    };
-    Stats {
-        median,
-        spread,
-        n: vals.len(),
-        why,
-    }
-}
-
-/// The statistics of `num / den`, taken per run.
-fn ratio_stats(runs: &[Run], num: &str, den: &str) -> Stats {
-    let vals: Vec<f64> = runs
-        .iter()
-        .filter_map(|r| {
-            let a = r.get(num)?.value()?;
-            let b = r.get(den)?.value()?;
-            (b > 0.0).then_some(a / b)
-        })
-        .collect();
-    let (median, spread) = stats_of(&vals);
-    Stats {
-        median,
-        spread,
-        n: vals.len(),
-        why: None,
-    }
-}
+/// A key's median, spread and count over the runs, or why none.
+type Stats = runs::Stats<Cell>;
 
 fn lat_key(kind: &str, size: usize) -> String {
     format!("lat/{kind}/{size}")
@@ -1158,15 +1098,6 @@ mod tests {
         assert_eq!(blast_bytes(1024, true), 20_000 * 1024);
         assert_eq!(blast_bytes(16 << 20, false), 64 * (16 << 20));
         assert_eq!(blast_bytes(1024, false), 400_000 * 1024);
-    }
-
-    #[test]
-    fn medians_and_spreads() {
-        assert_eq!(stats_of(&[]), (None, None));
-        assert_eq!(stats_of(&[2.0]), (Some(2.0), None));
-        let (m, s) = stats_of(&[1.0, 2.0, 4.0]);
-        assert_eq!(m, Some(2.0));
-        assert_eq!(s, Some(1.5));
     }
 
     fn run(cells: &[(&str, Cell)]) -> Run {

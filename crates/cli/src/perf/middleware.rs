@@ -42,9 +42,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::exs::stats_of;
 use super::loss::proc::load_note;
 use super::report::PerfResult;
+use super::runs::{self, ratio_stats, stats, Figure};
 
 /// What `softrdma perf middleware --help` says first.
 pub(crate) const ABOUT: &str = "Runs unmodified middleware over softrdma next to a \
@@ -382,7 +382,7 @@ pub(crate) enum Cell {
     Failed(String),
 }
 
-impl Cell {
+impl Figure for Cell {
     fn value(&self) -> Option<f64> {
         match self {
             Cell::Ok(v) => Some(*v),
@@ -390,6 +390,12 @@ impl Cell {
         }
     }
 
+    fn absent(&self) -> bool {
+        matches!(self, Cell::NotInstalled(_))
+    }
+}
+
+impl Cell {
     fn json(&self) -> Value {
         match self {
             Cell::Ok(v) => json!(v),
@@ -933,56 +939,8 @@ const ROWS: &[RowDef] = &[
     },
 ];
 
-/// Median, spread and count of one key over the runs, or why none.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Stats {
-    median: Option<f64>,
-    spread: Option<f64>,
-    n: usize,
-    /// Why no run measured it (a not-installed reason first).
-    why: Option<Cell>,
-}
-
-fn stats(runs: &[Run], key: &str) -> Stats {
-    let cells: Vec<&Cell> = runs.iter().filter_map(|r| r.get(key)).collect();
-    let vals: Vec<f64> = cells.iter().filter_map(|c| c.value()).collect();
-    let (median, spread) = stats_of(&vals);
-    let why = vals
-        .is_empty()
-        .then(|| {
-            cells
-                .iter()
-                .find(|c| matches!(c, Cell::NotInstalled(_)))
-                .or_else(|| cells.first())
-                .map(|c| (*c).clone())
-        })
-        .flatten();
-    Stats {
-        median,
-        spread,
-        n: vals.len(),
-        why,
-    }
-}
-
-/// `num / den` taken per run.
-fn ratio_stats(runs: &[Run], num: &str, den: &str) -> Stats {
-    let vals: Vec<f64> = runs
-        .iter()
-        .filter_map(|r| {
-            let a = r.get(num)?.value()?;
-            let b = r.get(den)?.value()?;
-            (b > 0.0).then_some(a / b)
-        })
-        .collect();
-    let (median, spread) = stats_of(&vals);
-    Stats {
-        median,
-        spread,
-        n: vals.len(),
-        why: None,
-    }
-}
+/// A key's median, spread and count over the runs, or why none.
+type Stats = runs::Stats<Cell>;
 
 fn fmt_stat(s: &Stats) -> String {
     match (s.median, &s.why) {

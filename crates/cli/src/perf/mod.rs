@@ -28,6 +28,7 @@ pub(crate) mod peers;
 pub mod plot;
 pub(crate) mod rdma;
 pub(crate) mod report;
+pub(crate) mod runs;
 pub mod scale;
 pub(crate) mod sockets;
 pub(crate) mod spawn;
