@@ -32,18 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CHECK(c, ...)                                                     \
-    do {                                                                  \
-        if (!(c)) {                                                       \
-            fprintf(stderr, "[%d] FAIL %s:%d: ", (int)getpid(), __FILE__, \
-                    __LINE__);                                            \
-            fprintf(stderr, __VA_ARGS__);                                 \
-            fprintf(stderr, " (errno %d)\n", errno);                      \
-            exit(1);                                                      \
-        }                                                                 \
-    } while (0)
-#define FAILS(call, err) CHECK((call) == -1 && errno == (err), "%s should fail with %s", #call, #err)
-#define AH(x) ((exs_ahandle_t)(uintptr_t)(x))
+#include "check.h"
 
 static exs_qhandle_t q;
 /* This process's datagram transport; the run's name. */
