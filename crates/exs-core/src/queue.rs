@@ -289,7 +289,12 @@ impl Queue {
             .map_or(std::ptr::null(), |t| t as *const libc::timespec);
         // SAFETY: nfds pollfds and an optional timespec, all locals.
         let r = unsafe { libc::ppoll(p.as_mut_ptr(), nfds, tsp, std::ptr::null()) };
-        let failed = if r < 0 { crate::sys::errno() } else { 0 };
+        // Taken before the lock and the eventfd read can change errno.
+        let woke = if r < 0 {
+            Err(crate::sys::errno())
+        } else {
+            Ok(())
+        };
         {
             let mut q = self.lock();
             q.sleepers -= 1;
@@ -298,13 +303,7 @@ impl Queue {
                 self.set_ready(false);
             }
         }
-        if r < 0 {
-            let e = failed;
-            if e == libc::EINTR {
-                return Err(libc::EINTR);
-            }
-            return Err(e);
-        }
+        woke?;
         if chan.is_some() && p[1].revents != 0 {
             crate::rdma::progress_channel();
         }
